@@ -1,0 +1,1 @@
+"""A compact device allocator (placeholder until the allocator issue lands)."""
