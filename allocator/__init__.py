@@ -1,1 +1,90 @@
-"""A compact device allocator (placeholder until the allocator issue lands)."""
+"""A compact device allocator: reuse cache with a byte cap, arenas, a use-after-free detector.
+
+Backends: ``cpu`` (a NumPy stub with no cache), ``sim`` (a simulated device with a capacity,
+a reuse cache and completion events on a logical clock) and ``cuda`` (CuPy). The module-level
+functions act on a process-wide default allocator configured from ``DEVMEM_*`` environment
+variables, read once per process (a forked child re-reads its own); ``Allocator(config=...)``
+builds another one explicitly. See ``../shared/DESIGN.md`` section 2 for the contract.
+
+Example::
+
+    import allocator as dm
+
+    with dm.arena() as scope:
+        a, b = dm.full(16, 3.0), dm.full(16, 5.0)
+        c = dm.add(a, b)
+        scope.keep(c)
+    assert dm.sum(c) == 128.0 and a.size == 0
+"""
+
+from ._allocator import Allocator
+from ._arena import ArenaScope
+from ._buffer import Buffer, Storage
+from ._config import ARENA_DEBUG_MODES, BACKENDS, AllocatorConfig, default_config, parse_cache_cap
+from ._default import (
+    add,
+    arena,
+    arena_enter,
+    arena_exit,
+    copy,
+    empty,
+    empty_cache,
+    fma,
+    from_numpy,
+    full,
+    get_allocator,
+    mul,
+    release,
+    run_in_arena,
+    stats,
+    sum,
+    to_numpy,
+    zeros,
+)
+from ._errors import (
+    AllocatorError,
+    ArenaError,
+    BackendUnavailable,
+    DeviceOutOfMemory,
+    SizeMismatchError,
+    UseAfterFreeError,
+)
+from ._stats import AllocatorStats, EpochStats
+
+__all__ = [
+    "ARENA_DEBUG_MODES",
+    "BACKENDS",
+    "Allocator",
+    "AllocatorConfig",
+    "AllocatorError",
+    "AllocatorStats",
+    "ArenaError",
+    "ArenaScope",
+    "BackendUnavailable",
+    "Buffer",
+    "DeviceOutOfMemory",
+    "EpochStats",
+    "SizeMismatchError",
+    "Storage",
+    "UseAfterFreeError",
+    "add",
+    "arena",
+    "arena_enter",
+    "arena_exit",
+    "copy",
+    "default_config",
+    "empty",
+    "empty_cache",
+    "fma",
+    "from_numpy",
+    "full",
+    "get_allocator",
+    "mul",
+    "parse_cache_cap",
+    "release",
+    "run_in_arena",
+    "stats",
+    "sum",
+    "to_numpy",
+    "zeros",
+]

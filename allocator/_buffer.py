@@ -1,0 +1,221 @@
+"""Storages and buffers: who owns a device block, and the float32 views over it.
+
+A :class:`Storage` owns one device block. A :class:`Buffer` is a float32 view (offset, element
+count) of a storage; most buffers are the whole storage, and ``buf.view(offset, n)`` shares it.
+CPython's reference counting is the finalizer: when the last buffer of a storage dies, so does
+the storage, and its block goes back to the reuse cache (or to the device on the CPU stub).
+
+A freed buffer keeps its Python object with ``size == 0`` and remembers who freed it; using it in
+an op is a use-after-free, which the detector reports (see :mod:`allocator._detector`).
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._allocator import Allocator
+    from ._arena import Epoch
+    from .device.base import Block
+
+__all__ = ["Buffer", "Storage", "element_count"]
+
+FLOAT32_BYTES = 4
+MAX_ELEMENTS = ((1 << 63) - 1) // FLOAT32_BYTES
+"""The largest element count whose byte size a 64-bit device can address."""
+
+
+def element_count(value: object, name: str, *, minimum: int = 1) -> int:
+    """Validate an element count (or offset) argument and return it as an ``int``.
+
+    Args:
+        value: the caller's argument; any integer type (``int``, NumPy integers), not ``bool``.
+        name: the argument's name, used in the error message.
+        minimum: the smallest value allowed (1 for sizes, 0 for offsets).
+
+    Raises:
+        TypeError: ``value`` is not an integer (``3.0`` and ``True`` included).
+        ValueError: ``value`` is below ``minimum`` or its byte size does not fit in 63 bits.
+    """
+    if type(value) is not int:
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(
+                f"{name} must be an integer element count, got {type(value).__name__} {value!r}"
+            )
+        value = operator.index(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > MAX_ELEMENTS:
+        raise ValueError(
+            f"{name}={value} elements is {value * FLOAT32_BYTES} bytes, more than a device can"
+            f" address (at most {MAX_ELEMENTS} float32 elements)"
+        )
+    return value
+
+
+class Storage:
+    """The owner of one device block of ``nbytes`` bytes.
+
+    Attributes:
+        nbytes: the block's size in bytes (4 per float32 element); it stays the same after the
+            block is freed.
+        freed_by: ``None`` while the block is live; afterwards what freed it: ``"arena_exit"``,
+            ``"release()"``, or the reason given to :meth:`resize_`.
+        freed_depth: the depth of the arena epoch that reclaimed the block, else ``None``.
+    """
+
+    __slots__ = ("__weakref__", "_alloc", "block", "epoch", "freed_by", "freed_depth", "nbytes")
+
+    def __init__(self, alloc: Allocator, block: Block | None, nbytes: int) -> None:
+        self._alloc = alloc
+        self.block = block
+        self.nbytes = nbytes
+        self.freed_by: str | None = None
+        self.freed_depth: int | None = None
+        self.epoch: Epoch | None = None
+
+    def __del__(self) -> None:
+        if self.block is not None:
+            try:
+                self._alloc._free_storage(self, "finalize", None)
+            except BaseException:
+                # Finalizers stay silent, at interpreter exit above all.
+                if not sys.is_finalizing():
+                    raise
+
+    @property
+    def freed(self) -> bool:
+        """Whether the block was freed (by ``release``, ``resize_(0)`` or ``arena_exit``)."""
+        return self.freed_by is not None
+
+    @property
+    def freed_reason(self) -> str | None:
+        """How the block was freed, in the detector's words (``reclaimed by arena_exit at depth
+        0``, ``released by release()``), or ``None`` while it is live."""
+        if self.freed_by is None:
+            return None
+        if self.freed_by == "arena_exit":
+            return f"reclaimed by arena_exit at depth {self.freed_depth}"
+        return f"released by {self.freed_by}"
+
+    @property
+    def size(self) -> int:
+        """Elements in the block; 0 once it is freed."""
+        return self.nbytes // FLOAT32_BYTES if self.block is not None else 0
+
+    def resize_(self, size: int, reason: str) -> int:
+        """Free the block now, even while views of it are alive (what ZeRO-3's fix does).
+
+        Every buffer of this storage then reports ``size == 0`` and remembers ``reason``; using
+        one is reported as ``use-after-release: <op> <role> was released by <reason>``.
+        Source: DeepSpeed's release of the gathered parameter storage
+        (``../shared/seeds/deepspeed-zero3-release-lifetime.txt``).
+
+        Args:
+            size: must be 0; growing or shrinking to another size is not supported.
+            reason: who frees it, for the detector's message (e.g. ``"zero3.release_param"``).
+
+        Returns:
+            1 if the block was freed now, 0 if it was already freed.
+
+        Raises:
+            ValueError: ``size`` is not 0, or ``reason`` is empty.
+            TypeError: ``reason`` is not a ``str``.
+        """
+        if size != 0 or isinstance(size, bool):
+            raise ValueError(f"resize_ supports only size 0 (free the block), got {size!r}")
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        if not reason:
+            raise ValueError("reason must say who frees the block, got an empty string")
+        return self._alloc._free_storage(self, reason, None)
+
+    def __repr__(self) -> str:
+        state = self.freed_reason or "live"
+        return f"<Storage {self.nbytes} bytes on {self._alloc.backend}, {state}>"
+
+
+class Buffer:
+    """A float32 view of ``size`` elements of a :class:`Storage`, starting at ``offset``.
+
+    Buffers come from the allocator (``full``, ``zeros``, ``empty``, ``from_numpy``, the ops) and
+    from :meth:`view`. A buffer whose block was freed keeps its Python object with ``size == 0``.
+    """
+
+    __slots__ = ("_n", "_off", "_st")
+
+    def __init__(self, storage: Storage, offset: int, n: int) -> None:
+        self._st = storage
+        self._off = offset
+        self._n = n
+
+    @property
+    def size(self) -> int:
+        """Elements in the view; 0 once the storage's block is freed."""
+        return self._n if self._st.block is not None else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in the view (4 per element); 0 once freed."""
+        return self.size * FLOAT32_BYTES
+
+    @property
+    def offset(self) -> int:
+        """The view's first element within its storage."""
+        return self._off
+
+    @property
+    def storage(self) -> Storage:
+        """The storage this buffer views (shared by all of its views)."""
+        return self._st
+
+    @property
+    def freed(self) -> bool:
+        """Whether the storage's block was freed."""
+        return self._st.freed_by is not None
+
+    @property
+    def freed_reason(self) -> str | None:
+        """How the block was freed (see :attr:`Storage.freed_reason`), or ``None`` if live."""
+        return self._st.freed_reason
+
+    def view(self, offset: int, n: int) -> Buffer:
+        """A buffer of ``n`` elements of this one, starting at ``offset``; it shares the block.
+
+        Args:
+            offset: the first element, 0 <= offset.
+            n: the element count, n >= 1 and offset + n <= size.
+
+        Raises:
+            TypeError: ``offset`` or ``n`` is not an integer.
+            ValueError: the range falls outside this buffer, or the buffer was freed.
+        """
+        offset = element_count(offset, "offset", minimum=0)
+        n = element_count(n, "n")
+        if self._st.freed_by is not None:
+            raise ValueError(f"cannot view a freed buffer (it was {self._st.freed_reason})")
+        if offset + n > self.size:
+            raise ValueError(
+                f"view(offset={offset}, n={n}) ends at {offset + n}, past the buffer's"
+                f" {self.size} elements"
+            )
+        return Buffer(self._st, self._off + offset, n)
+
+    def _array(self):
+        """The device array of this view (the caller has checked that the block is live)."""
+        array = self._st.block.array
+        if self._off == 0 and self._n == len(array):
+            return array
+        return array[self._off : self._off + self._n]
+
+    def __repr__(self) -> str:
+        st = self._st
+        if st.freed_by is not None:
+            return f"<Buffer freed ({st.freed_reason})>"
+        if st.block is None:
+            return "<Buffer empty>"
+        whole = self._off == 0 and self._n * FLOAT32_BYTES == st.nbytes
+        where = "" if whole else f" view [{self._off}:{self._off + self._n}] of {st.size}"
+        return f"<Buffer {self._n} x float32{where} on {st._alloc.backend}>"

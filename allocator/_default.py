@@ -1,0 +1,166 @@
+"""The process-wide default allocator and the module-level functions that act on it.
+
+The default allocator is built at first use from :func:`~allocator.default_config` (the
+environment, read once). A forked child drops it and builds its own from its own environment at
+its first call, so death-test children configured through ``env`` see their settings. Buffers the
+child inherited from the parent keep pointing at the parent's allocator object.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ._allocator import Allocator
+from ._arena import ArenaScope
+from ._buffer import Buffer
+from ._stats import AllocatorStats, EpochStats
+
+__all__ = [
+    "add",
+    "arena",
+    "arena_enter",
+    "arena_exit",
+    "copy",
+    "empty",
+    "empty_cache",
+    "fma",
+    "from_numpy",
+    "full",
+    "get_allocator",
+    "mul",
+    "release",
+    "run_in_arena",
+    "stats",
+    "sum",
+    "to_numpy",
+    "zeros",
+]
+
+_default: Allocator | None = None
+_default_lock = threading.Lock()
+
+
+def get_allocator() -> Allocator:
+    """The process-wide default allocator, built from the environment at the first call.
+
+    Raises:
+        ValueError: a ``DEVMEM_*`` variable holds a value it cannot use.
+        BackendUnavailable: ``DEVMEM_BACKEND`` names a backend that cannot run here.
+    """
+    global _default
+    alloc = _default
+    if alloc is None:
+        with _default_lock:
+            if _default is None:
+                _default = Allocator()
+            alloc = _default
+    return alloc
+
+
+def _drop_in_child() -> None:
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_drop_in_child)
+
+
+def _on_default(method: Callable) -> Callable[[Callable], Callable]:
+    """Give a module-level function the docstring of the Allocator method it forwards to."""
+
+    def decorate(fn: Callable) -> Callable:
+        fn.__doc__ = f"On the default allocator: {method.__doc__}"
+        return fn
+
+    return decorate
+
+
+@_on_default(Allocator.empty)
+def empty(n: int) -> Buffer:
+    return (_default or get_allocator()).empty(n)
+
+
+@_on_default(Allocator.full)
+def full(n: int, value: float) -> Buffer:
+    return (_default or get_allocator()).full(n, value)
+
+
+@_on_default(Allocator.zeros)
+def zeros(n: int) -> Buffer:
+    return (_default or get_allocator()).zeros(n)
+
+
+@_on_default(Allocator.from_numpy)
+def from_numpy(a: np.ndarray) -> Buffer:
+    return (_default or get_allocator()).from_numpy(a)
+
+
+@_on_default(Allocator.to_numpy)
+def to_numpy(a: Buffer) -> np.ndarray:
+    return (_default or get_allocator()).to_numpy(a)
+
+
+@_on_default(Allocator.add)
+def add(a: Buffer, b: Buffer) -> Buffer:
+    return (_default or get_allocator()).add(a, b)
+
+
+@_on_default(Allocator.mul)
+def mul(a: Buffer, b: Buffer) -> Buffer:
+    return (_default or get_allocator()).mul(a, b)
+
+
+@_on_default(Allocator.fma)
+def fma(a: Buffer, b: Buffer, c: Buffer) -> Buffer:
+    return (_default or get_allocator()).fma(a, b, c)
+
+
+@_on_default(Allocator.sum)
+def sum(a: Buffer) -> float:  # noqa: A001 - the DESIGN's name
+    return (_default or get_allocator()).sum(a)
+
+
+@_on_default(Allocator.copy)
+def copy(a: Buffer) -> Buffer:
+    return (_default or get_allocator()).copy(a)
+
+
+@_on_default(Allocator.release)
+def release(buf: Buffer) -> int:
+    return (_default or get_allocator()).release(buf)
+
+
+@_on_default(Allocator.stats)
+def stats() -> AllocatorStats:
+    return (_default or get_allocator()).stats()
+
+
+@_on_default(Allocator.empty_cache)
+def empty_cache() -> int:
+    return (_default or get_allocator()).empty_cache()
+
+
+@_on_default(Allocator.arena_enter)
+def arena_enter() -> int:
+    return (_default or get_allocator()).arena_enter()
+
+
+@_on_default(Allocator.arena_exit)
+def arena_exit(keep: Iterable[Buffer] = ()) -> EpochStats:
+    return (_default or get_allocator()).arena_exit(keep)
+
+
+@_on_default(Allocator.arena)
+def arena() -> ArenaScope:
+    return (_default or get_allocator()).arena()
+
+
+@_on_default(Allocator.run_in_arena)
+def run_in_arena(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return (_default or get_allocator()).run_in_arena(fn, *args, **kwargs)
