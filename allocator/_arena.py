@@ -72,9 +72,7 @@ def keep_storages(alloc: Allocator, keep: Iterable[Buffer]) -> set[int]:
     try:
         items = list(keep)
     except TypeError:
-        raise TypeError(
-            f"keep must be an iterable of Buffers, got {type(keep).__name__}"
-        ) from None
+        raise TypeError(f"keep must be an iterable of Buffers, got {type(keep).__name__}") from None
     ids = set()
     for i, buf in enumerate(items):
         if not isinstance(buf, Buffer):

@@ -122,7 +122,7 @@ def fma(a: Buffer, b: Buffer, c: Buffer) -> Buffer:
 
 
 @_on_default(Allocator.sum)
-def sum(a: Buffer) -> float:  # noqa: A001 - the DESIGN's name
+def sum(a: Buffer) -> float:
     return (_default or get_allocator()).sum(a)
 
 

@@ -45,7 +45,8 @@ class UseAfterFreeError(AllocatorError):
     The message is exactly the detector's line, e.g.
     ``use-after-arena-free: buffer_add lhs was reclaimed by arena_exit at depth 0`` or
     ``use-after-release: buffer_add lhs was released by release()``.
-    Source: the TorchLean arena detector (``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``).
+    Source: the TorchLean arena detector
+    (``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``).
     """
 
 

@@ -25,7 +25,7 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["Block", "Device", "DeviceAllocationError", "host_memory_bytes", "host_array"]
+__all__ = ["Block", "Device", "DeviceAllocationError", "host_array", "host_memory_bytes"]
 
 
 class DeviceAllocationError(Exception):
@@ -81,20 +81,20 @@ class Device:
         """Hand ``block`` back to the device."""
         raise NotImplementedError
 
-    def launch(self, *blocks: Block) -> None:  # noqa: B027 - a no-op is the right default
+    def launch(self, *blocks: Block) -> None:
         """A kernel that uses ``blocks`` is about to run on the stream (bookkeeping only)."""
 
-    def record(self, block: Block) -> None:  # noqa: B027
+    def record(self, block: Block) -> None:
         """Record ``block.event`` on the stream, after every kernel launched so far."""
 
     def ready(self, block: Block) -> bool:
         """Whether ``block.event`` has completed. Never waits."""
         return True
 
-    def wait(self, block: Block) -> None:  # noqa: B027
+    def wait(self, block: Block) -> None:
         """Block the host until ``block.event`` has completed."""
 
-    def synchronize(self) -> None:  # noqa: B027
+    def synchronize(self) -> None:
         """Block the host until every kernel launched so far has completed."""
 
     def memory_info(self) -> tuple[int, int]:
@@ -137,7 +137,7 @@ class Device:
         (a readback: synchronous)."""
         return float(np.sum(src, dtype=np.float64))
 
-    def after_fork_in_child(self) -> None:  # noqa: B027
+    def after_fork_in_child(self) -> None:
         """Reinitialize locks in a forked child (called by the allocator's at-fork hook)."""
 
 

@@ -1,0 +1,131 @@
+"""Project fixtures: backend selection, fresh allocators with a leak check, stress scale.
+
+Every allocator suite runs on every available backend: ``cpu`` and ``sim`` always, ``cuda`` when
+a GPU is visible (otherwise its items skip with the reason). ``--backend cpu,sim`` (or
+``DEVMEM_BACKEND``) narrows the list. Stress sizes scale with ``--stress-scale``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import os
+
+import pytest
+
+from allocator import BACKENDS, Allocator, AllocatorConfig
+from allocator.device import backend_unavailable_reason
+
+pytest_plugins = ["pytester"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("devmem", "devmem-harness suites")
+    group.addoption(
+        "--backend",
+        default=os.environ.get("DEVMEM_BACKEND") or ",".join(BACKENDS),
+        help="comma-separated backends to run the suites on (default: DEVMEM_BACKEND, else"
+        " cpu,sim,cuda; cuda skips with a reason where no GPU is visible)",
+    )
+    group.addoption(
+        "--stress-scale",
+        type=int,
+        default=1,
+        help="multiply stress sizes (buffer counts, arena counts) by this factor (default 1)",
+    )
+
+
+def _backends(config: pytest.Config) -> list[str]:
+    names = [name.strip() for name in config.getoption("backend").split(",") if name.strip()]
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names:
+        raise pytest.UsageError(
+            f"--backend {config.getoption('backend')!r}: expected a comma-separated list of"
+            f" {', '.join(BACKENDS)}"
+        )
+    return names
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _backends(config)
+    if config.getoption("stress_scale") < 1:
+        raise pytest.UsageError(
+            f"--stress-scale must be >= 1, got {config.getoption('stress_scale')}"
+        )
+    config.addinivalue_line("markers", "no_leak_check: do not check allocators for live buffers")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        names = _backends(metafunc.config)
+        metafunc.parametrize("backend", names, ids=names, indirect=True)
+
+
+@functools.cache
+def _unavailable(backend: str) -> str | None:
+    return backend_unavailable_reason(backend)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test (``cpu``, ``sim`` or ``cuda``); skips with the reason if it
+    cannot run here."""
+    name = request.param
+    reason = _unavailable(name)
+    if reason is not None:
+        pytest.skip(f"{name} backend unavailable: {reason}")
+    return name
+
+
+@pytest.fixture
+def stress_scale(request: pytest.FixtureRequest) -> int:
+    """The ``--stress-scale`` factor (1 in CI)."""
+    return request.config.getoption("stress_scale")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if report.when == "call":
+        item.stash[_call_failed] = report.failed
+    return report
+
+
+_call_failed = pytest.StashKey[bool]()
+
+
+@pytest.fixture
+def make_alloc(backend: str, request: pytest.FixtureRequest):
+    """A factory of fresh allocators on the backend under test, checked for leaks.
+
+    ``make_alloc(**overrides)`` builds ``Allocator(AllocatorConfig(backend=..., **overrides))``.
+    After a passing test every allocator it built must have no live buffers and no open arena
+    (mark a test ``no_leak_check`` to opt out).
+    """
+    made: list[Allocator] = []
+
+    def make(**overrides) -> Allocator:
+        alloc = Allocator(dataclasses.replace(AllocatorConfig(backend=backend), **overrides))
+        made.append(alloc)
+        return alloc
+
+    yield make
+    if request.node.get_closest_marker("no_leak_check") or request.node.stash.get(
+        _call_failed, True
+    ):
+        return
+    gc.collect()
+    for alloc in made:
+        stats = alloc.stats()
+        assert stats.live_buffers == 0 and stats.live_bytes == 0, (
+            f"leak check: {stats.live_buffers} buffers ({stats.live_bytes} bytes) still live"
+            f" after the test: {stats.format()}"
+        )
+        assert stats.arena_depth == 0, f"leak check: {stats.arena_depth} arenas left open"
+
+
+@pytest.fixture
+def alloc(make_alloc) -> Allocator:
+    """A fresh allocator on the backend under test, detector in ``raise`` mode, leak-checked."""
+    return make_alloc(arena_debug="raise")

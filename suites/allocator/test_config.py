@@ -1,0 +1,131 @@
+"""AllocatorConfig: the DEVMEM_* knobs, the cap parser and its warning (DESIGN 2.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from allocator import AllocatorConfig, parse_cache_cap
+
+WARNING = (
+    "devmem: ignoring DEVMEM_CACHE_CAP_BYTES={!r}: expected an unsigned decimal byte count;"
+    " the cache stays unbounded"
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "cap"),
+    [
+        (None, 0),
+        ("", 0),
+        ("0", 0),
+        ("1", 1),
+        ("1048576", 1048576),
+        ("007", 7),
+        (str(2**64 - 1), 2**64 - 1),
+    ],
+)
+def test_cap_accepts_plain_decimal_digits(value, cap):
+    assert parse_cache_cap(value) == (cap, None)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1MiB",
+        "-1",
+        "0x10",
+        "9" * 26,
+        str(2**64),
+        " 1024",
+        "1024 ",
+        "10 24",
+        "+5",
+        "1e6",
+        "1.5",
+        "\u0661\u0662",  # Arabic-Indic digits: str.isdigit() says yes, the parser says no
+    ],
+)
+def test_malformed_cap_warns_with_the_exact_line_and_stays_unbounded(value):
+    assert parse_cache_cap(value) == (0, WARNING.format(value))
+
+
+def test_from_env_reads_every_knob():
+    config = AllocatorConfig.from_env(
+        {
+            "DEVMEM_BACKEND": "sim",
+            "DEVMEM_CACHE_CAP_BYTES": "4096",
+            "DEVMEM_ARENA_DEBUG": "raise",
+            "DEVMEM_SIM_CAPACITY_BYTES": "1048576",
+            "DEVMEM_SIM_LATENCY_US": "25",
+        }
+    )
+    assert config == AllocatorConfig(
+        backend="sim",
+        cache_cap_bytes=4096,
+        arena_debug="raise",
+        sim_capacity_bytes=1048576,
+        sim_latency_us=25,
+    )
+
+
+def test_from_env_defaults_when_nothing_is_set():
+    assert AllocatorConfig.from_env({}) == AllocatorConfig()
+    assert AllocatorConfig() == AllocatorConfig(
+        backend="cpu",
+        cache_cap_bytes=0,
+        arena_debug="off",
+        sim_capacity_bytes=4 << 30,
+        sim_latency_us=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("", "off"), ("0", "off"), ("1", "abort"), ("yes", "abort"), ("raise", "raise")],
+)
+def test_arena_debug_values(value, mode):
+    assert AllocatorConfig.from_env({"DEVMEM_ARENA_DEBUG": value}).arena_debug == mode
+
+
+def test_malformed_cap_in_env_calls_warn_once_and_is_unbounded(capsys):
+    lines = []
+    config = AllocatorConfig.from_env({"DEVMEM_CACHE_CAP_BYTES": "1MiB"}, warn=lines.append)
+    assert config.cache_cap_bytes == 0
+    assert lines == [WARNING.format("1MiB")]
+    AllocatorConfig.from_env({"DEVMEM_CACHE_CAP_BYTES": "-1"})
+    assert capsys.readouterr().err == WARNING.format("-1") + "\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DEVMEM_BACKEND", "gpu"),
+        ("DEVMEM_SIM_CAPACITY_BYTES", "4GiB"),
+        ("DEVMEM_SIM_CAPACITY_BYTES", "0"),
+        ("DEVMEM_SIM_LATENCY_US", "-3"),
+        ("DEVMEM_SIM_LATENCY_US", "1.5"),
+    ],
+)
+def test_unusable_env_values_raise_naming_the_variable(name, value):
+    with pytest.raises(ValueError, match=f"^{name}={value!r}"):
+        AllocatorConfig.from_env({name: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("backend", "tpu", ValueError),
+        ("arena_debug", "1", ValueError),
+        ("cache_cap_bytes", -1, ValueError),
+        ("cache_cap_bytes", 2**64, ValueError),
+        ("cache_cap_bytes", 1.5, TypeError),
+        ("cache_cap_bytes", True, TypeError),
+        ("sim_capacity_bytes", 0, ValueError),
+        ("sim_latency_us", -1, ValueError),
+    ],
+)
+def test_config_fields_are_validated(field, value, error):
+    with pytest.raises(error, match=field):
+        dataclasses.replace(AllocatorConfig(), **{field: value})
