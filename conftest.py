@@ -54,11 +54,18 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--stress-scale must be >= 1, got {config.getoption('stress_scale')}"
         )
     config.addinivalue_line("markers", "no_leak_check: do not check allocators for live buffers")
+    config.addinivalue_line(
+        "markers",
+        "backends(*names): run this test only on these backends (e.g. those with a reuse cache)",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         names = _backends(metafunc.config)
+        only = metafunc.definition.get_closest_marker("backends")
+        if only is not None:
+            names = [name for name in names if name in only.args]
         metafunc.parametrize("backend", names, ids=names, indirect=True)
 
 
@@ -93,6 +100,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 _call_failed = pytest.StashKey[bool]()
+
+
+_NOTE = "devmem_note"
+
+
+@pytest.fixture
+def note(record_property):
+    """``note(text)``: a line the terminal summary prints under "devmem notes" for this test
+    (e.g. that a check held only trivially); it also lands in the JUnit XML."""
+
+    def add(text: str) -> None:
+        record_property(_NOTE, text)
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    lines = [
+        f"{report.nodeid}: {value}"
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        for name, value in getattr(report, "user_properties", ())
+        if name == _NOTE
+    ]
+    if lines:
+        terminalreporter.write_sep("=", "devmem notes")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

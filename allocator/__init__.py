@@ -88,3 +88,11 @@ __all__ = [
     "to_numpy",
     "zeros",
 ]
+
+# Public classes report the package as their home (``allocator.UseAfterFreeError``), in
+# messages, reprs and pickles, rather than the private module that defines them.
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type):
+        _value.__module__ = __name__
+del _name, _value

@@ -1,0 +1,66 @@
+"""CuPy interop: let CuPy arrays draw their device memory from this allocator.
+
+::
+
+    import cupy
+    import allocator
+    from allocator.cuda import cupy_allocator
+
+    cupy.cuda.set_allocator(cupy_allocator())   # the default allocator; DEVMEM_BACKEND=cuda
+    x = cupy.ones(1 << 20, dtype=cupy.float32)  # counted in allocator.stats().live_bytes
+
+Every CuPy allocation becomes a buffer of this allocator (rounded up to whole float32 elements),
+so its statistics, its reuse cache and byte cap, and its arenas apply to CuPy arrays too: when
+CuPy drops the memory, the buffer is finalized and its block goes back to the reuse cache.
+
+Caveat: the use-after-free detector checks only this allocator's own ops. It cannot see CuPy's
+kernels, so a CuPy array whose memory an ``arena_exit`` reclaimed is a silent use-after-free.
+Allocate CuPy arrays outside arenas, or keep them (``keep=``) past the exit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._allocator import Allocator
+from ._default import get_allocator
+
+__all__ = ["cupy_allocator"]
+
+
+def cupy_allocator(alloc: Allocator | None = None) -> Callable[[int], object]:
+    """A function for ``cupy.cuda.set_allocator`` that allocates from ``alloc``.
+
+    Args:
+        alloc: an allocator on the ``cuda`` backend; default the process-wide default
+            allocator (configured by ``DEVMEM_BACKEND=cuda``).
+
+    Returns:
+        ``allocate(size_bytes) -> cupy.cuda.MemoryPointer``. The pointer's memory owns a
+        buffer of ``ceil(size_bytes / 4)`` float32 elements; a request of 0 bytes gets a null
+        pointer and allocates nothing. It raises :class:`~allocator.DeviceOutOfMemory` (a
+        ``MemoryError``, as CuPy's own pool raises) when the device is full even after the
+        reuse cache was flushed.
+
+    Raises:
+        ValueError: ``alloc`` is not on the ``cuda`` backend.
+        BackendUnavailable: no ``alloc`` was given and the default allocator's backend cannot
+            run here.
+    """
+    alloc = get_allocator() if alloc is None else alloc
+    if alloc.backend != "cuda":
+        raise ValueError(
+            f"cupy_allocator needs an allocator on the cuda backend, got {alloc.backend!r}"
+            " (set DEVMEM_BACKEND=cuda or pass Allocator(AllocatorConfig(backend='cuda')))"
+        )
+    cupy = alloc.device.xp
+    device_id = cupy.cuda.runtime.getDevice()
+
+    def allocate(size: int):
+        if size == 0:
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id), 0)
+        buf = alloc.empty((size + 3) // 4)
+        memory = cupy.cuda.UnownedMemory(buf.storage.block.ptr, size, buf, device_id)
+        return cupy.cuda.MemoryPointer(memory, 0)
+
+    return allocate

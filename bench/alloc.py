@@ -1,0 +1,225 @@
+"""Allocator benchmarks: cache-hit round trip, detector overhead, arena exit cost.
+
+Not a test: run it by hand (``python bench/alloc.py``). It prints a table and writes JSON
+(``bench/results/alloc.json`` by default). Every figure is the median of ``--repeat`` runs, and
+every ratio is taken against a reference measured in the same run.
+
+(a) a cached alloc+release round trip of a 16 KiB buffer (4096 float32) on ``sim``, against
+    ``numpy.empty(4096, numpy.float32)`` plus ``del``. Target: at most 3 us.
+(b) the arena workload (64 buffers of 4096 floats, an add per pair, exit) with the detector off
+    and in ``raise`` mode, as a ratio. Target: at most 1.05.
+(c) ``arena_exit`` cost per reclaimed buffer for k = 1,000, 10,000 and 100,000 buffers, on
+    ``cpu`` and ``sim``. Target: at most 2 us per buffer, growing linearly in k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from allocator import Allocator, AllocatorConfig  # noqa: E402
+
+TARGET_ROUND_TRIP_US = 3.0
+TARGET_DETECTOR_RATIO = 1.05
+TARGET_EXIT_US = 2.0
+EXIT_KS = (1_000, 10_000, 100_000)
+
+
+def per_call_us(fn: Callable[[], None], number: int, repeat: int) -> list[float]:
+    """``repeat`` timings of ``number`` calls of ``fn``, each in microseconds per call."""
+    runs = []
+    for _ in range(repeat):
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            elapsed = time.perf_counter() - start
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        runs.append(elapsed / number * 1e6)
+    return runs
+
+
+def bench_round_trip(repeat: int, number: int) -> dict:
+    """(a) cached alloc+release of 4096 floats on sim vs numpy.empty + del."""
+    alloc = Allocator(AllocatorConfig(backend="sim"))
+    alloc.release(alloc.empty(4096))  # warm the cache: every later allocation is a hit
+    empty, release = alloc.empty, alloc.release
+
+    def cached() -> None:
+        release(empty(4096))
+
+    def host() -> None:
+        a = np.empty(4096, np.float32)
+        del a
+
+    ours, ref = [], []
+    for _ in range(repeat):  # interleaved, so drift hits both alike
+        ours += per_call_us(cached, number, 1)
+        ref += per_call_us(host, number, 1)
+    hits = alloc.stats().cache_hits
+    assert hits >= repeat * number, f"expected every round trip to hit the cache, got {hits}"
+    median = statistics.median(ours)
+    return {
+        "sim_cached_round_trip_us": median,
+        "numpy_empty_del_us": statistics.median(ref),
+        "ratio_vs_numpy": median / statistics.median(ref),
+        "runs_us": ours,
+        "target_us": TARGET_ROUND_TRIP_US,
+        "meets_target": median <= TARGET_ROUND_TRIP_US,
+    }
+
+
+def _arena_workload(alloc: Allocator) -> Callable[[], None]:
+    def step() -> None:
+        alloc.arena_enter()
+        bufs = [alloc.full(4096, 1.0) for _ in range(64)]
+        for i in range(0, 64, 2):
+            alloc.add(bufs[i], bufs[i + 1])
+        alloc.arena_exit()
+
+    return step
+
+
+def bench_detector(repeat: int, number: int) -> dict:
+    """(b) the arena workload with the detector off vs raise mode."""
+    off = _arena_workload(Allocator(AllocatorConfig(backend="sim", arena_debug="off")))
+    on = _arena_workload(Allocator(AllocatorConfig(backend="sim", arena_debug="raise")))
+    off(), on()  # warm both caches
+    off_runs, on_runs = [], []
+    for _ in range(repeat):
+        off_runs += per_call_us(off, number, 1)
+        on_runs += per_call_us(on, number, 1)
+    ratio = statistics.median(on_runs) / statistics.median(off_runs)
+    return {
+        "off_us": statistics.median(off_runs),
+        "raise_us": statistics.median(on_runs),
+        "ratio": ratio,
+        "target_ratio": TARGET_DETECTOR_RATIO,
+        "meets_target": ratio <= TARGET_DETECTOR_RATIO,
+    }
+
+
+def bench_arena_exit(repeat: int, backend: str, ks: tuple[int, ...]) -> dict:
+    """(c) arena_exit cost per reclaimed buffer, for each k."""
+    rows = {}
+    for k in ks:
+        runs = []
+        for _ in range(repeat):
+            alloc = Allocator(AllocatorConfig(backend=backend))
+            alloc.arena_enter()
+            held = [alloc.empty(16) for _ in range(k)]  # held across the exit: only it frees
+            gc.disable()
+            try:
+                start = time.perf_counter()
+                stats = alloc.arena_exit()
+                elapsed = time.perf_counter() - start
+            finally:
+                gc.enable()
+            assert stats.reclaimed_buffers == k
+            del held
+            runs.append(elapsed / k * 1e6)
+        rows[str(k)] = statistics.median(runs)
+    growth = rows[str(ks[-1])] / rows[str(ks[0])]
+    return {
+        "per_buffer_us": rows,
+        "growth_per_buffer_first_to_last": growth,
+        "linear": growth <= 1.5,
+        "target_us": TARGET_EXIT_US,
+        "meets_target": max(rows.values()) <= TARGET_EXIT_US and growth <= 1.5,
+    }
+
+
+def render(results: dict) -> str:
+    """The results as a plain-text table."""
+    a, b = results["round_trip"], results["detector"]
+    lines = [
+        f"{'benchmark':<58} {'median':>12} {'target':>10} {'ok':>4}",
+        "-" * 87,
+        (
+            f"{'(a) sim cached alloc+release, 4096 floats':<58}"
+            f" {a['sim_cached_round_trip_us']:>9.2f} us {'<= 3 us':>10}"
+            f" {'yes' if a['meets_target'] else 'NO':>4}"
+        ),
+        (
+            f"{'    numpy.empty(4096, float32) + del (reference)':<58}"
+            f" {a['numpy_empty_del_us']:>9.2f} us {'':>10} {'':>4}"
+        ),
+        (
+            f"{'(b) arena workload, detector raise / off':<58}"
+            f" {b['ratio']:>12.3f} {'<= 1.05':>10} {'yes' if b['meets_target'] else 'NO':>4}"
+        ),
+        (
+            f"{'    off / raise per workload':<58}"
+            f" {b['off_us']:>5.0f}/{b['raise_us']:<4.0f}us {'':>10} {'':>4}"
+        ),
+    ]
+    for backend, exit_ in results["arena_exit"].items():
+        for k, us in exit_["per_buffer_us"].items():
+            ok = "yes" if us <= TARGET_EXIT_US else "NO"
+            label = f"(c) arena_exit per reclaimed buffer, {backend}, k={int(k):,}"
+            lines.append(f"{label:<58} {us:>9.3f} us {'<= 2 us':>10} {ok:>4}")
+        growth = exit_["growth_per_buffer_first_to_last"]
+        first, last = (f"{int(k):,}" for k in (min(exit_["per_buffer_us"], key=int), k))
+        lines.append(
+            f"{f'    growth per buffer, k={first} -> {last} ({backend})':<58}"
+            f" {growth:>11.2f}x {'linear':>10} {'yes' if exit_['linear'] else 'NO':>4}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=9, help="runs per figure (default 9)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer iterations, k up to 10,000 (a smoke run)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "bench" / "results" / "alloc.json",
+        help="where to write the JSON results (default bench/results/alloc.json)",
+    )
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    scale = 10 if args.quick else 1
+    ks = EXIT_KS[:2] if args.quick else EXIT_KS
+    results = {
+        "machine": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "repeat": args.repeat,
+        "round_trip": bench_round_trip(args.repeat, 20_000 // scale),
+        "detector": bench_detector(args.repeat, 40 // min(scale, 4)),
+        "arena_exit": {
+            backend: bench_arena_exit(args.repeat, backend, ks) for backend in ("cpu", "sim")
+        },
+    }
+    print(render(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

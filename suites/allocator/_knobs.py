@@ -1,0 +1,31 @@
+"""Child environments that pin every ``DEVMEM_*`` knob."""
+
+from __future__ import annotations
+
+KNOBS = (
+    "DEVMEM_BACKEND",
+    "DEVMEM_CACHE_CAP_BYTES",
+    "DEVMEM_ARENA_DEBUG",
+    "DEVMEM_SIM_CAPACITY_BYTES",
+    "DEVMEM_SIM_LATENCY_US",
+)
+
+
+def pinned_env(backend: str, **knobs: str | None) -> dict[str, str | None]:
+    """An environment for a death-test child that pins every knob.
+
+    ``DEVMEM_BACKEND`` is ``backend``; the knobs given (e.g. ``DEVMEM_ARENA_DEBUG="1"``) are
+    set; every other knob is unset (``None``), so a child never inherits a setting from the
+    parent (``ci/check.sh`` runs these suites with ``DEVMEM_ARENA_DEBUG=1
+    DEVMEM_CACHE_CAP_BYTES=1`` exported).
+
+    Raises:
+        ValueError: a knob name is not one of :data:`KNOBS`.
+    """
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise ValueError(f"pinned_env(): unknown knobs {unknown}; expected some of {KNOBS}")
+    env: dict[str, str | None] = dict.fromkeys(KNOBS)
+    env["DEVMEM_BACKEND"] = backend
+    env.update(knobs)
+    return env

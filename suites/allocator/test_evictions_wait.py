@@ -1,0 +1,42 @@
+"""Evictions wait for completion events: on ``sim`` with latency > 0 and a cap, cap evictions
+and the OOM flush free a block only after its event completes. The simulator aborts, naming the
+block, if one is freed while a kernel using it is still in flight."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import DeathTestFailure, Outcome
+
+from . import _probes
+from ._knobs import pinned_env
+
+MIB = 1 << 20
+ENV = pinned_env(
+    "sim",
+    DEVMEM_SIM_LATENCY_US="50",
+    DEVMEM_CACHE_CAP_BYTES=str(MIB),
+    DEVMEM_SIM_CAPACITY_BYTES=str(3 * MIB // 2),
+)
+
+
+def check_waits(outcome: Outcome) -> None:
+    outcome.assert_clean()
+    report = outcome.returned
+    cap, flush = report["cap"], report["flush"]
+    assert (cap["cache_bytes"], cap["cap_evictions"], cap["device_frees"]) == (MIB, 2, 2)
+    assert flush["oom_flushes"] == 1 and report["big"] == 3 * 65536 + 32768
+    assert flush["device_frees"] == 6 and flush["cache_bytes"] == 0
+
+
+def test_evictions_and_the_flush_wait_for_events(death):
+    check_waits(death.run(_probes.evictions_wait, env=ENV))
+
+
+def test_teeth_an_eviction_that_frees_without_waiting_is_caught(death):
+    outcome = death.run(_probes.evictions_wait, "evict_without_wait", env=ENV)
+    with pytest.raises(DeathTestFailure, match="SIGABRT"):
+        check_waits(outcome)
+    outcome.assert_aborted(
+        match=r"devmem sim: fatal: free of block #\d+ \(262144 bytes\) while a kernel"
+    )
