@@ -1,0 +1,58 @@
+"""The exec style: a fresh ``sys.executable`` running the tiny runner script, never pytest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from harness._capture import Capture
+from harness._reap import Deadline, Ending, wait_direct
+from harness._repro import RUNNER_PATH
+from harness._request import ChildRequest
+
+MAX_ARGUMENT_BYTES = 100_000
+"""A longer request goes through a descriptor instead of argv (Linux caps one at 128 KiB)."""
+
+
+def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
+    """Start the exec runner for ``request``, wait for it until its deadline, reap it.
+
+    The slowest style (a whole interpreter starts, then imports the target's module) and the
+    most faithful: nothing of this process is inherited but the environment and ``sys.path``.
+    The argv is the repro command's, plus the options that tie the child to this parent.
+    """
+    deadline = Deadline.start(request.timeout_s)
+    text = request.portable_json()
+    argv = [
+        sys.executable,
+        RUNNER_PATH,
+        "--status-fd",
+        str(capture.status_fd),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    pass_fds = [capture.status_fd]
+    if len(text.encode()) <= MAX_ARGUMENT_BYTES:
+        argv += ["--request", text]
+    else:
+        capture.write_request(text.encode())
+        argv += ["--request-fd", str(capture.request_fd)]
+        pass_fds.append(capture.request_fd)  # type: ignore[arg-type]
+    try:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=capture.stdout_fd,
+            stderr=capture.stderr_fd,
+            pass_fds=pass_fds,
+            start_new_session=True,
+            env=request.environ,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Ending(None, error=f"could not start {sys.executable!r}: {exc}")
+    try:
+        ending = wait_direct(popen.pid, capture, deadline)
+    finally:
+        popen.returncode = -1  # reaped by wait_direct: keep Popen from waiting or warning
+    return ending

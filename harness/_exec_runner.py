@@ -1,0 +1,79 @@
+"""Entry point of an exec-style death-test child: ``python _exec_runner.py [options]``.
+
+Run as a script by file path (never ``-m``), so the ``harness`` package, and with it pytest,
+is never imported: this file and ``_child.py`` beside it are all a child loads before the
+target. Standard library only.
+
+Usage::
+
+    python .../harness/_exec_runner.py --request JSON
+    python .../harness/_exec_runner.py --request-fd FD --status-fd FD --parent-pid PID
+
+``--request`` carries the request as JSON (``target``, ``args``, ``sys_path``, ``cwd``,
+``main_path``); ``--request-fd`` reads the same JSON from a descriptor instead (used when it is
+too long for one argument). The other options bind the child to its parent; a repro command
+leaves them out, and the runner then reports the outcome on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+
+def _load_child():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
+    spec = importlib.util.spec_from_file_location("_devmem_death_child", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _parse(argv: list[str]) -> dict[str, str]:
+    options: dict[str, str] = {}
+    known = ("--request", "--request-fd", "--status-fd", "--parent-pid")
+    it = iter(argv)
+    for arg in it:
+        if arg not in known:
+            sys.exit(f"_exec_runner: unknown argument {arg!r}; expected {', '.join(known)}")
+        value = next(it, None)
+        if value is None:
+            sys.exit(f"_exec_runner: {arg} needs a value")
+        options[arg] = value
+    if ("--request" in options) == ("--request-fd" in options):
+        sys.exit("_exec_runner: give exactly one of --request JSON and --request-fd FD")
+    return options
+
+
+def _read_fd(fd: int) -> str:
+    chunks = []
+    while chunk := os.pread(fd, 1 << 20, sum(len(c) for c in chunks)):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode("utf-8")
+
+
+def main(argv: list[str]) -> None:
+    """Decode the request from ``argv`` and run the child; never returns."""
+    options = _parse(argv)
+    if "--request" in options:
+        text = options["--request"]
+    else:
+        text = _read_fd(int(options["--request-fd"]))
+    request = json.loads(text)
+    status_fd = int(options["--status-fd"]) if "--status-fd" in options else None
+    parent_pid = int(options["--parent-pid"]) if "--parent-pid" in options else None
+    _load_child().run_child(
+        request,
+        stdout_fd=None,
+        stderr_fd=None,
+        status_fd=status_fd,
+        parent_pid=parent_pid,
+        new_group=False,  # the parent started a new session; a repro stays in the shell's job
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

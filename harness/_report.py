@@ -1,0 +1,143 @@
+"""Words for people: how a child ended, failure messages, the plugin's summary line.
+
+Pure functions of plain values, tested on their own; the outcome and the plugin only print
+what these return.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from harness._env import describe_env
+
+DEATH_PREFIX = "[  DEATH   ] "
+"""Prefix of every line of the child's stderr in a failure message (as in GoogleTest)."""
+
+STDERR_HEAD_LINES = 20
+STDERR_TAIL_LINES = 50
+"""A failure message shows the child's whole stderr, or its first 20 and last 50 lines."""
+
+_MAX_LINE = 500
+
+
+def signal_name(signum: int | None) -> str:
+    """``SIGABRT`` for 6; ``signal 42`` for a number without a name."""
+    if signum is None:
+        return "no signal"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def seconds(value: float) -> str:
+    """A duration for people: ``3.1 ms`` under a second, ``1.02 s`` above."""
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def describe_ending(
+    kind: str,
+    exit_code: int | None,
+    signum: int | None,
+    timeout_s: float,
+    error: str | None,
+) -> str:
+    """How a child ended, in words: ``killed by SIGABRT``, ``exited with status 3``, ..."""
+    if kind == "exited":
+        return f"exited with status {exit_code}"
+    if kind == "signaled":
+        return f"killed by {signal_name(signum)}"
+    if kind == "timed_out":
+        how = f"killed by {signal_name(signum)}" if signum else f"exited with status {exit_code}"
+        return f"timed out after {timeout_s:g} s, then {how}"
+    return f"harness error (not a crash): {error}"
+
+
+def stderr_lines(
+    stderr: str, head: int = STDERR_HEAD_LINES, tail: int = STDERR_TAIL_LINES
+) -> list[str]:
+    """A header and the child's stderr, each line prefixed with :data:`DEATH_PREFIX`.
+
+    Longer than ``head + tail`` lines, only its first ``head`` and last ``tail`` lines are
+    shown (the message a dying child writes usually comes before faulthandler's stack dump).
+    """
+    lines = stderr.splitlines()
+    if not lines:
+        return ["stderr: (empty)"]
+    if len(lines) <= head + tail:
+        header, shown = f"stderr ({len(lines)} line{'s' if len(lines) > 1 else ''}):", lines
+    else:
+        cut = len(lines) - head - tail
+        header = f"stderr (first {head} and last {tail} of {len(lines)} lines):"
+        shown = [*lines[:head], f"[... {cut} lines ...]", *lines[-tail:]]
+    body = [
+        DEATH_PREFIX + (line if len(line) <= _MAX_LINE else line[:_MAX_LINE] + " [...]")
+        for line in shown
+    ]
+    return [header, *body]
+
+
+def failure_message(
+    *,
+    problem: str,
+    expected: str,
+    actual: str,
+    target: str,
+    style: str,
+    pid: int | None,
+    duration_s: float,
+    config_id: str | None,
+    env: Mapping[str, str | None],
+    stderr: str,
+    repro: str,
+    detail: Iterable[str] = (),
+) -> str:
+    """The message of a :class:`~harness.DeathTestFailure`.
+
+    Args:
+      problem: the one-line verdict (``the child did not die: it exited with status 0``).
+      expected, actual: the expected and the actual ending, in words.
+      detail: extra lines (a raised exception, a returned value, a harness traceback).
+      The rest: as in :class:`~harness.Outcome`.
+    """
+    lines = [
+        f"death test failed: {problem}",
+        f"  target:   {target}  (style {style}, pid {pid}, {seconds(duration_s)})",
+        f"  config:   {config_id if config_id is not None else '(none)'}",
+        f"  env:      {describe_env(env)}",
+        f"  expected: {expected}",
+        f"  actual:   {actual}",
+    ]
+    lines += [f"  {line}" for line in detail]
+    lines += stderr_lines(stderr)
+    lines += ["repro:", f"  {repro}"]
+    return "\n".join(lines)
+
+
+def format_summary(children: Iterable[tuple[str, float, str]]) -> str | None:
+    """The plugin's summary line, or None when no child ran.
+
+    Args:
+      children: one ``(style, duration_s, nodeid)`` per child run.
+
+    Returns:
+      ``death tests: 12 children (fork 4, forkserver 6, exec 2); median 3.1 ms, slowest
+      1.02 s (suites/x.py::test_hang[exec])``.
+    """
+    children = list(children)
+    if not children:
+        return None
+    counts = Counter(style for style, _, _ in children)
+    by_style = ", ".join(
+        f"{style} {counts[style]}" for style in ("fork", "forkserver", "exec") if counts[style]
+    )
+    median = statistics.median(duration for _, duration, _ in children)
+    _, slowest, where = max(children, key=lambda child: child[1])
+    noun = "child" if len(children) == 1 else "children"
+    return (
+        f"death tests: {len(children)} {noun} ({by_style}); median {seconds(median)}, "
+        f"slowest {seconds(slowest)} ({where})"
+    )

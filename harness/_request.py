@@ -1,0 +1,113 @@
+"""One child's request: everything the child needs, checked, in the parent's terms."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from harness._child import plain_problem
+from harness._config import Config
+from harness._env import check_env, child_environ
+from harness._errors import HarnessError
+from harness._target import Target, resolve_target
+
+
+@dataclass(frozen=True)
+class ChildRequest:
+    """A checked request for one child.
+
+    Attributes:
+      target: the checked target.
+      args: positional arguments (JSON plain data).
+      overrides: env overrides, config's first, then the call's (None = unset).
+      config_id: the config's id, or None.
+      environ: the child's whole environment (the parent's, with the overrides and the flag).
+      sys_path: the parent's ``sys.path`` when the request was made.
+      cwd: the parent's working directory when the request was made.
+      timeout_s: the deadline, in seconds from the start of the child.
+    """
+
+    target: Target
+    args: list[Any]
+    overrides: dict[str, str | None]
+    config_id: str | None
+    environ: dict[str, str]
+    sys_path: list[str]
+    cwd: str
+    timeout_s: float
+
+    def portable(self) -> dict[str, Any]:
+        """The request as the exec runner takes it: no environment, no deadline."""
+        return {
+            "target": self.target.spec,
+            "args": self.args,
+            "sys_path": self.sys_path,
+            "cwd": self.cwd,
+            "main_path": self.target.main_path,
+        }
+
+    def portable_json(self) -> str:
+        """:meth:`portable` as compact JSON (what the exec runner's ``--request`` takes)."""
+        return json.dumps(self.portable(), separators=(",", ":"))
+
+    def wire(self, *, forked_from_parent: bool) -> dict[str, Any]:
+        """The request as a forked child takes it: with its environment.
+
+        Args:
+          forked_from_parent: the child is a fork of this process (fork style), so it has
+            this environment already and needs only the overrides; a zygote's child gets the
+            whole environment and refreshes its import caches.
+        """
+        if forked_from_parent:
+            return {**self.portable(), "env": self.overrides}
+        return {**self.portable(), "environ": self.environ, "invalidate_caches": True}
+
+
+def make_request(
+    target: object,
+    args: tuple[Any, ...],
+    *,
+    env: object,
+    config: object,
+    timeout: object,
+) -> ChildRequest:
+    """Check the arguments of ``run_child`` and build the request.
+
+    Raises:
+      HarnessError: naming the bad argument (see :func:`harness.run_child`).
+    """
+    checked_target = resolve_target(target)
+    problem = plain_problem(list(args), "the arguments")
+    if problem:
+        raise HarnessError(f"run_child({checked_target.spec}, ...): {problem}")
+    if config is not None and not isinstance(config, Config):
+        raise HarnessError(f"run_child(config=...) must be a harness.Config, not {config!r}")
+    overrides = dict(config.env) if config is not None else {}
+    overrides.update(check_env(env, "run_child(env=...)"))
+    timeout_s = check_timeout(timeout)
+    return ChildRequest(
+        target=checked_target,
+        args=list(args),
+        overrides=overrides,
+        config_id=config.id if config is not None else None,
+        environ=child_environ(os.environ, overrides),
+        sys_path=list(sys.path),
+        cwd=os.getcwd(),
+        timeout_s=timeout_s,
+    )
+
+
+def check_timeout(timeout: object, what: str = "run_child(timeout=...)") -> float:
+    """Return ``timeout`` as float seconds; HarnessError unless positive and finite."""
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise HarnessError(f"{what} must be a positive finite number of seconds, not {timeout!r}")
+    return float(timeout)

@@ -1,0 +1,115 @@
+"""Which style runs a child: the fork-safety state of this process and the ``auto`` rule."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from harness._child import ENV_FLAG
+from harness._errors import HarnessError
+
+STYLES = ("auto", "fork", "forkserver", "exec")
+"""The values of ``style``; ``auto`` picks ``fork`` when it is safe, else ``forkserver``."""
+
+_fork_unsafe_reasons: list[str] = []
+
+
+def mark_fork_unsafe(reason: str) -> None:
+    """Declare that forking this process is no longer safe (e.g. CUDA is initialized).
+
+    Libraries call this when they do something a forked child cannot inherit. From then on
+    ``style="fork"`` raises :class:`HarnessError` quoting ``reason``, and ``style="auto"``
+    uses the forkserver. It cannot be undone, and forked children inherit it.
+
+    Args:
+      reason: why, for the error message (e.g. ``"CUDA was initialized by allocator.cuda"``).
+
+    Raises:
+      HarnessError: ``reason`` is not a non-empty str.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise HarnessError(f"mark_fork_unsafe(reason) needs a non-empty str, not {reason!r}")
+    if reason not in _fork_unsafe_reasons:
+        _fork_unsafe_reasons.append(reason)
+
+
+def fork_unsafe_reason() -> str | None:
+    """Why fork was declared unsafe in this process.
+
+    Returns:
+      The reasons given to :func:`mark_fork_unsafe`, joined by ``"; "``, or None if it was
+      never called (fork may still be avoided by ``auto`` when this process has threads).
+    """
+    return "; ".join(_fork_unsafe_reasons) or None
+
+
+def in_death_child() -> bool:
+    """Whether this process is a death-test child.
+
+    Returns:
+      True when the environment has ``DEVMEM_DEATH_CHILD=1``, which the harness sets in every
+      child (and its repro command sets too); code can use it to skip work a child must not do.
+    """
+    return os.environ.get(ENV_FLAG) == "1"
+
+
+def thread_count() -> int:
+    """Threads of this process as the kernel counts them (native ones included), at least 1.
+
+    Reads ``/proc/self/stat`` on Linux, like GoogleTest and CPython's fork warning do; falls
+    back to :func:`threading.active_count` elsewhere. Native pools count: NumPy's OpenBLAS
+    starts one at import unless ``OPENBLAS_NUM_THREADS=1``.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return max(int(fields[17]), 1)
+    except (OSError, IndexError, ValueError):
+        return threading.active_count()
+
+
+def check_style(style: object, what: str = "style") -> str:
+    """Return ``style`` if it is one of :data:`STYLES`; else raise HarnessError naming ``what``."""
+    if style not in STYLES:
+        raise HarnessError(f"{what} must be one of {', '.join(map(repr, STYLES))}, not {style!r}")
+    return style  # type: ignore[return-value]
+
+
+def choose_style(style: object, *, importable: bool) -> str:
+    """Resolve ``style`` to the one that will run the child.
+
+    Args:
+      style: one of :data:`STYLES`.
+      importable: whether the target can be imported in a fresh interpreter (a closure
+        cannot, so it needs ``fork``).
+
+    Returns:
+      ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives fork when fork is not marked
+      unsafe and this process has no other thread (see :func:`thread_count`), else forkserver.
+
+    Raises:
+      HarnessError: unknown style; fork asked for after :func:`mark_fork_unsafe`; or a target
+        that is not importable with a style other than fork.
+    """
+    style = check_style(style)
+    unsafe = fork_unsafe_reason()
+    if style == "fork" and unsafe:
+        raise HarnessError(
+            f"style='fork' is refused: fork is unsafe in this process ({unsafe}; declared "
+            "with harness.mark_fork_unsafe). Use style='forkserver' or style='exec'."
+        )
+    if style == "auto":
+        style = "fork" if unsafe is None and thread_count() == 1 else "forkserver"
+        if not importable:
+            raise HarnessError(
+                "the target is not importable as module:qualname (a closure, lambda or bound "
+                "method), so only style='fork' can run it; pass style='fork' explicitly, or "
+                "move the target to module level"
+            )
+    elif not importable and style != "fork":
+        raise HarnessError(
+            f"style={style!r} imports the target in a fresh interpreter, but it is not "
+            "importable as module:qualname (a closure, lambda or bound method); move it to "
+            "module level, or use style='fork'"
+        )
+    return style

@@ -1,0 +1,83 @@
+"""What to run in the child: a function object or a ``"module:qualname"`` string, checked."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness._errors import HarnessError
+
+_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A checked target.
+
+    Attributes:
+      spec: ``"module:qualname"`` (for a target that is not importable, the best name we have).
+      function: the callable object when one was given (fork style calls it directly).
+      importable: whether a fresh interpreter can find it from ``spec``.
+      main_path: the script to load as ``__main__`` in a fresh interpreter, for a target
+        defined in the parent's ``__main__``; else None.
+    """
+
+    spec: str
+    function: Callable[..., object] | None
+    importable: bool
+    main_path: str | None
+
+
+def resolve_target(target: object) -> Target:
+    """Check a ``run_child`` target and describe it.
+
+    Args:
+      target: a module-level function (or other callable importable as module:qualname, such
+        as a builtin), a ``"module:qualname"`` str (imported only in the child), or, for fork
+        style only, any callable such as a closure.
+
+    Returns:
+      The :class:`Target`.
+
+    Raises:
+      HarnessError: ``target`` is neither callable nor a well-formed ``"module:qualname"`` str.
+    """
+    if isinstance(target, str):
+        if not _SPEC.match(target):
+            raise HarnessError(
+                f"run_child(target) as a str must look like 'package.module:function', "
+                f"got {target!r}"
+            )
+        module = target.partition(":")[0]
+        return Target(target, None, True, _main_path() if module == "__main__" else None)
+    if not callable(target):
+        raise HarnessError(
+            "run_child(target) must be a module-level function or a 'module:qualname' str, "
+            f"not {type(target).__name__} {target!r}"
+        )
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return Target(repr(target), target, False, None)
+    spec = f"{module}:{qualname}"
+    importable = "<" not in qualname and _lookup(module, qualname) is target
+    main_path = None
+    if importable and module == "__main__":
+        main_path = _main_path()
+        importable = main_path is not None
+    return Target(spec, target, importable, main_path)
+
+
+def _lookup(module: str, qualname: str) -> object:
+    obj: object = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _main_path() -> str | None:
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return os.path.abspath(path) if isinstance(path, str) else None

@@ -1,0 +1,115 @@
+"""Death-test targets for the ``cuda`` backend's logic, run over the fake CuPy of
+:mod:`suites.allocator._fake_cupy` (or with CuPy hidden), so they need no GPU.
+
+Each runs in its own child: building a CUDA device marks the process fork-unsafe, which must not
+leak into the test process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import harness
+from allocator import Allocator, AllocatorConfig, BackendUnavailable, DeviceOutOfMemory
+from allocator.cuda import cupy_allocator
+from allocator.device import backend_unavailable_reason
+from allocator.device.cuda import CudaDevice
+
+from . import _fake_cupy, _probes
+
+MIB = 1 << 20
+
+
+def without_cupy() -> dict:
+    """CuPy hidden (``import cupy`` fails): the reason, and the error choosing ``cuda`` gives."""
+    sys.modules["cupy"] = None  # type: ignore[assignment]
+    try:
+        Allocator(AllocatorConfig(backend="cuda"))
+    except BackendUnavailable as exc:
+        error = str(exc)
+    else:
+        error = None
+    return {
+        "reason": backend_unavailable_reason("cuda"),
+        "error": error,
+        "fork_unsafe": harness.fork_unsafe_reason(),
+    }
+
+
+def no_device() -> dict:
+    """CuPy present but no device: ``BackendUnavailable`` carries CuPy's reason."""
+    _fake_cupy.install(device_count=0)
+    try:
+        Allocator(AllocatorConfig(backend="cuda"))
+    except BackendUnavailable as exc:
+        return {"error": str(exc), "fork_unsafe": harness.fork_unsafe_reason()}
+    return {"error": None}
+
+
+def backend_logic(latency: int = 0, mutant: str | None = None) -> dict:
+    """Ops, the cap, events, the OOM flush, error propagation and interop on the fake CuPy."""
+    fake = _fake_cupy.install(total_bytes=10 * MIB, latency=latency)
+    if mutant == "evict_without_wait":
+        CudaDevice.wait = lambda self, block: None
+    alloc = Allocator(AllocatorConfig(backend="cuda", cache_cap_bytes=MIB, arena_debug="raise"))
+    report: dict = {"fork_unsafe": harness.fork_unsafe_reason()}
+    try:
+        harness.run_child(_probes.stats, style="fork")
+    except harness.HarnessError as exc:
+        report["fork_refused"] = str(exc)
+
+    a, b = alloc.full(16, 3.0), alloc.full(16, 5.0)
+    report["add"] = alloc.to_numpy(alloc.add(a, b)).tolist()
+    report["fma_sum"] = alloc.sum(alloc.fma(a, b, a))
+    del a, b
+    alloc.empty_cache()  # start the cap workload from an empty cache
+
+    # the seed's cap workload: 32 blocks of 256 KiB returned under a 1 MiB cap
+    buffers = [alloc.full(65536, 1.0) for _ in range(32)]
+    for buf in buffers:
+        alloc.release(buf)
+    report["cap"] = dataclasses.asdict(alloc.stats())
+    report["events_made"] = fake.events_made
+
+    # the cached blocks are reused, with their events (no new event per return)
+    again = [alloc.full(65536, 2.0) for _ in range(4)]
+    for buf in again:
+        alloc.release(buf)
+    report["events_made_after_reuse"] = fake.events_made
+    report["hits"] = alloc.stats().cache_hits
+
+    # OOM: 1 MiB cached + 8.5 MiB held on a 10 MiB device; 1 MiB more fits only after the flush
+    held = alloc.empty(17 * MIB // 8)
+    big = alloc.empty(MIB // 4)
+    report["oom"] = dataclasses.asdict(alloc.stats())
+    del held, big
+
+    # any other CUDA error propagates with its name, without a flush
+    fake.fail_next = [_fake_cupy.ILLEGAL_ADDRESS]
+    flushes = alloc.stats().oom_flushes
+    try:
+        alloc.empty(12345)
+    except DeviceOutOfMemory:
+        report["other_error"] = "DeviceOutOfMemory"
+    except Exception as exc:
+        report["other_error"] = f"{type(exc).__name__}: {exc}"
+    report["flushes_on_other_error"] = alloc.stats().oom_flushes - flushes
+
+    # CuPy interop: memory drawn through cupy_allocator counts, and returns to the cache
+    allocate = cupy_allocator(alloc)
+    live = alloc.stats().live_bytes
+    pointer = allocate(1001)
+    report["interop_live_delta"] = alloc.stats().live_bytes - live
+    report["interop_owner"] = type(pointer.mem.owner).__name__
+    del pointer
+    report["interop_after_drop"] = alloc.stats().live_bytes - live
+    report["interop_zero"] = allocate(0).ptr
+    try:
+        cupy_allocator(Allocator(AllocatorConfig(backend="sim")))
+    except ValueError as exc:
+        report["interop_wrong_backend"] = str(exc)
+
+    report["memory_info"] = list(alloc.device.memory_info())
+    report["violations"] = len(fake.violations)
+    return report

@@ -1,0 +1,39 @@
+"""Process-table helpers for the harness self-tests (Linux /proc)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of ``pid``, or None if it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0].decode(), int(fields[1])
+
+
+def zombies_of(parents: set[int]) -> list[int]:
+    """Pids of zombie processes whose parent is in ``parents``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[0] == "Z" and stat[1] in parents:
+                found.append(int(entry))
+    return found
+
+
+def wait_until_dead(pid: int, within_s: float = 5.0) -> bool:
+    """True once ``pid`` is gone or a zombie (its reaper's business), polling up to ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        stat = _stat(pid)
+        if stat is None or stat[0] in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)

@@ -1,0 +1,184 @@
+"""Targets for the harness self-tests: run in death-test children, so no pytest import here."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+
+def abort_with(message: str) -> None:
+    """Write ``message`` to stderr, then abort (SIGABRT)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    os.abort()
+
+
+def segfault() -> None:
+    """Read address 0: SIGSEGV."""
+    sys.stderr.write("about to read address 0\n")
+    ctypes.string_at(0)
+
+
+def exit_with(code: int) -> None:
+    """Leave through ``os._exit(code)``: no status record, just the exit status."""
+    print("exiting", code, flush=True)
+    os._exit(code)
+
+
+def system_exit(code: int) -> None:
+    """Raise ``SystemExit(code)`` (``sys.exit``)."""
+    sys.exit(code)
+
+
+def give_back(*args: object) -> dict:
+    """Return the arguments, the pid and the death-child flag; print a line to stdout."""
+    print("giving back", len(args))
+    return {"args": list(args), "pid": os.getpid(), "flag": os.environ.get("DEVMEM_DEATH_CHILD")}
+
+
+class TargetError(Exception):
+    """An exception type that is not a builtin."""
+
+
+def raise_error(message: str) -> None:
+    """Raise :class:`TargetError` from a nested call."""
+    _deeper(message)
+
+
+def _deeper(message: str) -> None:
+    raise TargetError(message)
+
+
+def return_tuple() -> tuple:
+    """Return a tuple: not JSON plain data."""
+    return (1, 2)
+
+
+def return_object() -> object:
+    """Return an arbitrary object: not JSON plain data."""
+    return threading.Lock()
+
+
+def lives() -> None:
+    """Say so on stderr and return normally."""
+    print("still alive", file=sys.stderr)
+
+
+def hang_forever() -> None:
+    """Sleep forever in small steps (the stack dump names this function)."""
+    while True:
+        time.sleep(0.05)
+
+
+def hang_with_grandchild() -> None:
+    """Fork a grandchild that sleeps, print its pid, then hang."""
+    print(_spawn_sleeper(), flush=True)
+    hang_forever()
+
+
+def leave_grandchild() -> int:
+    """Fork a grandchild that sleeps, and return its pid at once."""
+    return _spawn_sleeper()
+
+
+def _spawn_sleeper() -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def kill_parent_and_hang() -> None:
+    """SIGKILL this child's parent (in forkserver style: the zygote), then hang."""
+    os.kill(os.getppid(), signal.SIGKILL)
+    hang_forever()
+
+
+def ignore_sigterm_and_hang() -> None:
+    """Ignore SIGTERM, so only SIGKILL ends this child."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    hang_forever()
+
+
+def write_lots(stream: str, megabytes: int, last_line: str) -> None:
+    """Write ``megabytes`` MiB of numbered lines to ``stream`` ("stdout" or "stderr"), then
+    ``last_line``."""
+    fd = 1 if stream == "stdout" else 2
+    block = b"".join(b"line %06d of filler text, 40 bytes\n" % i for i in range(1024 * 32))
+    block = block[: 1 << 20]
+    for _ in range(megabytes):
+        os.write(fd, block)
+    os.write(fd, last_line.encode() + b"\n")
+
+
+def hygiene() -> dict:
+    """Report how the harness set this child up."""
+    import resource
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    deathsig = ctypes.c_int(0)
+    prctl(2, ctypes.byref(deathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    return {
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "core_limit": list(resource.getrlimit(resource.RLIMIT_CORE)),
+        "stdin": os.path.realpath(f"/proc/self/fd/{sys.stdin.fileno()}"),
+        "deathsig": deathsig.value,
+        "flag": os.environ.get("DEVMEM_DEATH_CHILD"),
+        "pytest_imported": "pytest" in sys.modules,
+        "harness_imported": "harness" in sys.modules,
+        "modules": sorted(name for name in ("colorsys", "numpy") if name in sys.modules),
+        "cwd": os.getcwd(),
+    }
+
+
+def env_values(*names: str) -> list:
+    """The values of ``names`` in this child's environment (None when unset)."""
+    return [os.environ.get(name) for name in names]
+
+
+def import_numpy() -> str:
+    """Import NumPy and return its version."""
+    import numpy
+
+    return str(numpy.__version__)
+
+
+def auto_styles() -> dict:
+    """Which style ``auto`` picks here: alone, with another thread, after mark_fork_unsafe.
+
+    Run it in a fresh interpreter (exec style): it calls the harness from inside a child.
+    """
+    import harness
+    from suites.harness import _targets
+
+    alone = harness.run_child(_targets.give_back, timeout=30).style
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        threaded = harness.run_child(_targets.give_back, timeout=30).style
+    finally:
+        stop.set()
+        thread.join()
+    harness.mark_fork_unsafe("test: pretend CUDA is initialized")
+    marked = harness.run_child(_targets.give_back, timeout=30).style
+    try:
+        harness.run_child(_targets.give_back, style="fork")
+        refused = None
+    except harness.HarnessError as exc:
+        refused = str(exc)
+    return {
+        "alone": alone,
+        "threaded": threaded,
+        "marked": marked,
+        "refused": refused,
+        "reason": harness.fork_unsafe_reason(),
+    }

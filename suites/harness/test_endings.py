@@ -1,0 +1,118 @@
+"""How a child ends, in every style: signals, exit statuses, returned values, exceptions."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+import harness
+from suites.harness import _targets
+
+
+def test_abort_with_message(run, style):
+    outcome = run(_targets.abort_with, "devmem: fatal: the arena was freed twice")
+
+    assert outcome.kind == "signaled"
+    assert outcome.signal is signal.SIGABRT
+    assert outcome.exit_code is None
+    assert outcome.style == style
+    assert "devmem: fatal: the arena was freed twice" in outcome.stderr
+    assert "killed by SIGABRT" in repr(outcome)
+    outcome.assert_aborted(r"freed twice").assert_died(signal=signal.SIGABRT)
+
+
+def test_segfault_is_named_sigsegv(run):
+    outcome = run(_targets.segfault)
+
+    assert outcome.kind == "signaled"
+    assert outcome.signal is signal.SIGSEGV
+    assert outcome.signal.name == "SIGSEGV"
+    assert "killed by SIGSEGV" in outcome.ending
+    # faulthandler runs on the child's own stderr and shows the Python stack
+    assert "Segmentation fault" in outcome.stderr
+    assert "in segfault" in outcome.stderr
+    outcome.assert_died(match="address 0", signal="SIGSEGV")
+    with pytest.raises(harness.DeathTestFailure, match="killed by SIGABRT"):
+        outcome.assert_aborted()
+
+
+def test_exit_code_three(run):
+    outcome = run(_targets.exit_with, 3)
+
+    assert (outcome.kind, outcome.exit_code, outcome.signal) == ("exited", 3, None)
+    assert outcome.stdout == "exiting 3\n"
+    assert "exited with status 3" in repr(outcome)
+    outcome.assert_exited(3).assert_died()
+    with pytest.raises(harness.DeathTestFailure, match="exited with status 3"):
+        outcome.assert_clean()
+
+
+def test_system_exit_code(run):
+    outcome = run(_targets.system_exit, 4)
+
+    assert (outcome.kind, outcome.exit_code, outcome.raised) == ("exited", 4, None)
+
+
+def test_returned_value(run, style):
+    outcome = run(_targets.give_back, 1, 2.5, "three", [None, True], {"k": {"n": [4]}})
+
+    assert outcome.assert_clean() is outcome
+    assert outcome.returned["args"] == [1, 2.5, "three", [None, True], {"k": {"n": [4]}}]
+    assert outcome.returned["flag"] == "1"
+    assert outcome.returned["pid"] == outcome.pid
+    assert outcome.stdout == "giving back 5\n"
+    assert outcome.raised is None
+    assert outcome.target == "suites.harness._targets:give_back"
+    assert outcome.duration_s > 0
+
+
+def test_raised_exception(run):
+    outcome = run(_targets.raise_error, "no more arenas")
+
+    assert (outcome.kind, outcome.exit_code) == ("exited", 1)
+    raised = outcome.raised
+    assert raised is not None
+    assert raised.type == "suites.harness._targets.TargetError"
+    assert raised.message == "no more arenas"
+    assert str(raised) == "suites.harness._targets.TargetError: no more arenas"
+    assert raised.traceback.startswith("Traceback (most recent call last):")
+    assert "in _deeper" in raised.traceback
+    assert "_child.py" not in raised.traceback  # the harness frame is left out
+    assert raised.traceback in outcome.stderr  # as an uncaught exception would print it
+    outcome.assert_exited(1, match="TargetError: no more arenas")
+    with pytest.raises(harness.DeathTestFailure, match=r"raised:   suites\.harness"):
+        outcome.assert_clean()
+
+
+def test_returned_value_that_is_not_plain_data_is_a_harness_error(run):
+    outcome = run(_targets.return_tuple)
+
+    assert outcome.kind == "harness_error"
+    assert "has type tuple" in outcome.error
+    assert outcome.returned is None
+
+    outcome = run(_targets.return_object)
+    assert outcome.kind == "harness_error"
+    assert "_thread.lock" in outcome.error
+
+
+def test_target_module_failing_to_import_is_a_harness_error_not_a_crash(run):
+    outcome = run("suites.harness._no_such_module:target")
+
+    assert outcome.kind == "harness_error"
+    assert "could not import the target 'suites.harness._no_such_module:target'" in outcome.error
+    assert "ModuleNotFoundError" in outcome.error
+    with pytest.raises(harness.DeathTestFailure) as failure:
+        outcome.assert_died()
+    message = str(failure.value)
+    assert "harness failed" in message
+    assert "not a crash" in message
+    assert "killed by" not in message.split("\n")[0]
+
+
+def test_missing_attribute_is_a_harness_error(run):
+    outcome = run("suites.harness._targets:no_such_function")
+
+    assert outcome.kind == "harness_error"
+    assert "no_such_function" in outcome.error

@@ -1,0 +1,101 @@
+"""What every child gets: its own group, no core dumps, /dev/null stdin, env, captured output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+import harness
+from harness import _forkserver
+from harness._capture import HEAD_BYTES, TAIL_BYTES
+from suites.harness import _procs, _targets
+
+
+def test_child_setup(run, style):
+    outcome = run(_targets.hygiene).assert_clean()
+    seen = outcome.returned
+
+    assert seen["pgid"] == seen["pid"] == outcome.pid  # its own process group
+    assert seen["pgid"] != os.getpgid(0)
+    assert seen["core_limit"] == [0, 0]
+    assert seen["stdin"] == "/dev/null"
+    assert seen["deathsig"] == signal.SIGKILL  # dies with its parent
+    assert seen["flag"] == "1"
+    assert seen["cwd"] == os.getcwd()
+    if style != "fork":  # a clean interpreter: neither pytest nor the harness package
+        assert seen["pytest_imported"] is False
+        assert seen["harness_imported"] is False
+
+
+def test_in_death_child_flag(run):
+    assert harness.in_death_child() is False
+    assert run(harness.in_death_child).assert_clean().returned is True
+    assert run(_targets.env_values, "DEVMEM_DEATH_CHILD").returned == ["1"]
+
+
+def test_env_set_and_unset_seen_at_import_time(run, monkeypatch):
+    assert "suites.harness._env_probe" not in sys.modules  # so even fork imports it fresh
+    monkeypatch.setenv("PROBE_UNSET", "from the parent")
+    config = harness.Config("probe", {"PROBE_CONFIG": "from config", "PROBE_SET": "overridden"})
+
+    outcome = run(
+        "suites.harness._env_probe:probe",
+        env={"PROBE_SET": "from env", "PROBE_UNSET": None},
+        config=config,
+    ).assert_clean()
+
+    expected = {"PROBE_SET": "from env", "PROBE_UNSET": None, "PROBE_CONFIG": "from config"}
+    assert outcome.returned == {"at_import": expected, "now": expected}
+    assert outcome.env == {
+        "PROBE_CONFIG": "from config",
+        "PROBE_SET": "from env",
+        "PROBE_UNSET": None,
+    }
+    assert outcome.config_id == "probe"
+    assert "suites.harness._env_probe" not in sys.modules
+
+
+def test_parent_environment_is_inherited(run, monkeypatch):
+    monkeypatch.setenv("PROBE_PARENT", "parent value")
+    outcome = run(_targets.env_values, "PROBE_PARENT").assert_clean()
+    assert outcome.returned == ["parent value"]
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_twenty_megabytes_of_output_do_not_block_and_the_tail_is_kept(run, stream):
+    outcome = run(_targets.write_lots, stream, 20, "THE LAST LINE", timeout=20.0).assert_clean()
+
+    text = getattr(outcome, stream)
+    assert text.endswith("THE LAST LINE\n")
+    assert text.startswith("line 000000 of filler text")
+    cut = 20 * 2**20 + len("THE LAST LINE\n") - HEAD_BYTES - TAIL_BYTES
+    assert f"devmem-harness cut {cut} bytes" in text
+    assert len(text) < HEAD_BYTES + TAIL_BYTES + 500
+
+
+def test_grandchild_left_behind_is_killed_with_the_group(run):
+    outcome = run(_targets.leave_grandchild).assert_clean()
+    grandchild = outcome.returned
+
+    assert isinstance(grandchild, int)
+    assert _procs.wait_until_dead(grandchild), f"grandchild {grandchild} still running"
+
+
+def test_no_zombies_left(run, style):
+    outcomes = [
+        run(_targets.give_back),
+        run(_targets.abort_with, "x"),
+        run(_targets.exit_with, 2),
+        run(_targets.leave_grandchild),
+    ]
+
+    assert [o.kind for o in outcomes] == ["exited", "signaled", "exited", "exited"]
+    parents = {os.getpid()}
+    if style == "forkserver":
+        zygote = _forkserver.server().pid
+        assert zygote is not None
+        parents.add(zygote)
+    assert _procs.zombies_of(parents) == []
