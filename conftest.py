@@ -29,6 +29,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         " cpu,sim,cuda; cuda skips with a reason where no GPU is visible)",
     )
     group.addoption(
+        "--strict-backends",
+        action="store_true",
+        help="fail, instead of skip, the items of a requested backend that cannot run here"
+        " (ci/check.sh --cuda uses it)",
+    )
+    group.addoption(
         "--stress-scale",
         type=int,
         default=1,
@@ -79,8 +85,11 @@ def backend(request: pytest.FixtureRequest) -> str:
     """The backend under test (``cpu``, ``sim`` or ``cuda``); skips with the reason if it
     cannot run here."""
     name = request.param
+    request.node.user_properties.append(("backend", name))  # for the nightly summary
     reason = _unavailable(name)
     if reason is not None:
+        if request.config.getoption("strict_backends"):
+            pytest.fail(f"{name} backend unavailable (--strict-backends): {reason}")
         pytest.skip(f"{name} backend unavailable: {reason}")
     return name
 
@@ -146,6 +155,9 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
         return alloc
 
     yield make
+    if made:  # for the nightly summary: the most bytes any of them held at once
+        peak = max(alloc.stats().peak_bytes for alloc in made)
+        request.node.user_properties.append(("peak_live_bytes", peak))
     if request.node.get_closest_marker("no_leak_check") or request.node.stash.get(
         _call_failed, True
     ):
@@ -158,6 +170,7 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
             f" after the test: {stats.format()}"
         )
         assert stats.arena_depth == 0, f"leak check: {stats.arena_depth} arenas left open"
+        alloc.empty_cache()  # hand cached device blocks back now, not at garbage collection
 
 
 @pytest.fixture

@@ -10,6 +10,10 @@ every ratio is taken against a reference measured in the same run.
     and in ``raise`` mode, as a ratio. Target: at most 1.05.
 (c) ``arena_exit`` cost per reclaimed buffer for k = 1,000, 10,000 and 100,000 buffers, on
     ``cpu`` and ``sim``. Target: at most 2 us per buffer, growing linearly in k.
+(d) where a GPU is visible, the ``cuda`` column: a cache-hit alloc+release round trip of 4096
+    floats, against CuPy's default memory pool (``cupy.empty`` + ``del``) and a raw
+    ``cudaMalloc``/``cudaFree`` pair. Targets: within 2x of CuPy's pool, at least 10x cheaper
+    than the raw pair. Without a GPU the column says why it was skipped.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
+from allocator.device import backend_unavailable_reason  # noqa: E402
 
 TARGET_ROUND_TRIP_US = 3.0
 TARGET_DETECTOR_RATIO = 1.05
 TARGET_EXIT_US = 2.0
+TARGET_CUDA_VS_POOL = 2.0
+TARGET_CUDA_VS_RAW = 10.0
 EXIT_KS = (1_000, 10_000, 100_000)
 
 
@@ -102,9 +109,10 @@ def bench_detector(repeat: int, number: int) -> dict:
     on = _arena_workload(Allocator(AllocatorConfig(backend="sim", arena_debug="raise")))
     off(), on()  # warm both caches
     off_runs, on_runs = [], []
-    for _ in range(repeat):
-        off_runs += per_call_us(off, number, 1)
-        on_runs += per_call_us(on, number, 1)
+    for i in range(repeat):  # alternate which goes first, so order effects cancel
+        pairs = ((off, off_runs), (on, on_runs))
+        for workload, runs in pairs if i % 2 == 0 else reversed(pairs):
+            runs += per_call_us(workload, number, 1)
     ratio = statistics.median(on_runs) / statistics.median(off_runs)
     return {
         "off_us": statistics.median(off_runs),
@@ -145,6 +153,49 @@ def bench_arena_exit(repeat: int, backend: str, ks: tuple[int, ...]) -> dict:
     }
 
 
+def bench_cuda(repeat: int, number: int) -> dict:
+    """(d) cuda cache-hit round trip vs CuPy's pool and a raw cudaMalloc/cudaFree pair."""
+    reason = backend_unavailable_reason("cuda")
+    if reason is not None:
+        return {"skipped": reason}
+    import cupy
+
+    alloc = Allocator(AllocatorConfig(backend="cuda"))
+    alloc.release(alloc.empty(4096))
+    empty, release = alloc.empty, alloc.release
+    runtime = cupy.cuda.runtime
+
+    def cached() -> None:
+        release(empty(4096))
+
+    def pool() -> None:
+        a = cupy.empty(4096, cupy.float32)
+        del a
+
+    def raw() -> None:
+        runtime.free(runtime.malloc(16384))
+
+    pool()  # warm CuPy's pool too
+    ours, pooled, raws = [], [], []
+    for _ in range(repeat):
+        ours += per_call_us(cached, number, 1)
+        pooled += per_call_us(pool, number, 1)
+        raws += per_call_us(raw, max(number // 10, 1), 1)
+    cupy.cuda.Device().synchronize()
+    median = statistics.median(ours)
+    vs_pool = median / statistics.median(pooled)
+    vs_raw = statistics.median(raws) / median
+    return {
+        "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "cuda_cached_round_trip_us": median,
+        "cupy_pool_empty_del_us": statistics.median(pooled),
+        "raw_malloc_free_us": statistics.median(raws),
+        "ratio_vs_cupy_pool": vs_pool,
+        "raw_pair_over_cached": vs_raw,
+        "meets_target": vs_pool <= TARGET_CUDA_VS_POOL and vs_raw >= TARGET_CUDA_VS_RAW,
+    }
+
+
 def render(results: dict) -> str:
     """The results as a plain-text table."""
     a, b = results["round_trip"], results["detector"]
@@ -180,6 +231,30 @@ def render(results: dict) -> str:
             f"{f'    growth per buffer, k={first} -> {last} ({backend})':<58}"
             f" {growth:>11.2f}x {'linear':>10} {'yes' if exit_['linear'] else 'NO':>4}"
         )
+    cuda = results["cuda"]
+    if "skipped" in cuda:
+        lines.append(f"(d) cuda: skipped ({cuda['skipped']})")
+        return "\n".join(lines)
+    ok = "yes" if cuda["meets_target"] else "NO"
+    lines += [
+        (
+            f"{'(d) cuda cached alloc+release, 4096 floats (' + cuda['device'] + ')':<58}"
+            f" {cuda['cuda_cached_round_trip_us']:>9.2f} us {'':>10} {ok:>4}"
+        ),
+        (
+            f"{'    cupy.empty(4096, float32) + del (CuPy pool)':<58}"
+            f" {cuda['cupy_pool_empty_del_us']:>9.2f} us {'':>10} {'':>4}"
+        ),
+        (
+            f"{'    cudaMalloc + cudaFree of 16 KiB (raw pair)':<58}"
+            f" {cuda['raw_malloc_free_us']:>9.2f} us {'':>10} {'':>4}"
+        ),
+        (f"{'    ours / CuPy pool':<58} {cuda['ratio_vs_cupy_pool']:>12.2f} {'<= 2':>10} {'':>4}"),
+        (
+            f"{'    raw pair / ours':<58} {cuda['raw_pair_over_cached']:>11.1f}x {'>= 10x':>10}"
+            f" {'':>4}"
+        ),
+    ]
     return "\n".join(lines)
 
 
@@ -213,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "arena_exit": {
             backend: bench_arena_exit(args.repeat, backend, ks) for backend in ("cpu", "sim")
         },
+        "cuda": bench_cuda(args.repeat, 20_000 // scale),
     }
     print(render(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)

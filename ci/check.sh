@@ -9,16 +9,23 @@ usage() {
 usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--no-build] [--no-test] [--no-lint] [-h]
 
   --ci-all    everything CI runs: build, import every module, lint, all suites on cpu and sim
-  --cuda      also run every suite on the cuda backend (needs a visible NVIDIA GPU)
-  --nightly   stress scale x100 on every available backend, JUnit XML and a summary in reports/
+              (cuda items skip with the reason where no GPU is visible)
+  --cuda      also run every suite on the cuda backend, one GPU per xdist worker; fails at
+              once when no GPU is visible. Installs the `cuda` extra (cupy-cuda12x) unless
+              CuPy already imports; CUDA_EXTRA=cuda13 picks cupy-cuda13x
+  --nightly   stress scale x100 on every available backend; JUnit XML and a one-page summary
+              written to reports/ (nightly.xml, nightly-summary.md)
   --no-build  do not create or update .venv
   --no-test   skip the test suites
   --no-lint   skip ruff check and ruff format --check
   -h, --help  show this help
 
 environment:
-  PYTHON      interpreter used to create .venv (default: python3)
-  PYTEST_ARGS extra arguments appended to every pytest run
+  PYTHON            interpreter that creates .venv (default: python3)
+  VENV_SYSTEM_SITE  1: create .venv with --system-site-packages (e.g. to see a preinstalled CuPy)
+  CUDA_EXTRA        the extra --cuda installs: cuda (default, cupy-cuda12x) or cuda13
+  PYTEST_ARGS       extra arguments appended to every pytest run
+  pip's own PIP_NO_INDEX / PIP_FIND_LINKS work for offline installs
 USAGE
 }
 
@@ -51,13 +58,35 @@ run() {
     "$@"
 }
 
+if [ "$cuda" = 1 ]; then
+    step "cuda: look for a GPU (nvidia-smi -L)"
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        echo "ci/check.sh --cuda: no GPU is visible: nvidia-smi is not on PATH (no NVIDIA driver)." >&2
+        echo "Run ci/check.sh without --cuda on this machine; the cuda items then skip with the reason." >&2
+        exit 1
+    fi
+    if ! listing=$(nvidia-smi -L 2>&1) || ! grep -q '^GPU ' <<<"$listing"; then
+        echo "ci/check.sh --cuda: no GPU is visible: nvidia-smi -L says: ${listing:-nothing}" >&2
+        echo "Run ci/check.sh without --cuda on this machine; the cuda items then skip with the reason." >&2
+        exit 1
+    fi
+    echo "$listing"
+fi
+
 if [ "$build" = 1 ]; then
     step "build: .venv with the project and its test extras"
     if [ ! -x "$py" ]; then
-        run "${PYTHON:-python3}" -m venv "$venv"
+        if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then
+            run "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
+        else
+            run "${PYTHON:-python3}" -m venv "$venv"
+        fi
     fi
     run "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
     run "$py" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+    if [ "$cuda" = 1 ] && ! "$py" -c "import cupy" >/dev/null 2>&1; then
+        run "$py" -m pip install --quiet --disable-pip-version-check -e ".[test,${CUDA_EXTRA:-cuda}]"
+    fi
 fi
 if [ ! -x "$py" ]; then
     echo "ci/check.sh: $venv does not exist; run without --no-build first" >&2
@@ -81,17 +110,49 @@ if [ "$test" = 1 ]; then
     if [ -n "${PYTEST_ARGS:-}" ]; then
         read -r -a extra <<<"$PYTEST_ARGS"
     fi
+    gpus=()
+    if [ "$cuda" = 1 ]; then
+        gpus=(--gpus auto)
+    fi
 
-    step "test: every suite on cpu and sim (pytest -n auto)"
-    run "$py" -m pytest -n auto --backend cpu,sim,cuda "${extra[@]}"
+    if [ "$cuda" = 1 ]; then
+        first=cpu,sim # cuda gets its own run below, pinned and strict
+    else
+        first=cpu,sim,cuda # cuda items skip with the reason where no GPU is visible
+    fi
+    if [ "$nightly" = 1 ]; then
+        mkdir -p reports
+        step "nightly: every suite at stress scale x100 on every available backend"
+        status=0
+        run "$py" -m pytest -n auto --backend cpu,sim,cuda "${gpus[@]}" --stress-scale 100 \
+            --junitxml reports/nightly.xml -o junit_family=xunit1 "${extra[@]}" || status=$?
+        run "$py" ci/nightly_summary.py reports/nightly.xml --out reports/nightly-summary.md
+        if [ "$status" != 0 ]; then
+            echo "ci/check.sh --nightly: pytest failed (exit status $status); see reports/" >&2
+            exit "$status"
+        fi
+    else
+        step "test: every suite on $first (pytest -n auto)"
+        run "$py" -m pytest -n auto --backend "$first" "${extra[@]}"
+    fi
 
     step "test: the harness self-tests under -n 2 and under --forked"
     run "$py" -m pytest -q -n 2 suites/harness "${extra[@]}"
     run "$py" -m pytest -q --forked suites/harness "${extra[@]}"
 
+    hostile=cpu,sim
+    if [ "$cuda" = 1 ] && [ "$nightly" = 0 ]; then
+        step "test: every suite on cuda (one GPU per xdist worker; unavailable is a failure)"
+        run "$py" -m pytest -n auto --backend cuda --strict-backends "${gpus[@]}" "${extra[@]}"
+    fi
+    if [ "$cuda" = 1 ]; then
+        hostile=cpu,sim,cuda
+    fi
+
     step "test: the allocator suites with hostile parent settings (DEVMEM_ARENA_DEBUG=1 DEVMEM_CACHE_CAP_BYTES=1)"
     DEVMEM_ARENA_DEBUG=1 DEVMEM_CACHE_CAP_BYTES=1 \
-        run "$py" -m pytest -q -n auto --backend cpu,sim suites/allocator "${extra[@]}"
+        run "$py" -m pytest -q -n auto --backend "$hostile" "${gpus[@]}" suites/allocator \
+        "${extra[@]}"
 fi
 
 echo

@@ -20,6 +20,7 @@ lives in :mod:`harness.plugin`; this package itself never imports pytest (nor ``
 from harness._config import Config, matrix
 from harness._errors import DeathTestFailure, HarnessError
 from harness._forkserver import set_forkserver_preload
+from harness._gpus import list_gpus
 from harness._outcome import Outcome
 from harness._protocol import Raised
 from harness._run import DeathRunner, run_child
@@ -35,6 +36,7 @@ __all__ = [
     "Raised",
     "fork_unsafe_reason",
     "in_death_child",
+    "list_gpus",
     "mark_fork_unsafe",
     "matrix",
     "run_child",

@@ -1,6 +1,7 @@
 """pytest glue for the death-test harness (entry point ``devmem_death``); the work is elsewhere.
 
-Declares ``--death-style``, ``--death-timeout`` and the ini option ``death_preload``; provides
+Declares ``--death-style``, ``--death-timeout``, ``--gpus`` and the ini option
+``death_preload``; pins each xdist worker to one GPU when ``--gpus`` is given; provides
 the ``death`` fixture; expands :func:`harness.matrix` into one item per config; and prints one
 summary line of the children run (by style, median and slowest duration).
 
@@ -12,12 +13,15 @@ controlling process), and the controlling process sums them up from the reports 
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
 import harness
 from harness._config import MATRIX_ATTR
+from harness._errors import HarnessError
 from harness._forkserver import forkserver_preload
+from harness._gpus import VISIBLE, gpu_for_worker, resolve_gpus
 from harness._report import format_summary
 from harness._run import add_observer, remove_observer
 
@@ -54,6 +58,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         help="default deadline of a death-test child, in seconds. Default: 60.",
     )
+    group.addoption(
+        "--gpus",
+        default=None,
+        metavar="SPEC",
+        help="pin each xdist worker to one GPU through CUDA_VISIBLE_DEVICES, chosen from its "
+        "worker id: 'auto' (every GPU nvidia-smi lists), a count N, or ids like 0,2. Death-test "
+        "children inherit it. Default: no pinning.",
+    )
     parser.addini(
         "death_preload",
         type="linelist",
@@ -62,7 +74,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _pin_gpu(config: pytest.Config) -> None:
+    """Set CUDA_VISIBLE_DEVICES for this process from ``--gpus``, before any test runs.
+
+    An xdist worker takes the GPU of its worker id, from the GPUs of its own machine; a run
+    without xdist takes the first; the xdist controller runs no test and pins nothing, so the
+    workers it starts still see every GPU.
+    """
+    spec = config.getoption("gpus")
+    if spec is None:
+        return
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None and config.getoption("dist", "no") != "no":
+        return
+    try:
+        gpus = resolve_gpus(spec)
+        worker = None if workerinput is None else workerinput["workerid"]
+        os.environ[VISIBLE] = gpu_for_worker(worker, gpus)
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _pin_gpu(config)
     config.stash[_preload_key] = forkserver_preload()
     preload = config.getini("death_preload")
     if preload:

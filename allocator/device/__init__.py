@@ -7,8 +7,6 @@ the interface and the order of calls every backend keeps.
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 
 from .._config import AllocatorConfig
 from .base import Block, Device, DeviceAllocationError
@@ -45,9 +43,10 @@ def make_device(config: AllocatorConfig) -> Device:
 def backend_unavailable_reason(backend: str) -> str | None:
     """Why ``backend`` cannot run here, or ``None`` if it can; never initializes CUDA.
 
-    ``cpu`` and ``sim`` always run. For ``cuda`` it checks that CuPy is installed and that
-    ``nvidia-smi -L`` lists a GPU, so that a pytest parent can decide to skip without creating
-    a CUDA context (which would make forking it unsafe).
+    ``cpu`` and ``sim`` always run. For ``cuda`` it checks that CuPy is installed and that a GPU
+    is visible (:func:`harness.list_gpus`: ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi -L``), so
+    that a pytest parent can decide to skip without creating a CUDA context (which would make
+    forking it unsafe).
 
     Raises:
         ValueError: ``backend`` is not a known backend name.
@@ -58,14 +57,7 @@ def backend_unavailable_reason(backend: str) -> str | None:
         raise ValueError(f"backend={backend!r}: expected one of cpu, sim, cuda")
     if importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed (pip install 'devmem-harness[cuda]')"
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "no NVIDIA driver: nvidia-smi is not on PATH"
-    try:
-        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"nvidia-smi -L failed: {exc}"
-    if listing.returncode != 0 or "GPU" not in listing.stdout:
-        detail = (listing.stderr or listing.stdout).strip() or f"exit status {listing.returncode}"
-        return f"no GPU visible to nvidia-smi -L ({detail})"
-    return None
+    import harness
+
+    gpus, reason = harness.list_gpus()
+    return None if gpus else reason

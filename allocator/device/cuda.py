@@ -60,13 +60,26 @@ def load_cupy():
 
 
 class CudaBlock(Block):
-    """A ``cudaMalloc`` allocation; ``ptr`` is the device address."""
+    """A ``cudaMalloc`` allocation; ``ptr`` is the device address (0 once freed).
 
-    __slots__ = ("ptr",)
+    A block that is garbage-collected while still allocated (an allocator dropped with blocks
+    in its cache) is freed then, as CuPy frees its own memory; ``cudaFree`` synchronizes the
+    device first.
+    """
 
-    def __init__(self, block_id: int, nbytes: int, array, ptr: int) -> None:
+    __slots__ = ("_free", "ptr")
+
+    def __init__(self, block_id: int, nbytes: int, array, ptr: int, free) -> None:
         super().__init__(block_id, nbytes, array)
         self.ptr = ptr
+        self._free = free
+
+    def __del__(self) -> None:
+        if self.ptr:
+            try:
+                self._free(self.ptr)
+            except Exception:
+                pass  # at interpreter exit the driver may be gone: nothing left to free
 
 
 class CudaDevice(Device):
@@ -115,12 +128,13 @@ class CudaDevice(Device):
         except BaseException:
             self._runtime.free(ptr)
             raise
-        return CudaBlock(next(self._ids), nbytes, array, ptr)
+        return CudaBlock(next(self._ids), nbytes, array, ptr, self._runtime.free)
 
     def free(self, block: CudaBlock) -> None:
         """``cudaFree`` the block (the cache has waited on its event); pool its event."""
         block.array = None
-        self._runtime.free(block.ptr)
+        ptr, block.ptr = block.ptr, 0
+        self._runtime.free(ptr)
         event, block.event = block.event, None
         if event is not None:
             with self._events_lock:

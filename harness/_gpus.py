@@ -1,0 +1,94 @@
+"""One GPU per pytest-xdist worker, through ``CUDA_VISIBLE_DEVICES``.
+
+``pytest -n N --gpus auto`` (or ``--gpus 4``, or ``--gpus 0,2``) pins each worker to one GPU,
+chosen from its worker id (``gw3`` takes the fourth GPU of the list, modulo its length), before
+any test can initialize CUDA; death-test children inherit the variable. GPUs are listed with
+``nvidia-smi -L``, never with a CUDA call, so listing them does not make the process
+fork-unsafe. Each worker lists the GPUs of its own machine, so the same option works for
+remote workers (``--tx 4*ssh=host//python=...``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+from harness._errors import HarnessError
+
+__all__ = ["gpu_for_worker", "list_gpus", "resolve_gpus"]
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+
+def list_gpus() -> tuple[list[str], str | None]:
+    """The GPUs this process may use, without initializing CUDA.
+
+    Returns:
+        ``(ids, None)`` when ``nvidia-smi -L`` lists at least one GPU: the ids in
+        ``CUDA_VISIBLE_DEVICES`` when it is set, else the indices listed. Otherwise
+        ``([], reason)`` saying why there are none (no driver, ``nvidia-smi`` failed, no GPU
+        listed, ``CUDA_VISIBLE_DEVICES`` set but empty).
+    """
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], "no NVIDIA driver: nvidia-smi is not on PATH"
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"nvidia-smi -L failed: {exc}"
+    ids = re.findall(r"^GPU (\d+):", listing.stdout, flags=re.MULTILINE)
+    if listing.returncode != 0 or not ids:
+        detail = (listing.stderr or listing.stdout).strip() or f"exit status {listing.returncode}"
+        return [], f"no GPU visible to nvidia-smi -L ({detail})"
+    visible = os.environ.get(VISIBLE)
+    if visible is not None:
+        ids = [part.strip() for part in visible.split(",") if part.strip()]
+        if not ids:
+            return [], f"{VISIBLE} is set but empty"
+    return ids, None
+
+
+def resolve_gpus(spec: str) -> list[str]:
+    """The GPU list a ``--gpus`` value names.
+
+    Args:
+        spec: ``auto`` (every GPU :func:`list_gpus` finds), a count ``N`` (GPUs ``0..N-1``), or
+            a comma-separated list of ids (``0,2`` or GPU UUIDs).
+
+    Raises:
+        HarnessError: ``spec`` is empty or a count below 1, or ``auto`` finds no GPU (the
+            message says why).
+    """
+    spec = spec.strip()
+    if spec == "auto":
+        ids, reason = list_gpus()
+        if not ids:
+            raise HarnessError(f"--gpus auto found no GPU: {reason}")
+        return ids
+    if spec.isdigit():
+        if int(spec) < 1:
+            raise HarnessError(f"--gpus {spec}: expected a count >= 1, 'auto' or a list of ids")
+        return [str(i) for i in range(int(spec))]
+    ids = [part.strip() for part in spec.split(",") if part.strip()]
+    if not ids:
+        raise HarnessError(f"--gpus {spec!r}: expected 'auto', a count or a list of GPU ids")
+    return ids
+
+
+def gpu_for_worker(worker_id: str | None, gpus: list[str]) -> str:
+    """The GPU of an xdist worker: ``gw<i>`` takes ``gpus[i % len(gpus)]``; a process that is
+    not a worker (``worker_id`` None) takes the first.
+
+    Raises:
+        HarnessError: ``gpus`` is empty, or ``worker_id`` is not of the form ``gw<i>``.
+    """
+    if not gpus:
+        raise HarnessError("no GPU to pin to")
+    if worker_id is None:
+        return gpus[0]
+    match = re.fullmatch(r"gw(\d+)", worker_id)
+    if match is None:
+        raise HarnessError(f"unexpected xdist worker id {worker_id!r}; expected gw<number>")
+    return gpus[int(match.group(1)) % len(gpus)]

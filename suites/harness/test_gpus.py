@@ -1,0 +1,113 @@
+"""``--gpus``: one GPU per xdist worker through CUDA_VISIBLE_DEVICES (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from harness import HarnessError
+from harness._gpus import gpu_for_worker, list_gpus, resolve_gpus
+
+
+@pytest.fixture
+def no_visible(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def _fake_smi(tmp_path, monkeypatch, output: str, status: int = 0) -> None:
+    script = tmp_path / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '{output}'\nexit {status}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_list_gpus_reads_nvidia_smi(tmp_path, monkeypatch, no_visible):
+    _fake_smi(
+        tmp_path,
+        monkeypatch,
+        "GPU 0: NVIDIA H200 (UUID: GPU-a)\\nGPU 1: NVIDIA H200 (UUID: GPU-b)\\n",
+    )
+    assert list_gpus() == (["0", "1"], None)
+    assert resolve_gpus("auto") == ["0", "1"]
+
+
+def test_list_gpus_says_why_there_are_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # no driver: the variable alone is not a GPU
+    _fake_smi(tmp_path, monkeypatch, "NVIDIA-SMI has failed", status=9)
+    ids, reason = list_gpus()
+    assert ids == [] and reason == "no GPU visible to nvidia-smi -L (NVIDIA-SMI has failed)"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert list_gpus() == ([], "no NVIDIA driver: nvidia-smi is not on PATH")
+    with pytest.raises(HarnessError, match="--gpus auto found no GPU: no NVIDIA driver"):
+        resolve_gpus("auto")
+
+
+def test_cuda_visible_devices_wins(tmp_path, monkeypatch):
+    _fake_smi(tmp_path, monkeypatch, "GPU 0: A\\nGPU 1: B\\nGPU 2: C\\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6")
+    assert resolve_gpus("auto") == ["4", "6"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(HarnessError, match="CUDA_VISIBLE_DEVICES is set but empty"):
+        resolve_gpus("auto")
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus"), [("3", ["0", "1", "2"]), ("0,2", ["0", "2"]), ("GPU-a", ["GPU-a"])]
+)
+def test_resolve_counts_and_lists(spec, gpus):
+    assert resolve_gpus(spec) == gpus
+
+
+@pytest.mark.parametrize("spec", ["0", "", " , "])
+def test_resolve_refuses_bad_specs(spec):
+    with pytest.raises(HarnessError, match="--gpus"):
+        resolve_gpus(spec)
+
+
+def test_gpu_for_worker():
+    assert [gpu_for_worker(f"gw{i}", ["0", "1"]) for i in range(4)] == ["0", "1", "0", "1"]
+    assert gpu_for_worker(None, ["3", "1"]) == "3"
+    with pytest.raises(HarnessError, match="unexpected xdist worker id 'worker-1'"):
+        gpu_for_worker("worker-1", ["0"])
+    with pytest.raises(HarnessError, match="no GPU to pin to"):
+        gpu_for_worker("gw0", [])
+
+
+PINNED = """
+import os
+
+import harness
+
+
+def visible():
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_pinned_{i}(death):
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    expected = str(int(worker[2:]) % 2)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == expected
+    assert death.run(visible).assert_clean().returned == expected  # children inherit it
+    with open(f"pinned-{i}.txt", "w") as out:
+        out.write(f"{{worker}} {{expected}}")
+"""
+
+
+def test_each_xdist_worker_is_pinned_and_children_inherit(pytester, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makepyfile(**{f"test_pin{i}": PINNED.format(i=i) for i in range(4)})
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--tx", "2*popen", "--dist", "loadfile", "--gpus", "2"
+    )
+    result.assert_outcomes(passed=4)
+    seen = {(pytester.path / f"pinned-{i}.txt").read_text() for i in range(4)}
+    assert seen == {"gw0 0", "gw1 1"}, seen  # both workers ran, each on its own GPU
+
+
+def test_a_bad_gpus_value_is_a_usage_error(pytester):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gpus", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--gpus 0: expected a count >= 1*"])
