@@ -12,8 +12,9 @@ import dataclasses
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable, Mapping
+
+from ._per_process import PerProcess
 
 __all__ = [
     "ARENA_DEBUG_MODES",
@@ -162,8 +163,7 @@ class AllocatorConfig:
         )
 
 
-_cached: AllocatorConfig | None = None
-_cached_lock = threading.Lock()
+_default = PerProcess(AllocatorConfig.from_env)
 
 
 def default_config() -> AllocatorConfig:
@@ -174,20 +174,4 @@ def default_config() -> AllocatorConfig:
     Raises:
         ValueError: as :meth:`AllocatorConfig.from_env`.
     """
-    global _cached
-    config = _cached
-    if config is None:
-        with _cached_lock:
-            if _cached is None:
-                _cached = AllocatorConfig.from_env()
-            config = _cached
-    return config
-
-
-def _drop_in_child() -> None:
-    global _cached, _cached_lock
-    _cached = None
-    _cached_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_drop_in_child)
+    return _default.get()

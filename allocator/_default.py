@@ -8,8 +8,6 @@ child inherited from the parent keep pointing at the parent's allocator object.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,6 +16,7 @@ import numpy as np
 from ._allocator import Allocator
 from ._arena import ArenaScope
 from ._buffer import Buffer
+from ._per_process import PerProcess
 from ._stats import AllocatorStats, EpochStats
 
 __all__ = [
@@ -41,8 +40,7 @@ __all__ = [
     "zeros",
 ]
 
-_default: Allocator | None = None
-_default_lock = threading.Lock()
+_default: PerProcess[Allocator] = PerProcess(Allocator)
 
 
 def get_allocator() -> Allocator:
@@ -52,23 +50,7 @@ def get_allocator() -> Allocator:
         ValueError: a ``DEVMEM_*`` variable holds a value it cannot use.
         BackendUnavailable: ``DEVMEM_BACKEND`` names a backend that cannot run here.
     """
-    global _default
-    alloc = _default
-    if alloc is None:
-        with _default_lock:
-            if _default is None:
-                _default = Allocator()
-            alloc = _default
-    return alloc
-
-
-def _drop_in_child() -> None:
-    global _default, _default_lock
-    _default = None
-    _default_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_drop_in_child)
+    return _default.get()
 
 
 def _on_default(method: Callable) -> Callable[[Callable], Callable]:
@@ -83,84 +65,84 @@ def _on_default(method: Callable) -> Callable[[Callable], Callable]:
 
 @_on_default(Allocator.empty)
 def empty(n: int) -> Buffer:
-    return (_default or get_allocator()).empty(n)
+    return _default.get().empty(n)
 
 
 @_on_default(Allocator.full)
 def full(n: int, value: float) -> Buffer:
-    return (_default or get_allocator()).full(n, value)
+    return _default.get().full(n, value)
 
 
 @_on_default(Allocator.zeros)
 def zeros(n: int) -> Buffer:
-    return (_default or get_allocator()).zeros(n)
+    return _default.get().zeros(n)
 
 
 @_on_default(Allocator.from_numpy)
 def from_numpy(a: np.ndarray) -> Buffer:
-    return (_default or get_allocator()).from_numpy(a)
+    return _default.get().from_numpy(a)
 
 
 @_on_default(Allocator.to_numpy)
 def to_numpy(a: Buffer) -> np.ndarray:
-    return (_default or get_allocator()).to_numpy(a)
+    return _default.get().to_numpy(a)
 
 
 @_on_default(Allocator.add)
 def add(a: Buffer, b: Buffer) -> Buffer:
-    return (_default or get_allocator()).add(a, b)
+    return _default.get().add(a, b)
 
 
 @_on_default(Allocator.mul)
 def mul(a: Buffer, b: Buffer) -> Buffer:
-    return (_default or get_allocator()).mul(a, b)
+    return _default.get().mul(a, b)
 
 
 @_on_default(Allocator.fma)
 def fma(a: Buffer, b: Buffer, c: Buffer) -> Buffer:
-    return (_default or get_allocator()).fma(a, b, c)
+    return _default.get().fma(a, b, c)
 
 
 @_on_default(Allocator.sum)
 def sum(a: Buffer) -> float:
-    return (_default or get_allocator()).sum(a)
+    return _default.get().sum(a)
 
 
 @_on_default(Allocator.copy)
 def copy(a: Buffer) -> Buffer:
-    return (_default or get_allocator()).copy(a)
+    return _default.get().copy(a)
 
 
 @_on_default(Allocator.release)
 def release(buf: Buffer) -> int:
-    return (_default or get_allocator()).release(buf)
+    return _default.get().release(buf)
 
 
 @_on_default(Allocator.stats)
 def stats() -> AllocatorStats:
-    return (_default or get_allocator()).stats()
+    return _default.get().stats()
 
 
 @_on_default(Allocator.empty_cache)
 def empty_cache() -> int:
-    return (_default or get_allocator()).empty_cache()
+    return _default.get().empty_cache()
 
 
 @_on_default(Allocator.arena_enter)
 def arena_enter() -> int:
-    return (_default or get_allocator()).arena_enter()
+    return _default.get().arena_enter()
 
 
 @_on_default(Allocator.arena_exit)
 def arena_exit(keep: Iterable[Buffer] = ()) -> EpochStats:
-    return (_default or get_allocator()).arena_exit(keep)
+    return _default.get().arena_exit(keep)
 
 
 @_on_default(Allocator.arena)
 def arena() -> ArenaScope:
-    return (_default or get_allocator()).arena()
+    return _default.get().arena()
 
 
 @_on_default(Allocator.run_in_arena)
 def run_in_arena(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return (_default or get_allocator()).run_in_arena(fn, *args, **kwargs)
+    return _default.get().run_in_arena(fn, *args, **kwargs)

@@ -103,6 +103,14 @@ class AllocatorMachine(RuleBasedStateMachine):
             return self._handle(a.buffer, a.storage, a.size)
         return self._new_handle(self.alloc.add(a.buffer, b.buffer), 4 * a.size)
 
+    @rule(h=handles)
+    def read_back(self, h):
+        if not h.storage.live:
+            with pytest.raises(UseAfterFreeError):
+                self.alloc.sum(h.buffer)
+            return
+        assert self.alloc.to_numpy(h.buffer).shape == (h.size,)
+
     @rule(target=handles, h=handles, data=st.data())
     def view(self, h, data):
         if not h.storage.live:
