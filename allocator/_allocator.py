@@ -155,7 +155,7 @@ class Allocator:
                 reason = str(exc)
         raise DeviceOutOfMemory(nbytes, self.stats(), reason)
 
-    def _free_storage(self, st: Storage, reason: str, depth: int | None) -> int:
+    def _free_storage(self, st: Storage, reason: str) -> int:
         """Free ``st``'s block (count first, then cache or free it); 1 if freed now, else 0."""
         cache = self._cache
         with self._lock:
@@ -164,7 +164,6 @@ class Allocator:
                 return 0
             st.block = None
             st.freed_by = reason
-            st.freed_depth = depth
             nbytes = st.nbytes
             self._live_bytes -= nbytes
             self._live_buffers -= 1
@@ -341,7 +340,7 @@ class Allocator:
         st = buf._st
         if st._alloc is not self:
             raise ValueError("buf belongs to another allocator")
-        return self._free_storage(st, "release()", None)
+        return self._free_storage(st, "release()")
 
     def empty_cache(self) -> int:
         """Free every cached block to the device, waiting on each block's completion event.

@@ -79,7 +79,7 @@ class Storage:
     def __del__(self) -> None:
         if self.block is not None:
             try:
-                self._alloc._free_storage(self, "finalize", None)
+                self._alloc._free_storage(self, "finalize")
             except BaseException:
                 # Finalizers stay silent, at interpreter exit above all.
                 if not sys.is_finalizing():
@@ -130,7 +130,7 @@ class Storage:
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
         if not reason:
             raise ValueError("reason must say who frees the block, got an empty string")
-        return self._alloc._free_storage(self, reason, None)
+        return self._alloc._free_storage(self, reason)
 
     def __repr__(self) -> str:
         state = self.freed_reason or "live"
