@@ -100,15 +100,15 @@ def stress_scale(request: pytest.FixtureRequest) -> int:
     return request.config.getoption("stress_scale")
 
 
+_call_failed = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if report.when == "call":
         item.stash[_call_failed] = report.failed
     return report
-
-
-_call_failed = pytest.StashKey[bool]()
 
 
 _NOTE = "devmem_note"

@@ -61,6 +61,7 @@ class Allocator:
             from ``DEVMEM_*`` variables once per process.
 
     Raises:
+        TypeError: ``config`` is not an :class:`~allocator.AllocatorConfig`.
         BackendUnavailable: ``config.backend`` cannot run here (``cuda`` without a GPU).
 
     Attributes:
@@ -71,6 +72,8 @@ class Allocator:
     """
 
     def __init__(self, config: AllocatorConfig | None = None) -> None:
+        if config is not None and not isinstance(config, AllocatorConfig):
+            raise TypeError(f"config must be an AllocatorConfig, got {type(config).__name__}")
         self.config = default_config() if config is None else config
         self.device: Device = make_device(self.config)
         self.backend = self.device.name

@@ -47,7 +47,9 @@ class Epoch:
     live_bytes: int = 0
     peak_bytes: int = 0
 
-    def closed(self, reclaimed: int, reclaimed_bytes: int, kept: int, kept_bytes: int):
+    def closed(
+        self, reclaimed: int, reclaimed_bytes: int, kept: int, kept_bytes: int
+    ) -> EpochStats:
         """The :class:`EpochStats` of this epoch after its exit walk."""
         return EpochStats(
             depth=self.depth,

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Detector", "use_after_free_message"]
 
-OPS = ("buffer_add", "buffer_mul", "buffer_fma", "buffer_sum", "buffer_copy", "buffer_read")
-
 
 def use_after_free_message(op: str, role: str, buf: Buffer) -> str:
     """The detector's line for a freed operand ``buf`` of ``op`` in ``role``."""

@@ -25,7 +25,7 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["Block", "Device", "DeviceAllocationError", "host_array", "host_memory_bytes"]
+__all__ = ["Block", "Device", "DeviceAllocationError", "fatal", "host_array"]
 
 
 class DeviceAllocationError(Exception):
@@ -141,7 +141,7 @@ class Device:
         """Reinitialize locks in a forked child (called by the allocator's at-fork hook)."""
 
 
-def host_memory_bytes() -> int:
+def _host_memory_bytes() -> int:
     """The machine's physical memory in bytes (0 if the platform does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -149,7 +149,7 @@ def host_memory_bytes() -> int:
         return 0
 
 
-_HOST_BYTES = host_memory_bytes()
+_HOST_BYTES = _host_memory_bytes()
 
 
 def host_array(nbytes: int) -> np.ndarray:

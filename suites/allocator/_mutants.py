@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from allocator import Allocator, EpochStats
+from allocator import Allocator, DeviceOutOfMemory, EpochStats
 from allocator._cache import ReuseCache
 from allocator._detector import Detector
+from allocator.device import DeviceAllocationError
 from allocator.device.sim import SimDevice
 
 _leaked: list = []
@@ -64,9 +65,6 @@ def _sum_leaks_a_temporary() -> None:
 
 def _no_oom_flush() -> None:
     def malloc(self, nbytes):
-        from allocator import DeviceOutOfMemory
-        from allocator.device import DeviceAllocationError
-
         try:
             return self.device.malloc(nbytes)
         except DeviceAllocationError as exc:

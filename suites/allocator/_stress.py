@@ -7,7 +7,7 @@ Source: TorchLean's ``runArenaStress`` (``../shared/seeds/torchlean-cuda-arena-a
 
 from __future__ import annotations
 
-from allocator import Allocator
+from allocator import Allocator, Buffer
 
 
 def _check(ok: bool, message: str) -> None:
@@ -49,44 +49,40 @@ def arena_round(alloc: Allocator, n: int, k: int) -> None:
     _check(all(buf.size == 0 for buf in held), "a reclaimed buffer still reports its size")
 
 
-def promotion_round(alloc: Allocator, n: int, k: int) -> None:
-    """A keeper of ``n`` twos plus ``k`` scratch buffers; the exit keeps the keeper.
-
-    Exactly k frees; the keeper stays usable and sums to ``2 n`` (within 0.1).
-    """
+def _promote(alloc: Allocator, n: int, k: int) -> Buffer:
+    """In a new arena: a keeper of ``n`` twos plus ``k`` scratch buffers; the exit keeps the
+    keeper. Checks exactly k frees, the scratch reclaimed, and the keeper usable through an op
+    (the detector's choke point) with ``sum == 2 n`` (within 0.1). Returns the keeper."""
     before = alloc.stats()
-    alloc.arena_enter()
+    depth = alloc.arena_enter()
     keeper = alloc.full(n, 2.0)
     scratch = [alloc.full(n, 1.0) for _ in range(k)]
     alloc.arena_exit(keep=[keeper])
     after = alloc.stats()
     _check(
         after.free_count - before.free_count == k,
-        f"the promotion exit freed {after.free_count - before.free_count}, expected exactly {k}",
+        f"the exit at depth {depth} freed {after.free_count - before.free_count} buffers,"
+        f" expected exactly {k} (the keeper is kept)",
     )
     _check(keeper.size == n, f"the keeper was freed: size {keeper.size}")
+    _check(all(buf.size == 0 for buf in scratch), "a scratch buffer survived the exit")
     total = alloc.sum(alloc.add(keeper, alloc.zeros(n)))
     _check(abs(total - 2.0 * n) <= 0.1, f"sum(keeper) is {total}, expected {2.0 * n}")
-    _check(all(buf.size == 0 for buf in scratch), "a scratch buffer survived the exit")
-    alloc.release(keeper)
+    return keeper
+
+
+def promotion_round(alloc: Allocator, n: int, k: int) -> None:
+    """A keeper promoted out of the outermost arena (then untracked) stays usable."""
+    alloc.release(_promote(alloc, n, k))
 
 
 def nested_round(alloc: Allocator, n: int, k: int) -> None:
     """The promotion through two nested arenas: kept at the inner level, reclaimed at the
-    outer one."""
+    outer one, which frees exactly that one buffer and restores ``live_bytes``."""
     before = alloc.stats()
     alloc.arena_enter()
-    alloc.arena_enter()
-    keeper = alloc.full(n, 2.0)
-    scratch = [alloc.full(n, 1.0) for _ in range(k)]
-    alloc.arena_exit(keep=[keeper])
+    keeper = _promote(alloc, n, k)
     inner = alloc.stats()
-    _check(
-        inner.free_count - before.free_count == k,
-        f"the inner exit freed {inner.free_count - before.free_count}, expected exactly {k}",
-    )
-    total = alloc.sum(keeper)
-    _check(abs(total - 2.0 * n) <= 0.1, f"sum(keeper) after the inner exit is {total}")
     alloc.arena_exit()
     outer = alloc.stats()
     _check(
@@ -96,7 +92,6 @@ def nested_round(alloc: Allocator, n: int, k: int) -> None:
     )
     _check(keeper.size == 0, "the keeper survived the outer exit")
     _check(outer.live_bytes == before.live_bytes, "live_bytes not restored after nested exits")
-    del scratch
 
 
 def arena_stress(alloc: Allocator, n: int = 4096, k: int = 64, arenas: int = 4) -> None:

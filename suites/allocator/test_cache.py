@@ -194,3 +194,24 @@ def test_cpu_huge_request_raises_oom_without_flushing():
         cpu.empty(1 << 50)
     stats = cpu.stats()
     assert (stats.oom_flushes, stats.live_bytes, stats.alloc_count) == (0, 0, 0)
+
+
+def test_bad_simulator_arguments():
+    from allocator.device import SimDevice
+
+    with pytest.raises(ValueError, match="capacity_bytes must be >= 1, got 0"):
+        SimDevice(0)
+    with pytest.raises(ValueError, match="latency_us must be >= 0, got -1"):
+        SimDevice(1 << 20, -1)
+    device = SimDevice(1 << 20)
+    with pytest.raises(ValueError, match="count must be >= 0, got -1"):
+        device.fail_next_mallocs(-1)
+    with pytest.raises(ValueError, match="microseconds must be >= 0, got -5"):
+        device.advance(-5)
+    assert device.now_us == 0
+
+
+@pytest.mark.parametrize("config", ["sim", {"backend": "sim"}])
+def test_allocator_config_must_be_an_allocator_config(config):
+    with pytest.raises(TypeError, match="config must be an AllocatorConfig, got"):
+        Allocator(config)
