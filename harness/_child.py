@@ -78,6 +78,20 @@ def prepare() -> None:
         _prctl = False
 
 
+def read_all(fd: int) -> bytes:
+    """All the bytes of the file open on ``fd``, read with ``pread`` from offset 0.
+
+    The descriptor's own offset is neither used nor moved, and ``fd`` stays open. Raises
+    OSError as ``os.pread`` does (a bad descriptor, one not open for reading).
+    """
+    chunks: list[bytes] = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def plain_problem(value: object, where: str) -> str | None:
     """Say why ``value`` is not JSON plain data, or return None if it is.
 

@@ -20,10 +20,12 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
 
     The slowest style (a whole interpreter starts, then imports the target's module) and the
     most faithful: nothing of this process is inherited but the environment and ``sys.path``.
-    The argv is the repro command's, plus the options that tie the child to this parent.
+    The argv is the repro command's, plus the options that tie the child to this parent; a
+    request longer than :data:`MAX_ARGUMENT_BYTES` goes through a descriptor instead.
     """
     deadline = Deadline.start(request.timeout_s)
     text = request.portable_json()
+    data = text.encode()
     argv = [
         sys.executable,
         RUNNER_PATH,
@@ -33,12 +35,12 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
         str(os.getpid()),
     ]
     pass_fds = [capture.status_fd]
-    if len(text.encode()) <= MAX_ARGUMENT_BYTES:
+    if len(data) <= MAX_ARGUMENT_BYTES:
         argv += ["--request", text]
     else:
-        capture.write_request(text.encode())
-        argv += ["--request-fd", str(capture.request_fd)]
-        pass_fds.append(capture.request_fd)  # type: ignore[arg-type]
+        request_fd = capture.write_request(data)
+        argv += ["--request-fd", str(request_fd)]
+        pass_fds.append(request_fd)
     try:
         popen = subprocess.Popen(
             argv,

@@ -47,25 +47,19 @@ def _parse(argv: list[str]) -> dict[str, str]:
     return options
 
 
-def _read_fd(fd: int) -> str:
-    chunks = []
-    while chunk := os.pread(fd, 1 << 20, sum(len(c) for c in chunks)):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks).decode("utf-8")
-
-
 def main(argv: list[str]) -> None:
     """Decode the request from ``argv`` and run the child; never returns."""
     options = _parse(argv)
+    child = _load_child()
     if "--request" in options:
-        text = options["--request"]
+        request = json.loads(options["--request"])
     else:
-        text = _read_fd(int(options["--request-fd"]))
-    request = json.loads(text)
+        request_fd = int(options["--request-fd"])
+        request = json.loads(child.read_all(request_fd))
+        os.close(request_fd)
     status_fd = int(options["--status-fd"]) if "--status-fd" in options else None
     parent_pid = int(options["--parent-pid"]) if "--parent-pid" in options else None
-    _load_child().run_child(
+    child.run_child(
         request,
         stdout_fd=None,
         stderr_fd=None,

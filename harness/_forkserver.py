@@ -104,15 +104,12 @@ class ForkServer:
             try:
                 pid = self._fork(capture)
                 return self._wait(pid, capture, deadline)
-            except _ZygoteFailure as exc:
+            except BaseException as exc:  # the zygote's protocol state is unknown now
                 if pid is not None:
                     kill_group(pid, signal.SIGKILL)
                 self.stop()
-                return Ending(pid, error=f"the forkserver zygote failed: {exc}")
-            except BaseException:
-                if pid is not None:
-                    kill_group(pid, signal.SIGKILL)
-                self.stop()  # its protocol state is unknown now
+                if isinstance(exc, _ZygoteFailure):
+                    return Ending(pid, error=f"the forkserver zygote failed: {exc}")
                 raise
 
     def _fork(self, capture: Capture) -> int:
@@ -135,13 +132,10 @@ class ForkServer:
         replies: list[dict[str, Any]] = []
 
         def wait(until: float | None) -> bool:
-            if until is None:  # after SIGKILL: the zygote reaps at once unless it is broken
-                until = time.monotonic() + REPLY_S
-                reply = self._receive(until, "reaped")
-                if reply is None:
-                    raise _ZygoteFailure(f"it did not reap child {pid} within {REPLY_S:g} s")
-            else:
-                reply = self._receive(until, "reaped")
+            # until=None comes after SIGKILL: the zygote reaps at once unless it is broken
+            reply = self._receive(time.monotonic() + REPLY_S if until is None else until, "reaped")
+            if reply is None and until is None:
+                raise _ZygoteFailure(f"it did not reap child {pid} within {REPLY_S:g} s")
             if reply is not None:
                 replies.append(reply)
             return reply is not None

@@ -12,8 +12,6 @@ from harness._errors import DeathTestFailure, HarnessError
 from harness._protocol import Raised
 from harness._report import describe_ending, failure_message, seconds, signal_name
 
-KINDS = ("exited", "signaled", "timed_out", "harness_error")
-
 
 @dataclass(frozen=True, repr=False)
 class Outcome:

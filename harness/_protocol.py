@@ -6,8 +6,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-_EVENTS = ("started", "returned", "raised", "exit", "harness_error")
-
 
 @dataclass(frozen=True)
 class Raised:
@@ -36,17 +34,17 @@ class Status:
       started: the child got through its setup and was about to import the target.
       returned: the target's return value (None if it did not return).
       raised: the target's exception, or None.
-      exit_code: the code of a ``SystemExit`` the target raised, or None.
-      harness_error: a harness failure the child reported, or None.
-      harness_traceback: the traceback that goes with ``harness_error`` ("" if none).
+      harness_error: a harness failure the child reported, or None (its traceback, if any,
+        is in the child's stderr).
+
+    An ``exit`` record (the target raised ``SystemExit``) adds nothing: the wait status has
+    the code.
     """
 
     started: bool = False
     returned: Any = None
     raised: Raised | None = None
-    exit_code: int | None = None
     harness_error: str | None = None
-    harness_traceback: str = ""
 
 
 def decode_status(data: bytes) -> Status:
@@ -63,8 +61,6 @@ def decode_status(data: bytes) -> Status:
             event = record["event"]
         except (ValueError, KeyError, TypeError):
             return Status(harness_error=f"unreadable status record from the child: {line[:200]!r}")
-        if event not in _EVENTS:
-            return Status(harness_error=f"unknown status event {event!r} from the child")
         if event == "started":
             fields["started"] = True
         elif event == "returned":
@@ -75,9 +71,8 @@ def decode_status(data: bytes) -> Status:
                 str(record.get("message", "")),
                 str(record.get("traceback", "")),
             )
-        elif event == "exit":
-            fields["exit_code"] = record.get("code")
-        else:
+        elif event == "harness_error":
             fields["harness_error"] = str(record.get("message", "unknown harness error"))
-            fields["harness_traceback"] = str(record.get("traceback", ""))
+        elif event != "exit":
+            return Status(harness_error=f"unknown status event {event!r} from the child")
     return Status(**fields)

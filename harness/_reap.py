@@ -66,7 +66,11 @@ class Deadline:
 
 
 def ending_from_wait_status(pid: int, status: int, timed_out: bool, deadline: Deadline) -> Ending:
-    """Decode a raw ``waitpid`` status."""
+    """Decode the raw ``waitpid`` status of child ``pid`` into an :class:`Ending`.
+
+    ``timed_out`` says whether the parent stopped it at the deadline; ``started_at`` is taken
+    from ``deadline`` (the launch time the duration is measured from).
+    """
     if os.WIFSIGNALED(status):
         return Ending(
             pid, signal=os.WTERMSIG(status), timed_out=timed_out, started_at=deadline.started_at
@@ -80,7 +84,10 @@ def ending_from_wait_status(pid: int, status: int, timed_out: bool, deadline: De
 
 
 def kill_group(pid: int, sig: int) -> None:
-    """Send ``sig`` to the process group ``pid`` (to the process alone if it has no group)."""
+    """Send ``sig`` to the process group ``pid`` (to the process alone if it has no group).
+
+    Never raises: a group or process that is already gone, or not ours, is left alone.
+    """
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:

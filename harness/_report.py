@@ -100,7 +100,7 @@ def failure_message(
     Args:
       problem: the one-line verdict (``the child did not die: it exited with status 0``).
       expected, actual: the expected and the actual ending, in words.
-      detail: extra lines (a raised exception, a returned value, a harness traceback).
+      detail: extra lines (a raised exception, a returned value).
       The rest: as in :class:`~harness.Outcome`.
     """
     lines = [

@@ -19,7 +19,8 @@ def repro_command(request: ChildRequest) -> str:
     The environment part lists the overrides only (relative to the shell it runs in, as the
     child's environment is relative to the parent's). The request JSON carries the target, the
     arguments, ``sys.path`` and the working directory. For an exec-style child this is its argv
-    minus the options that tie it to the parent (status channel, parent pid, deadline).
+    minus the options that tie it to the parent (``--status-fd``, ``--parent-pid``), with the
+    request inline even where the child read it from a descriptor (``--request-fd``).
     """
     words = ["env"]
     for name, value in request.overrides.items():

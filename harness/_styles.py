@@ -98,18 +98,12 @@ def choose_style(style: object, *, importable: bool) -> str:
             f"style='fork' is refused: fork is unsafe in this process ({unsafe}; declared "
             "with harness.mark_fork_unsafe). Use style='forkserver' or style='exec'."
         )
-    if style == "auto":
-        style = "fork" if unsafe is None and thread_count() == 1 else "forkserver"
-        if not importable:
-            raise HarnessError(
-                "the target is not importable as module:qualname (a closure, lambda or bound "
-                "method), so only style='fork' can run it; pass style='fork' explicitly, or "
-                "move the target to module level"
-            )
-    elif not importable and style != "fork":
+    if not importable and style != "fork":
         raise HarnessError(
-            f"style={style!r} imports the target in a fresh interpreter, but it is not "
-            "importable as module:qualname (a closure, lambda or bound method); move it to "
-            "module level, or use style='fork'"
+            f"style={style!r} cannot run this target: it is not importable as module:qualname "
+            "(a closure, lambda or bound method), so only style='fork' can; move it to module "
+            "level, or pass style='fork' explicitly"
         )
+    if style == "auto":
+        return "fork" if unsafe is None and thread_count() == 1 else "forkserver"
     return style

@@ -46,15 +46,6 @@ def _send(sock: socket.socket, **message: object) -> None:
     sock.send(json.dumps(message).encode())
 
 
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    offset = 0
-    while chunk := os.pread(fd, 1 << 20, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
 def _preload(modules: list[str]) -> dict[str, str]:
     errors = {}
     for name in modules:
@@ -74,7 +65,7 @@ def _serve(sock: socket.socket, child, fds: list[int]) -> None:
         return
     request_fd, stdout_fd, stderr_fd, status_fd = fds
     try:
-        request = json.loads(_read_all(request_fd))
+        request = json.loads(child.read_all(request_fd))
     except (OSError, ValueError) as exc:
         for fd in fds:
             os.close(fd)

@@ -23,6 +23,7 @@ from harness._errors import HarnessError
 from harness._forkserver import forkserver_preload
 from harness._gpus import VISIBLE, gpu_for_worker, resolve_gpus
 from harness._report import format_summary
+from harness._request import check_timeout
 from harness._run import add_observer, remove_observer
 
 PROPERTY = "devmem_death_children"
@@ -33,13 +34,13 @@ _preload_key = pytest.StashKey[tuple]()
 
 
 def _seconds(text: str) -> float:
+    """Parse ``--death-timeout``: the same rule as ``run_child(timeout=...)``."""
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+        return check_timeout(float(text))
+    except (ValueError, HarnessError):
+        raise argparse.ArgumentTypeError(
+            f"expected a positive finite number of seconds, got {text!r}"
+        ) from None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -54,6 +54,9 @@ def test_cyclic_argument():
         ({"": "1"}, "bad variable name ''"),
         ({"A=B": "1"}, "bad variable name 'A=B'"),
         ({"A": 1}, "the value of A must be a str"),
+        ({"A": "x\0y"}, r"the value of A must be a str \(without NUL\)"),
+        ({"A\0B": "1"}, r"bad variable name 'A\\x00B'"),
+        ({1: "1"}, "bad variable name 1"),
     ],
 )
 def test_bad_env(env, message):
@@ -80,8 +83,12 @@ def test_bad_config():
 def test_config_validation():
     with pytest.raises(harness.HarnessError, match="non-empty str"):
         harness.Config("", {})
+    with pytest.raises(harness.HarnessError, match="non-empty str, not 3"):
+        harness.Config(3, {})  # type: ignore[arg-type]
     with pytest.raises(harness.HarnessError, match=r"Config\('x'\).env: the value of A"):
         harness.Config("x", {"A": 3})
+    with pytest.raises(harness.HarnessError, match=r"Config\('x'\).env must be a mapping"):
+        harness.Config("x", ["A=1"])  # type: ignore[arg-type]
     config = harness.Config("capped", {"CAP": "1", "DEBUG": None})
     assert config.env == {"CAP": "1", "DEBUG": None}
     with pytest.raises(TypeError):
@@ -103,5 +110,11 @@ def test_assertion_arguments():
         outcome.assert_died(signal="SIGNOPE")
     with pytest.raises(harness.HarnessError, match="not a valid regex"):
         outcome.assert_exited(0, match="(")
-    with pytest.raises(harness.HarnessError, match="int from 0 to 255"):
-        outcome.assert_exited(256)
+    with pytest.raises(harness.HarnessError, match="regex str or compiled pattern, not 3"):
+        outcome.assert_clean().assert_exited(0, match=3)  # type: ignore[arg-type]
+    for code in (256, -1, True, "0"):
+        with pytest.raises(harness.HarnessError, match="int from 0 to 255"):
+            outcome.assert_exited(code)  # type: ignore[arg-type]
+    for bad in (True, 0, 99999, "", 6.0):
+        with pytest.raises(harness.HarnessError, match="is not a signal"):
+            outcome.assert_died(signal=bad)  # type: ignore[arg-type]

@@ -45,3 +45,5 @@ def test_matrix_misuse():
 
     with pytest.raises(harness.HarnessError, match="no 'config' parameter"):
         harness.matrix(CONFIGS)(test_without_config)
+    with pytest.raises(harness.HarnessError, match="decorates test functions, not 42"):
+        harness.matrix(CONFIGS)(42)  # type: ignore[type-var]

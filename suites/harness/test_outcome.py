@@ -127,3 +127,11 @@ def test_repr_says_how_it_ended_in_words():
     )
     error = _outcome(kind="harness_error", signal=None, error="the zygote died")
     assert error.ending == "harness error (not a crash): the zygote died"
+
+
+def test_assert_died_takes_a_signal_by_enum_number_or_name():
+    segv = _outcome(signal=signal.SIGSEGV)
+    for wanted in (signal.SIGSEGV, int(signal.SIGSEGV), "SIGSEGV", "segv"):
+        assert segv.assert_died(signal=wanted) is segv
+    with pytest.raises(harness.DeathTestFailure, match="expected: killed by SIGSEGV"):
+        _outcome(kind="exited", exit_code=11, signal=None).assert_died(signal="SIGSEGV")

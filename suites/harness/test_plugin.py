@@ -92,6 +92,7 @@ def test_bound(death):
     assert forkserver_preload() == ("colorsys",)
     assert death.run(deathtargets.aborts).assert_aborted().style == "exec"
     assert death.run(deathtargets.lives, style="fork").style == "fork"
+    assert [outcome.style for outcome in death.outcomes] == ["exec", "fork"]
 """,
     )
 
@@ -106,7 +107,9 @@ def test_bound(death):
 @pytest.mark.parametrize(
     ("option", "error"),
     [
-        (["--death-timeout", "0"], "expected a positive number of seconds, got '0'"),
+        (["--death-timeout", "0"], "expected a positive finite number of seconds, got '0'"),
+        (["--death-timeout", "nan"], "expected a positive finite number of seconds, got 'nan'"),
+        (["--death-timeout", "1s"], "expected a positive finite number of seconds, got '1s'"),
         (["--death-style", "spawn"], "invalid choice: 'spawn'"),
     ],
 )

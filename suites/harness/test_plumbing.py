@@ -12,7 +12,7 @@ import pytest
 
 import harness
 from harness._capture import read_kept
-from harness._protocol import decode_status
+from harness._protocol import Status, decode_status
 from harness._report import format_summary
 
 
@@ -37,7 +37,11 @@ def test_decode_status():
     assert decode_status(b'{"event": "bogus"}\n').harness_error == (
         "unknown status event 'bogus' from the child"
     )
-    assert "unreadable status record" in decode_status(b"not json\n").harness_error
+    for unreadable in (b"not json\n", b"[1]\n", b'"started"\n', b'{"pid": 1}\n'):
+        assert "unreadable status record" in decode_status(unreadable).harness_error
+    assert decode_status(b'{"event": "exit", "code": 3}\n') == Status()  # the wait status says 3
+    harness_error = decode_status(b'{"event": "harness_error", "message": "no module"}\n')
+    assert harness_error == Status(harness_error="no module")
     assert decode_status(b"") == decode_status(b"torn")
 
 

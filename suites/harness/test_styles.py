@@ -163,4 +163,6 @@ def test_set_forkserver_preload_rejects_bad_lists(bad):
 def test_mark_fork_unsafe_needs_a_reason():
     with pytest.raises(harness.HarnessError, match="non-empty str"):
         harness.mark_fork_unsafe("  ")
+    with pytest.raises(harness.HarnessError, match="non-empty str, not None"):
+        harness.mark_fork_unsafe(None)  # type: ignore[arg-type]
     assert harness.fork_unsafe_reason() is None

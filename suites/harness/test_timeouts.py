@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
+import harness
 from harness._reap import GRACE_S
 from suites.harness import _procs, _targets
 
@@ -30,8 +31,6 @@ def test_hang_is_timed_out_with_its_stack_and_its_grandchild_killed(run):
 
 
 def test_sigterm_ignored_means_sigkill_after_the_grace_period():
-    import harness
-
     outcome = harness.run_child(_targets.ignore_sigterm_and_hang, style="fork", timeout=TIMEOUT_S)
 
     assert outcome.kind == "timed_out"
