@@ -96,7 +96,7 @@ export PATH="$venv/bin:$PATH"
 
 if [ "$ci_all" = 1 ]; then
     step "import every module"
-    run "$py" ci/import_all.py allocator harness
+    run "$py" ci/import_all.py allocator harness runtime
 fi
 
 if [ "$lint" = 1 ]; then

@@ -24,7 +24,13 @@ from harness._gpus import list_gpus
 from harness._outcome import Outcome
 from harness._protocol import Raised
 from harness._run import DeathRunner, run_child
-from harness._styles import STYLES, fork_unsafe_reason, in_death_child, mark_fork_unsafe
+from harness._styles import (
+    STYLES,
+    add_fork_safety_check,
+    fork_unsafe_reason,
+    in_death_child,
+    mark_fork_unsafe,
+)
 
 __all__ = [
     "STYLES",
@@ -34,6 +40,7 @@ __all__ = [
     "HarnessError",
     "Outcome",
     "Raised",
+    "add_fork_safety_check",
     "fork_unsafe_reason",
     "in_death_child",
     "list_gpus",

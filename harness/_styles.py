@@ -12,6 +12,7 @@ STYLES = ("auto", "fork", "forkserver", "exec")
 """The values of ``style``; ``auto`` picks ``fork`` when it is safe, else ``forkserver``."""
 
 _fork_unsafe_reasons: list[str] = []
+_fork_safety_checks: list = []
 
 
 def mark_fork_unsafe(reason: str) -> None:
@@ -33,14 +34,56 @@ def mark_fork_unsafe(reason: str) -> None:
         _fork_unsafe_reasons.append(reason)
 
 
+def add_fork_safety_check(check) -> None:
+    """Register a callable that says whether forking this process is unsafe right now.
+
+    This is how a library that must not import the harness (the project's allocator, whose
+    ``cuda`` backend initializes CUDA) still refuses fork: the project's ``conftest.py`` hands
+    its check over, e.g. ``harness.add_fork_safety_check(allocator.fork_unsafe_reason)``.
+    Each check is called on every :func:`fork_unsafe_reason` call, so it must be cheap and must
+    not start a thread or initialize CUDA. Registering the same callable twice has no effect.
+
+    Args:
+      check: a callable taking no arguments and returning ``None`` (fork is safe as far as it
+        knows) or a non-empty str saying why it is not.
+
+    Raises:
+      HarnessError: ``check`` is not callable.
+    """
+    if not callable(check):
+        raise HarnessError(f"add_fork_safety_check(check) needs a callable, not {check!r}")
+    if check not in _fork_safety_checks:
+        _fork_safety_checks.append(check)
+
+
 def fork_unsafe_reason() -> str | None:
-    """Why fork was declared unsafe in this process.
+    """Why fork is unsafe in this process, if it is.
 
     Returns:
-      The reasons given to :func:`mark_fork_unsafe`, joined by ``"; "``, or None if it was
-      never called (fork may still be avoided by ``auto`` when this process has threads).
+      The reasons given to :func:`mark_fork_unsafe` and those returned by the checks of
+      :func:`add_fork_safety_check`, joined by ``"; "``, or None if there are none (fork may
+      still be avoided by ``auto`` when this process has threads).
+
+    Raises:
+      HarnessError: a registered check raised, or returned something other than None or a
+        non-empty str (the message names the check).
     """
-    return "; ".join(_fork_unsafe_reasons) or None
+    reasons = list(_fork_unsafe_reasons)
+    for check in _fork_safety_checks:
+        name = getattr(check, "__qualname__", repr(check))
+        try:
+            reason = check()
+        except Exception as exc:
+            raise HarnessError(f"fork-safety check {name} raised {exc!r}") from exc
+        if reason is None:
+            continue
+        if not isinstance(reason, str) or not reason.strip():
+            raise HarnessError(
+                f"fork-safety check {name} returned {reason!r}; expected None or a non-empty str"
+            )
+        if reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(reasons) or None
 
 
 def in_death_child() -> bool:
@@ -96,7 +139,8 @@ def choose_style(style: object, *, importable: bool) -> str:
     if style == "fork" and unsafe:
         raise HarnessError(
             f"style='fork' is refused: fork is unsafe in this process ({unsafe}; declared "
-            "with harness.mark_fork_unsafe). Use style='forkserver' or style='exec'."
+            "with harness.mark_fork_unsafe or a harness.add_fork_safety_check check). Use"
+            " style='forkserver' or style='exec'."
         )
     if not importable and style != "fork":
         raise HarnessError(

@@ -182,3 +182,30 @@ def auto_styles() -> dict:
         "refused": refused,
         "reason": harness.fork_unsafe_reason(),
     }
+
+
+def checked_styles() -> dict:
+    """Which style ``auto`` picks once a fork-safety check says no, and what fork's refusal says.
+
+    Run it in a fresh interpreter (exec style): it registers a check for the whole process.
+    """
+    import harness
+    from suites.harness import _targets
+
+    state = {"unsafe": None}
+    harness.add_fork_safety_check(lambda: state["unsafe"])
+    before = harness.run_child(_targets.give_back, timeout=30).style
+    state["unsafe"] = "test: a library initialized CUDA"
+    after = harness.run_child(_targets.give_back, timeout=30).style
+    try:
+        harness.run_child(_targets.give_back, style="fork")
+        refused = None
+    except harness.HarnessError as exc:
+        refused = str(exc)
+    state["unsafe"] = 42  # a broken check is reported, naming it
+    try:
+        harness.fork_unsafe_reason()
+        broken = None
+    except harness.HarnessError as exc:
+        broken = str(exc)
+    return {"before": before, "after": after, "refused": refused, "broken": broken}

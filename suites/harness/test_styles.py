@@ -166,3 +166,18 @@ def test_mark_fork_unsafe_needs_a_reason():
     with pytest.raises(harness.HarnessError, match="non-empty str, not None"):
         harness.mark_fork_unsafe(None)  # type: ignore[arg-type]
     assert harness.fork_unsafe_reason() is None
+
+
+def test_a_fork_safety_check_steers_auto_and_refuses_fork():
+    outcome = harness.run_child(_targets.checked_styles, style="exec", timeout=60.0)
+    seen = outcome.assert_clean().returned
+    assert seen["before"] == "fork"
+    assert seen["after"] == "forkserver"
+    assert "test: a library initialized CUDA" in seen["refused"]
+    assert "style='fork' is refused" in seen["refused"]
+    assert "checked_styles.<locals>.<lambda> returned 42" in seen["broken"]
+
+
+def test_add_fork_safety_check_needs_a_callable():
+    with pytest.raises(harness.HarnessError, match="needs a callable, not 'no'"):
+        harness.add_fork_safety_check("no")  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Suites for the runtime mechanisms (``runtime/``)."""
