@@ -322,6 +322,7 @@ class _Engine:
         self.users_left = {p: len(c) for p, c in plan.consumers.items()}
         self.heap_owners = sorted(plan.consumers)
         self.tail = 0
+        self.close = plan.close_pos
         self.closes = set(plan.close_pos)
         self.max_pos = 0
         self.rng = random.Random(config.seed)
@@ -400,15 +401,16 @@ class _Engine:
             r = self.frontier - self.cfg.h
             return self.vend[r] if r >= 0 else 0
         owners, tasks = self.heap_owners, self.tasks
-        done, users, close = self.done, self.users_left, self.plan.close_pos
-        while self.tail < len(owners):
-            p = owners[self.tail]
-            if not (done[p] and not users[p] and self.max_pos >= close[p]):
-                break
+        while self.tail < len(owners) and self._dead(owners[self.tail]):
             self.tail += 1
         if self.tail < len(owners):
             return tasks[owners[self.tail]].start
         return tasks[owners[-1]].end if owners else 0
+
+    def _dead(self, p: int) -> bool:
+        """Exact reclaim: task p's slice is dead when p and every task touching it are done
+        and its scope has closed (a core replayed past its end)."""
+        return bool(self.done[p]) and not self.users_left[p] and self.max_pos >= self.close[p]
 
     def _backpressure(self, task: int) -> bool | None:
         """True: the slice fits. None: wait for progress. False: fatal (set)."""

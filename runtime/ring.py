@@ -65,6 +65,7 @@ __all__ = [
     "TaskRefs",
     "Tensor",
     "check_trace",
+    "format_summary",
     "ground_truth_producers",
     "long_span",
     "main",
