@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["ByteSet", "covers", "hits", "intersects", "values_in"]
 
@@ -41,11 +41,18 @@ class ByteSet:
         run: contiguous bytes per run, >= 1.
         dims: ``(count, stride)`` pairs in bytes, ``count >= 2``, ascending stride, every stride
             larger than ``run``. The runs start at ``base + sum(k[m] * stride[m])``.
+        hi: one past the last byte (derived).
     """
 
     base: int
     run: int
     dims: tuple[tuple[int, int], ...]
+    hi: int = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "hi", self.base + sum((n - 1) * s for n, s in self.dims) + self.run
+        )
 
     @classmethod
     def of(cls, base: int, run: int, dims: Sequence[tuple[int, int]]) -> ByteSet:
@@ -65,11 +72,6 @@ class ByteSet:
     def lo(self) -> int:
         """The first byte."""
         return self.base
-
-    @property
-    def hi(self) -> int:
-        """One past the last byte."""
-        return self.base + sum((n - 1) * s for n, s in self.dims) + self.run
 
     def run_starts(self) -> Iterator[int]:
         """Every run's first byte, in no particular order (repeats possible when runs
