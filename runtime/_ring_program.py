@@ -27,6 +27,7 @@ import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ._checks import integer
 from .tensormap import FaninExceeded, Region, TensorMap, gather_fanin
 
 __all__ = [
@@ -44,14 +45,6 @@ HEAP = "heap"
 """The buffer name of heap-ring regions (their offsets are virtual: monotone, never reused)."""
 
 FLOAT32 = 4
-
-
-def _positive(value: object, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -261,7 +254,7 @@ class Orchestrator:
             raise ValueError(f"external tensor name must be a non-empty str other than {HEAP!r}")
         if name in self._externals:
             raise ValueError(f"external tensor {name!r} declared twice")
-        self._externals[name] = _positive(n, "n")
+        self._externals[name] = integer(n, "n")
         return Tensor(Region.contiguous(name, 0, n, FLOAT32))
 
     @contextlib.contextmanager
@@ -310,7 +303,7 @@ class Orchestrator:
             ValueError: a tensor is used after its scope closed, or a size is < 1.
         """
         return self._submit(
-            "kernel", name, inputs, inouts, writes, outputs, _positive(cost_ns, "cost_ns", 0)
+            "kernel", name, inputs, inouts, writes, outputs, integer(cost_ns, "cost_ns", 0)
         )
 
     # -- planning ------------------------------------------------------------------------------
@@ -373,7 +366,7 @@ class Orchestrator:
             if isinstance(tensors, Tensor):
                 raise TypeError(f"{role} must be a sequence of Tensors, got one Tensor")
             args[role] = [self._check_tensor(t, role) for t in tensors]
-        sizes = [_positive(n, "output size") for n in outputs]
+        sizes = [integer(n, "output size") for n in outputs]
         touched = args["inputs"] + args["inouts"] + args["writes"]
         owners = sorted({t.owner for t in touched if t.owner is not None}, reverse=True)
         if self.limits.reclaim == "window":

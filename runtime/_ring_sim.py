@@ -41,6 +41,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+from ._checks import integer
 from ._ring_program import HEAP, Plan, PlanLimits
 
 __all__ = [
@@ -61,14 +62,6 @@ SHARDS = 4
 """Claim cursors are sharded by ``N % 4``, as in the seed."""
 
 _CLAIM, _ALLOC, _START, _END, _FATAL = "claim", "alloc", "start", "end", "fatal"
-
-
-def _integer(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -116,27 +109,27 @@ class RingConfig:
     jitter: float = 0.25
 
     def __post_init__(self) -> None:
-        _integer(self.cores, "cores", 1)
-        _integer(self.seed, "seed", 0)
+        integer(self.cores, "cores", 1)
+        integer(self.seed, "seed", 0)
         if self.replay not in REPLAY_MODES:
             raise ValueError(f"replay={self.replay!r}: expected one of {', '.join(REPLAY_MODES)}")
         if self.reclaim not in RECLAIM_MODES:
             raise ValueError(
                 f"reclaim={self.reclaim!r}: expected one of {', '.join(RECLAIM_MODES)}"
             )
-        _integer(self.h, "h", 0)
-        align = _integer(self.align, "align", 4)
+        integer(self.h, "h", 0)
+        align = integer(self.align, "align", 4)
         if align % 4:
             raise ValueError(f"align must be a multiple of 4 bytes, got {align}")
-        ring = _integer(self.ring_bytes, "ring_bytes", align)
+        ring = integer(self.ring_bytes, "ring_bytes", align)
         if ring % align:
             raise ValueError(f"ring_bytes={ring} must be a multiple of align={align}")
         if not isinstance(self.alloc_election, bool):
             raise TypeError(f"alloc_election must be a bool, got {self.alloc_election!r}")
         if self.max_fanin is not None:
-            _integer(self.max_fanin, "max_fanin", 1)
-        _integer(self.replay_ns, "replay_ns", 1)
-        _integer(self.launch_ns, "launch_ns", 0)
+            integer(self.max_fanin, "max_fanin", 1)
+        integer(self.replay_ns, "replay_ns", 1)
+        integer(self.launch_ns, "launch_ns", 0)
         for name in ("ns_per_element", "jitter"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -150,7 +143,7 @@ class RingConfig:
             if len(pair) != 2:
                 raise ValueError(f"lag entries must be (core, factor) pairs, got {pair!r}")
             core, factor = pair
-            _integer(core, "lag core", 0)
+            integer(core, "lag core", 0)
             if core >= self.cores:
                 raise ValueError(f"lag core {core} does not exist: cores are 0..{self.cores - 1}")
             if isinstance(factor, bool) or not isinstance(factor, numbers.Real):

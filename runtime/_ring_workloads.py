@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from ._checks import integer
 from ._ring_program import Orchestrator
 
 __all__ = ["WORKLOADS", "long_span", "paged_attention", "tiles"]
@@ -41,14 +42,8 @@ def paged_attention(
     Tasks: ``batch * q_tiles * (2 + 3 * kv_blocks)``. Heap per scope: the state
     (``2 * ROWS + tile`` elements) plus two tiles per KV block.
     """
-    for name, value, low in (
-        ("batch", batch, 1),
-        ("q_tiles", q_tiles, 1),
-        ("kv_blocks", kv_blocks, 1),
-        ("tile", tile, ROWS),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    batch, q_tiles = integer(batch, "batch"), integer(q_tiles, "q_tiles")
+    kv_blocks, tile = integer(kv_blocks, "kv_blocks"), integer(tile, "tile", ROWS)
     ns = PAGED_ATTENTION_NS
     q = rt.external("q", batch * q_tiles * tile)
     k = rt.external("k", batch * kv_blocks * tile)
@@ -99,6 +94,7 @@ def long_span(
         scopes: repetitions, >= 1. span: updates per scope, >= 1. tile: accumulator elements.
         cost_ns: each kernel's recorded time.
     """
+    scopes, span, tile = integer(scopes, "scopes"), integer(span, "span"), integer(tile, "tile")
     x = rt.external("x", span * tile)
     out = rt.external("out", scopes * tile)
     for s in range(scopes):
@@ -113,6 +109,7 @@ def long_span(
 def tiles(rt: Orchestrator, *, k: int = 100, tile: int = 64, cost_ns: int = 5000) -> None:
     """k producers each write one of k disjoint tiles of a heap buffer, then one task reads
     the whole buffer: its fan-in must be k + 1 (the tiles' producers and the allocation)."""
+    k, tile = integer(k, "k"), integer(tile, "tile")
     with rt.scope():
         whole = rt.alloc_tensors(k * tile).get_ref(0)
         for i in range(k):

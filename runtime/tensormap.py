@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import bisect
 import enum
-import numbers
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ._checks import integer
 from ._strided import ByteSet, covers, intersects
 
 __all__ = [
@@ -46,19 +46,10 @@ __all__ = [
 ]
 
 
-def _count(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def _counts(values: object, name: str, minimum: int) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
-    return tuple(_count(v, f"{name}[{i}]", minimum) for i, v in enumerate(values))
+    return tuple(integer(v, f"{name}[{i}]", minimum) for i, v in enumerate(values))
 
 
 @dataclass(frozen=True)
@@ -95,7 +86,7 @@ class Region:
             hash(self.buffer)
         except TypeError:
             raise TypeError(f"buffer must be hashable, got {type(self.buffer).__name__}") from None
-        start = _count(self.start_offset, "start_offset", 0)
+        start = integer(self.start_offset, "start_offset", 0)
         shape = _counts(self.shape, "shape", 1)
         if not shape:
             raise ValueError("shape must have at least one dimension, got ()")
@@ -112,7 +103,7 @@ class Region:
                     f"strides {strides} and shape {shape} differ in length"
                     f" ({len(strides)} != {len(shape)})"
                 )
-        elem = _count(self.elem_size, "elem_size", 1)
+        elem = integer(self.elem_size, "elem_size", 1)
         for name, value in (("start_offset", start), ("shape", shape), ("strides", strides)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "elem_size", elem)
@@ -252,7 +243,7 @@ class TensorMap:
         """
         if not isinstance(region, Region):
             raise TypeError(f"region must be a Region, got {type(region).__name__}")
-        producer = _count(producer, "producer", 0)
+        producer = integer(producer, "producer", 0)
         lo, hi = region.byte_range
         self._buckets.setdefault(region.buffer, _Bucket()).add(_Entry(lo, hi, region, producer))
         self._count += 1
@@ -300,7 +291,7 @@ class TensorMap:
         Returns:
             The number of entries dropped.
         """
-        task_id = _count(task_id, "task_id", 0)
+        task_id = integer(task_id, "task_id", 0)
         removed = 0
         for buffer in list(self._buckets):
             bucket = self._buckets[buffer]
@@ -352,7 +343,7 @@ def gather_fanin(
         TypeError, ValueError: a bad region or ``max_fanin``.
     """
     if max_fanin is not None:
-        max_fanin = _count(max_fanin, "max_fanin", 1)
+        max_fanin = integer(max_fanin, "max_fanin", 1)
     inouts = list(inouts)
     found = [match for region in inputs for match in tmap._matches(region)]
     covered = []

@@ -45,6 +45,17 @@ def test_paged_attention_completes_with_sound_traces(make_alloc, replay, reclaim
     assert 0 < result.max_live_window_bytes <= config.ring_bytes
 
 
+@pytest.mark.backends("cpu")
+@pytest.mark.parametrize("reclaim", ring.RECLAIM_MODES)
+def test_the_election_holds_for_every_seed(make_alloc, stress_scale, reclaim):
+    """The seed's failing configuration (busy-wait, a lagging core, batch 16) over many
+    interleavings: with the election every one completes soundly (more under --stress-scale)."""
+    alloc = make_alloc()
+    for seed in range(3 * stress_scale):
+        config = RingConfig(seed=seed, lag=((seed % 4, 16.0),), reclaim=reclaim)
+        completed(simulate_checked("paged_attention", config, alloc, batch=16))
+
+
 def test_a_lagging_core_owns_fewer_tasks_and_the_run_takes_longer(make_alloc):
     alloc = make_alloc()
     even = simulate_checked("paged_attention", RingConfig(), alloc, batch=16)
@@ -339,7 +350,7 @@ def test_run_rejects_bad_arguments(make_alloc):
         ring.run(3)
     with pytest.raises(TypeError, match="config must be a RingConfig"):
         ring.run("tiles", {"cores": 2})
-    with pytest.raises(ValueError, match="batch must be an integer >= 1"):
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
         ring.run("paged_attention", RingConfig(), make_alloc(), batch=0)
     plan = ring.plan(ring.tiles, ring.PlanLimits(ring_bytes=4096), k=2)
     with pytest.raises(ValueError, match="the plan was made for"):
@@ -376,7 +387,8 @@ def test_cli_json_and_a_fatal_exit(capsys):
         (["run", "--batch", "4", "--span", "3"], "--span applies to long_span, not to"),
         (["run", "--batch", "4", "--lag", "3"], "expected CORE:FACTOR"),
         (["run", "--batch", "4", "--lag", "9:2"], "lag core 9 does not exist"),
-        (["run", "--batch", "0"], "batch must be an integer >= 1"),
+        (["run", "--batch", "0"], "batch must be >= 1, got 0"),
+        (["run", "--workload", "tiles", "--k", "0"], "k must be >= 1, got 0"),
         (["run", "--batch", "4", "--replay", "x"], "invalid choice: 'x'"),
         (["go"], "invalid choice: 'go'"),
     ],
