@@ -310,6 +310,7 @@ class _Engine:
             for d in t.deps:
                 self.dependents[d].append(t.id)
         self.owner = [-1] * self.n
+        self.granted = bytearray(self.n)  # kernel tasks whose owner passed back-pressure
         self.kernel_cursor = [-1] * SHARDS
         self.alloc_cursor = [-1] * SHARDS
         self.users_left = {p: len(c) for p, c in plan.consumers.items()}
@@ -374,7 +375,7 @@ class _Engine:
         self.frontier = f
         for d in self.dependents[task]:
             self.remaining[d] -= 1
-            if not self.remaining[d] and self.owner[d] >= 0 and self.tasks[d].kind == "kernel":
+            if not self.remaining[d] and self.granted[d]:
                 owner = self.cores[self.owner[d]]
                 heapq.heappush(owner.ready, d)
                 self._wake(owner)
@@ -486,7 +487,8 @@ class _Engine:
                     self._event(core.id, _CLAIM, n)
             if owns and task.heap_bytes and not self._fits(core, n, owns):
                 return False
-            if owns:
+            if owns:  # only now may it run: its slice is granted
+                self.granted[n] = 1
                 core.pending += 1
                 if not self.remaining[n]:
                     heapq.heappush(core.ready, n)

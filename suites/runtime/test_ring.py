@@ -31,6 +31,15 @@ def completed(result: ring.RunResult) -> ring.RunResult:
     return result
 
 
+def test_teeth_the_helpers_fail_on_a_fatal_run_and_an_unsound_trace(make_alloc, monkeypatch):
+    fatal = ring.run("long_span", RingConfig(reclaim="window", h=8), make_alloc(), span=20)
+    with pytest.raises(AssertionError, match="heap span exceeded"):
+        completed(fatal)
+    _ring_mutants.apply("newest_only_lookup", monkeypatch)
+    with pytest.raises(AssertionError, match=r"task 101 \(reduce\) ran before its producer"):
+        simulate_checked("tiles", RingConfig(), make_alloc(), k=100)
+
+
 # -- runs that complete ------------------------------------------------------------------------
 
 
@@ -54,6 +63,21 @@ def test_the_election_holds_for_every_seed(make_alloc, stress_scale, reclaim):
     for seed in range(3 * stress_scale):
         config = RingConfig(seed=seed, lag=((seed % 4, 16.0),), reclaim=reclaim)
         completed(simulate_checked("paged_attention", config, alloc, batch=16))
+
+
+@pytest.mark.backends("cpu")  # the scheduling under test does not touch the backend
+@pytest.mark.parametrize("reclaim", ring.RECLAIM_MODES)
+@pytest.mark.parametrize("ring_bytes", [6144, 8192, 12288])
+def test_tight_rings_wait_for_reclaim_and_stay_sound(make_alloc, reclaim, ring_bytes):
+    """A kernel whose owner waits on back-pressure must not run before its slice is granted,
+    even when its producers finish meanwhile (an early simulator ran it twice)."""
+    alloc = make_alloc()
+    for seed in range(3):
+        config = RingConfig(ring_bytes=ring_bytes, seed=seed, reclaim=reclaim)
+        result = simulate_checked("paged_attention", config, alloc, batch=16)
+        assert result.waits > 0
+        if result.fatal is not None:  # a real one: every predecessor done, the task is not
+            assert result.fatal.endswith(f"(frontier F={result.fatal_task - 1})"), result.fatal
 
 
 def test_a_lagging_core_owns_fewer_tasks_and_the_run_takes_longer(make_alloc):
