@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime import ring
 from runtime.ring import RingConfig
@@ -78,6 +80,57 @@ def test_tight_rings_wait_for_reclaim_and_stay_sound(make_alloc, reclaim, ring_b
         assert result.waits > 0
         if result.fatal is not None:  # a real one: every predecessor done, the task is not
             assert result.fatal.endswith(f"(frontier F={result.fatal_task - 1})"), result.fatal
+
+
+WORKLOAD_SIZES = {
+    "paged_attention": st.fixed_dictionaries(
+        {"batch": st.integers(1, 8), "q_tiles": st.integers(1, 3), "kv_blocks": st.integers(1, 3)}
+    ),
+    "long_span": st.fixed_dictionaries(
+        {
+            "scopes": st.integers(1, 4),
+            "span": st.integers(1, 24),
+            "tile": st.sampled_from([16, 256]),
+        }
+    ),
+    "tiles": st.fixed_dictionaries({"k": st.integers(1, 30), "tile": st.sampled_from([4, 64])}),
+}
+
+
+@st.composite
+def ring_runs(draw):
+    cores = draw(st.integers(1, 6))
+    lagged = draw(st.lists(st.integers(0, cores - 1), unique=True, max_size=cores))
+    config = RingConfig(
+        cores=cores,
+        seed=draw(st.integers(0, 1000)),
+        lag=tuple((c, draw(st.sampled_from([2.0, 16.0, 64.0]))) for c in lagged),
+        reclaim=draw(st.sampled_from(ring.RECLAIM_MODES)),
+        h=draw(st.sampled_from([4, 16, 64])),
+        ring_bytes=draw(st.sampled_from([1024, 2048, 4096, 8192, 1 << 20])),
+        max_fanin=draw(st.sampled_from([None, 8])),
+    )
+    workload = draw(st.sampled_from(sorted(WORKLOAD_SIZES)))
+    return config, workload, draw(WORKLOAD_SIZES[workload])
+
+
+@pytest.mark.backends("cpu")
+def test_every_simulated_run_is_sound(make_alloc, stress_scale):
+    """Any workload, ring, reclaim rule, core count and lag: the trace is sound, and a "heap
+    ring too small" comes only once every predecessor is done."""
+    alloc = make_alloc()
+
+    @settings(max_examples=40 * stress_scale, deadline=None, derandomize=stress_scale == 1)
+    @given(ring_runs())
+    def check(run):
+        config, workload, sizes = run
+        result = simulate_checked(workload, config, alloc, **sizes)
+        if result.fatal is None:
+            completed(result)
+        elif result.fatal.startswith("heap ring too small"):
+            assert result.fatal.endswith(f"(frontier F={result.fatal_task - 1})"), result.fatal
+
+    check()
 
 
 def test_a_lagging_core_owns_fewer_tasks_and_the_run_takes_longer(make_alloc):
