@@ -32,6 +32,7 @@ from .tensormap import FaninExceeded, Region, TensorMap, gather_fanin
 
 __all__ = [
     "HEAP",
+    "RECLAIM_MODES",
     "Orchestrator",
     "Plan",
     "PlanLimits",
@@ -45,6 +46,8 @@ HEAP = "heap"
 """The buffer name of heap-ring regions (their offsets are virtual: monotone, never reused)."""
 
 FLOAT32 = 4
+RECLAIM_MODES = ("exact", "window")
+"""Reclaim rules: dependency-exact (the default), or the seed's constant span H."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,9 @@ class PlannedTask:
 class PlanLimits:
     """What the plan needs to know of the runtime: ring size, alignment, reclaim rule.
 
+    Raises:
+        TypeError, ValueError: a field is out of range (the message names it).
+
     Attributes:
         ring_bytes: the heap ring's size in bytes (a multiple of ``align``).
         align: output alignment in bytes (a multiple of 4).
@@ -175,6 +181,21 @@ class PlanLimits:
     reclaim: str = "exact"
     h: int = 64
     max_fanin: int | None = None
+
+    def __post_init__(self) -> None:
+        align = integer(self.align, "align", 4)
+        if align % 4:
+            raise ValueError(f"align must be a multiple of 4 bytes, got {align}")
+        ring = integer(self.ring_bytes, "ring_bytes", align)
+        if ring % align:
+            raise ValueError(f"ring_bytes={ring} must be a multiple of align={align}")
+        if self.reclaim not in RECLAIM_MODES:
+            raise ValueError(
+                f"reclaim={self.reclaim!r}: expected one of {', '.join(RECLAIM_MODES)}"
+            )
+        integer(self.h, "h", 0)
+        if self.max_fanin is not None:
+            integer(self.max_fanin, "max_fanin", 1)
 
 
 @dataclass(frozen=True)
@@ -210,7 +231,6 @@ class Plan:
 @dataclass
 class _Scope:
     id: int
-    first_task: int
     owners: list[int] = field(default_factory=list)
 
 
@@ -225,7 +245,8 @@ class Orchestrator:
 
     Every core of the seed's runtime runs the same orchestration; this object runs it once
     and records the plan (see the module docstring). Workload functions take it as their
-    first argument.
+    first argument. Heap tensors allocated outside every :meth:`scope` belong to the root
+    scope, which never closes: exact reclaim keeps them to the end of the run.
     """
 
     def __init__(self, limits: PlanLimits) -> None:
@@ -234,7 +255,7 @@ class Orchestrator:
         self._tasks: list[PlannedTask] = []
         self._refs: list[int] = []
         self._heap_next = 0
-        self._scopes: list[_Scope] = [_Scope(0, 0)]  # the root scope: never closes
+        self._scopes: list[_Scope] = [_Scope(0)]  # the root scope: never closes
         self._scope_ids = 1
         self._closed_scopes: set[int] = set()
         self._close_pos: dict[int, int] = {}
@@ -254,14 +275,14 @@ class Orchestrator:
             raise ValueError(f"external tensor name must be a non-empty str other than {HEAP!r}")
         if name in self._externals:
             raise ValueError(f"external tensor {name!r} declared twice")
-        self._externals[name] = integer(n, "n")
+        self._externals[name] = n = integer(n, "n")
         return Tensor(Region.contiguous(name, 0, n, FLOAT32))
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         """A scope: heap tensors allocated in it may be reclaimed (exact mode) only after it
         closes, and may not be used after it closes."""
-        scope = _Scope(self._scope_ids, len(self._tasks))
+        scope = _Scope(self._scope_ids)
         self._scope_ids += 1
         self._scopes.append(scope)
         try:

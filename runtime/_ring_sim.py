@@ -42,7 +42,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ._checks import integer
-from ._ring_program import HEAP, Plan, PlanLimits
+from ._ring_program import HEAP, RECLAIM_MODES, Plan, PlanLimits
 
 __all__ = [
     "MASK64",
@@ -57,7 +57,6 @@ __all__ = [
 MASK64 = (1 << 64) - 1
 """Unsigned 64-bit wrap-around: the seed's ``uint64_t`` arithmetic."""
 REPLAY_MODES = ("busy-wait", "kernel")
-RECLAIM_MODES = ("exact", "window")
 SHARDS = 4
 """Claim cursors are sharded by ``N % 4``, as in the seed."""
 
@@ -113,21 +112,9 @@ class RingConfig:
         integer(self.seed, "seed", 0)
         if self.replay not in REPLAY_MODES:
             raise ValueError(f"replay={self.replay!r}: expected one of {', '.join(REPLAY_MODES)}")
-        if self.reclaim not in RECLAIM_MODES:
-            raise ValueError(
-                f"reclaim={self.reclaim!r}: expected one of {', '.join(RECLAIM_MODES)}"
-            )
-        integer(self.h, "h", 0)
-        align = integer(self.align, "align", 4)
-        if align % 4:
-            raise ValueError(f"align must be a multiple of 4 bytes, got {align}")
-        ring = integer(self.ring_bytes, "ring_bytes", align)
-        if ring % align:
-            raise ValueError(f"ring_bytes={ring} must be a multiple of align={align}")
+        self.limits()  # ring_bytes, align, reclaim, h, max_fanin
         if not isinstance(self.alloc_election, bool):
             raise TypeError(f"alloc_election must be a bool, got {self.alloc_election!r}")
-        if self.max_fanin is not None:
-            integer(self.max_fanin, "max_fanin", 1)
         integer(self.replay_ns, "replay_ns", 1)
         integer(self.launch_ns, "launch_ns", 0)
         for name in ("ns_per_element", "jitter"):
