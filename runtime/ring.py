@@ -158,7 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("--workload", choices=sorted(WORKLOADS), default="paged_attention")
     cmd.add_argument("--batch", type=int, help="paged_attention: sequences (required)")
-    cmd.add_argument("--q-tiles", type=int, help="paged_attention: query tiles per sequence")
+    cmd.add_argument(
+        "--q-tiles", type=int, help="paged_attention: query tiles per sequence (default 2)"
+    )
     cmd.add_argument("--kv-blocks", type=int, help="paged_attention: KV blocks (default 2)")
     cmd.add_argument("--scopes", type=int, help="long_span: scopes (default 8)")
     cmd.add_argument("--span", type=int, help="long_span: updates per scope (default 100)")
