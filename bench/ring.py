@@ -1,0 +1,199 @@
+"""Heap-ring and TensorMap benchmarks: simulated tasks per second, lookup cost per live entry.
+
+Not a test: run it by hand (``python bench/ring.py``). It prints a table and writes JSON
+(``bench/results/ring.json`` by default). Every figure is the median of ``--repeat`` runs, and
+every ratio is taken against a reference measured in the same run.
+
+(a) Simulated tasks per second (wall clock: planning plus simulation) of ``paged_attention``
+    (``q_tiles=2, kv_blocks=2``, 4 cores, seed 0, exact reclaim) for batch 16, 32, 64, 128 and
+    256, in ``busy-wait`` and ``kernel`` replay (``kernel`` on ``cpu`` runs every kernel's ops).
+    Reference: batch 16 of the same mode. Target: the rate at batch 256 is at least 0.5x the
+    rate at batch 16 (the simulator scales linearly in tasks).
+(b) TensorMap lookup time against the number of live entries: n disjoint 64-element tiles of
+    one buffer (n = 1 .. 100,000), then lookups of single tiles spread over the buffer; and the
+    same lookup with 100,000 entries in 100 other buffers. Reference: n = 1. Targets: at most
+    3x from 1 to 100,000 entries (a lookup looks only at entries that can reach its bytes), and
+    other buffers' entries cost nothing (at most 1.5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from allocator import Allocator, AllocatorConfig  # noqa: E402
+from runtime import ring  # noqa: E402
+from runtime.tensormap import Region, TensorMap  # noqa: E402
+
+BATCHES = (16, 32, 64, 128, 256)
+ENTRIES = (1, 10, 100, 1_000, 10_000, 100_000)
+TARGET_RATE_RATIO = 0.5
+TARGET_LOOKUP_GROWTH = 3.0
+TARGET_OTHER_BUFFERS = 1.5
+TILE = 64
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` takes, with the collector off."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def bench_tasks_per_second(repeat: int, batches: tuple[int, ...]) -> dict:
+    """(a) simulated tasks per second per batch, in each replay mode."""
+    alloc = Allocator(AllocatorConfig(backend="cpu"))
+    modes = {}
+    for replay in ring.REPLAY_MODES:
+        config = ring.RingConfig(replay=replay)
+        rows = {}
+        for batch in batches:
+            tasks = ring.run("paged_attention", config, alloc, batch=batch).tasks
+            seconds = [
+                timed(lambda c=config, b=batch: ring.run("paged_attention", c, alloc, batch=b))
+                for _ in range(repeat)
+            ]
+            rows[str(batch)] = {"tasks": tasks, "tasks_per_s": tasks / statistics.median(seconds)}
+        ratio = rows[str(batches[-1])]["tasks_per_s"] / rows[str(batches[0])]["tasks_per_s"]
+        modes[replay] = {
+            "per_batch": rows,
+            "ratio_last_to_first": ratio,
+            "meets_target": ratio >= TARGET_RATE_RATIO,
+        }
+    return modes
+
+
+def _lookup_us(tmap: TensorMap, n: int, lookups: int, repeat: int) -> float:
+    stride = max(1, n // lookups)
+    queries = [Region.contiguous("x", (i * stride % n) * TILE + 3, 8) for i in range(lookups)]
+    lookup = tmap.lookup
+    for q in queries:  # warm
+        lookup(q)
+
+    def go() -> None:
+        for q in queries:
+            lookup(q)
+
+    return statistics.median(timed(go) for _ in range(repeat)) / lookups * 1e6
+
+
+def bench_lookup(repeat: int, entries: tuple[int, ...], lookups: int) -> dict:
+    """(b) lookup time per live entry count, and with other buffers' entries."""
+    rows = {}
+    for n in entries:
+        tmap = TensorMap()
+        for i in range(n):
+            tmap.insert(Region.contiguous("x", i * TILE, TILE), i)
+        rows[str(n)] = _lookup_us(tmap, n, lookups, repeat)
+    growth = rows[str(entries[-1])] / rows[str(entries[0])]
+    alone, crowded = TensorMap(), TensorMap()
+    for tmap in (alone, crowded):
+        tmap.insert(Region.contiguous("x", 0, TILE), 0)
+    for i in range(entries[-1]):
+        crowded.insert(Region.contiguous(("other", i % 100), i * TILE, TILE), i + 1)
+    alone_us = _lookup_us(alone, 1, lookups, repeat)
+    crowded_us = _lookup_us(crowded, 1, lookups, repeat)
+    return {
+        "per_entries_us": rows,
+        "growth_first_to_last": growth,
+        "other_buffers_entries": entries[-1],
+        "alone_us": alone_us,
+        "with_other_buffers_us": crowded_us,
+        "other_buffers_ratio": crowded_us / alone_us,
+        "meets_target": growth <= TARGET_LOOKUP_GROWTH
+        and crowded_us / alone_us <= TARGET_OTHER_BUFFERS,
+    }
+
+
+def render(results: dict) -> str:
+    """The results as a plain-text table."""
+    lines = [f"{'benchmark':<58} {'median':>14} {'target':>10} {'ok':>4}", "-" * 89]
+    for replay, mode in results["tasks_per_second"].items():
+        for batch, row in mode["per_batch"].items():
+            label = f"(a) paged_attention {replay}, batch {batch} ({row['tasks']} tasks)"
+            lines.append(f"{label:<58} {row['tasks_per_s']:>8.0f} tasks/s {'':>10} {'':>4}")
+        ok = "yes" if mode["meets_target"] else "NO"
+        batches = list(mode["per_batch"])
+        first, last = batches[0], batches[-1]
+        label = f"    rate at batch {last} / batch {first} ({replay})"
+        lines.append(f"{label:<58} {mode['ratio_last_to_first']:>13.2f}x {'>= 0.5x':>10} {ok:>4}")
+    lookup = results["lookup"]
+    for n, us in lookup["per_entries_us"].items():
+        label = f"(b) TensorMap lookup, {int(n):,} live entries in its buffer"
+        lines.append(f"{label:<58} {us:>11.2f} us {'':>10} {'':>4}")
+    ok = "yes" if lookup["growth_first_to_last"] <= TARGET_LOOKUP_GROWTH else "NO"
+    first, last = (f"{int(n):,}" for n in (ENTRIES[0], list(lookup["per_entries_us"])[-1]))
+    label = f"    growth, {first} -> {last} entries"
+    lines.append(f"{label:<58} {lookup['growth_first_to_last']:>13.2f}x {'<= 3x':>10} {ok:>4}")
+    ok = "yes" if lookup["other_buffers_ratio"] <= TARGET_OTHER_BUFFERS else "NO"
+    label = f"    with {lookup['other_buffers_entries']:,} entries in 100 other buffers"
+    lines.append(
+        f"{label:<58} {lookup['with_other_buffers_us']:>11.2f} us {'':>10} {'':>4}\n"
+        f"{'    ... / alone':<58} {lookup['other_buffers_ratio']:>13.2f}x {'<= 1.5x':>10} {ok:>4}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=7, help="runs per figure (default 7)")
+    parser.add_argument(
+        "--quick", action="store_true", help="batch up to 64, entries up to 10,000 (a smoke run)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit with status 1 when a target is missed"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "bench" / "results" / "ring.json",
+        help="where to write the JSON results (default bench/results/ring.json)",
+    )
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    batches = BATCHES[:3] if args.quick else BATCHES
+    entries = ENTRIES[:5] if args.quick else ENTRIES
+    results = {
+        "machine": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "repeat": args.repeat,
+        "tasks_per_second": bench_tasks_per_second(args.repeat, batches),
+        "lookup": bench_lookup(args.repeat, entries, 200),
+    }
+    print(render(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    met = all(m["meets_target"] for m in results["tasks_per_second"].values())
+    met = met and results["lookup"]["meets_target"]
+    if args.check and not met:
+        print("bench/ring.py --check: a target was missed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

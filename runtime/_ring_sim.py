@@ -1,0 +1,602 @@
+"""The deterministic multi-core simulator of the heap-ring runtime.
+
+Every simulated core replays the whole :class:`~runtime._ring_program.Plan` (SPMD), each at its
+own position, and races the others for each task with ``claim(cursor, N)``: a compare-and-swap
+fetch-max that wins when ``N`` is above the cursor (cursors start at -1, sharded by ``N % 4``;
+kernel tasks and ``alloc_tensors`` tasks have separate cursors). The owner of a kernel task runs
+it once its producers are done and sets ``done[N]``; the frontier ``F`` is the largest id with
+every id up to it done.
+
+Time is simulated, in integer nanoseconds: replaying one submit costs ``replay_ns``, a kernel
+costs its recorded time (``busy-wait`` replay: the core spins for it) or a cost modelled from
+the elements it touches (``kernel`` replay: the kernel really runs, as element-wise ops of the
+allocator on views of the ring), each multiplied by the core's lag factor and by a seeded jitter
+in ``[1 - jitter, 1 + jitter]``. The next core to act is the one with the earliest clock (ties
+in order of scheduling), so a seed fixes the whole interleaving and every verdict reproduces.
+
+Heap-ring back-pressure (the seed's, with unsigned 64-bit arithmetic emulated): before a task's
+heap slice ``[start, vend[N])`` is used, the live window ``vend[N] - boundary`` (mod 2**64) must
+fit in the ring, where ``boundary`` is ``vend[F - H]`` (``reclaim="window"``) or the start of the
+oldest region still live (``reclaim="exact"``: a region dies when its task and every task that
+touches it are done and its scope has closed). If it does not fit the core waits for progress;
+if every predecessor is already done (``F >= N - 1``) it is fatal: "heap ring too small".
+
+``alloc_tensors`` has two paths. The fixed one (``alloc_election=True``, the default): every core
+materializes the outputs (views of the ring), then one owner is elected on the alloc cursor and
+only it runs the back-pressure check and completes the task; the owner's task is not done, so
+``F < N`` and the subtraction cannot wrap, and a real fatal returns the materialized outputs.
+The seed's pre-fix path (``alloc_election=False``): every core runs the check before
+materializing; a core replaying more than H tasks behind the frontier computes a window that
+wraps to about 2**64, a false "heap ring too small", returns empty outputs, and the
+orchestration's ``get_ref(0)`` fails ``always_assert(index < output_count_)``: abort (SIGABRT).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import numbers
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+
+from ._checks import integer
+from ._ring_program import HEAP, RECLAIM_MODES, Plan, PlanLimits
+
+__all__ = [
+    "MASK64",
+    "RECLAIM_MODES",
+    "REPLAY_MODES",
+    "RingConfig",
+    "RunResult",
+    "TaskOutputTensors",
+    "simulate",
+]
+
+MASK64 = (1 << 64) - 1
+"""Unsigned 64-bit wrap-around: the seed's ``uint64_t`` arithmetic."""
+REPLAY_MODES = ("busy-wait", "kernel")
+SHARDS = 4
+"""Claim cursors are sharded by ``N % 4``, as in the seed."""
+
+_CLAIM, _ALLOC, _START, _END, _FATAL = "claim", "alloc", "start", "end", "fatal"
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    """Every knob of one simulated run.
+
+    Attributes:
+        cores: simulated cores, >= 1 (default 4).
+        seed: the interleaving's seed (jitter of every duration).
+        replay: ``"busy-wait"`` (kernels replayed as spins of their recorded times) or
+            ``"kernel"`` (kernels run on the allocator, cost modelled from their elements).
+        lag: ``(core, factor)`` pairs: that core's kernels take ``factor`` (>= 1) times longer
+            (a throttled core; its replay of the orchestration runs at the common speed).
+        reclaim: ``"exact"`` (default: dependency-exact reclaim) or ``"window"`` (the seed's
+            constant-span rule, ``R = F - H``).
+        h: the window rule's span H in tasks, >= 0 (default 64, the seed's ``kHDefault``).
+        ring_bytes: the heap ring's size in bytes, a multiple of ``align`` (default 1 MiB).
+        align: output alignment in bytes, a multiple of 4 (default 64).
+        alloc_election: ``True`` (default): the seed's fix; ``False``: its pre-fix path.
+        max_fanin: a cap on a task's producers (exceeding it is fatal); ``None``: no cap.
+        replay_ns: simulated cost of replaying one submit on one core, >= 1 (default 1000).
+        launch_ns, ns_per_element: the ``kernel`` replay's cost model: a launch plus a cost
+            per element touched (defaults 200 ns and 0.5 ns).
+        jitter: every duration is scaled by a seeded uniform factor in
+            ``[1 - jitter, 1 + jitter]``, 0 <= jitter < 1 (default 0.25).
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: a field is out of range (the message names it and the accepted values).
+    """
+
+    cores: int = 4
+    seed: int = 0
+    replay: str = "busy-wait"
+    lag: tuple[tuple[int, float], ...] = ()
+    reclaim: str = "exact"
+    h: int = 64
+    ring_bytes: int = 1 << 20
+    align: int = 64
+    alloc_election: bool = True
+    max_fanin: int | None = None
+    replay_ns: int = 1000
+    launch_ns: int = 200
+    ns_per_element: float = 0.5
+    jitter: float = 0.25
+
+    def __post_init__(self) -> None:
+        integer(self.cores, "cores", 1)
+        integer(self.seed, "seed", 0)
+        if self.replay not in REPLAY_MODES:
+            raise ValueError(f"replay={self.replay!r}: expected one of {', '.join(REPLAY_MODES)}")
+        self.limits()  # ring_bytes, align, reclaim, h, max_fanin
+        if not isinstance(self.alloc_election, bool):
+            raise TypeError(f"alloc_election must be a bool, got {self.alloc_election!r}")
+        integer(self.replay_ns, "replay_ns", 1)
+        integer(self.launch_ns, "launch_ns", 0)
+        for name in ("ns_per_element", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a real number, got {value!r}")
+        if not self.ns_per_element >= 0 or not math.isfinite(self.ns_per_element):
+            raise ValueError(f"ns_per_element must be >= 0, got {self.ns_per_element}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        lag = tuple(tuple(pair) for pair in self.lag)
+        for pair in lag:
+            if len(pair) != 2:
+                raise ValueError(f"lag entries must be (core, factor) pairs, got {pair!r}")
+            core, factor = pair
+            integer(core, "lag core", 0)
+            if core >= self.cores:
+                raise ValueError(f"lag core {core} does not exist: cores are 0..{self.cores - 1}")
+            if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+                raise TypeError(f"lag factor must be a real number, got {factor!r}")
+            if not (factor >= 1 and math.isfinite(factor)):
+                raise ValueError(f"lag factor must be a finite number >= 1, got {factor}")
+        object.__setattr__(self, "lag", lag)
+
+    def limits(self) -> PlanLimits:
+        """What planning needs of this configuration."""
+        return PlanLimits(self.ring_bytes, self.align, self.reclaim, self.h, self.max_fanin)
+
+    def speeds(self) -> list[float]:
+        """Each core's kernel-time factor (1.0 unless lagged)."""
+        speeds = [1.0] * self.cores
+        for core, factor in self.lag:
+            speeds[core] = float(factor)
+        return speeds
+
+
+def _always_assert_fail(condition: str, detail: str) -> None:
+    """The seed's ``always_assert``: print the failed condition, then abort (SIGABRT)."""
+    sys.stdout.flush()
+    sys.stderr.write(f"always_assert({condition}) failed: {detail}\n")
+    sys.stderr.flush()
+    os.abort()
+
+
+class TaskOutputTensors:
+    """An ``alloc_tensors`` result on one core: the task's outputs, as views of the ring.
+
+    The seed's pre-fix path returns an empty one after its false fatal; ``get_ref`` on it then
+    fails the seed's ``always_assert(index < output_count_)`` and aborts the process.
+
+    Attributes:
+        task: the alloc task's id.
+        outputs: the outputs, float32 :class:`~allocator.Buffer` views of the ring.
+    """
+
+    __slots__ = ("outputs", "task")
+
+    def __init__(self, task: int, outputs: tuple = ()) -> None:
+        self.task = task
+        self.outputs = tuple(outputs)
+
+    @property
+    def output_count(self) -> int:
+        """The number of outputs (0 for the pre-fix path's empty result)."""
+        return len(self.outputs)
+
+    def __repr__(self) -> str:
+        return f"<TaskOutputTensors task {self.task}, {self.output_count} outputs>"
+
+    def get_ref(self, index: int):
+        """The ``index``-th output; aborts the process (SIGABRT) unless ``index <
+        output_count``, as the seed's runtime does."""
+        if not index < self.output_count:
+            _always_assert_fail(
+                "index < output_count_",
+                f"get_ref({index}) on the result of task {self.task} with"
+                f" {self.output_count} outputs",
+            )
+        return self.outputs[index]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of one simulated run.
+
+    Attributes:
+        workload: the plan's name.
+        config: the :class:`RingConfig` it ran with.
+        tasks: tasks in the program (the planned ones, plus the one a planning fatal stops at).
+        completed: tasks done.
+        fatal: the fatal message, or ``None`` when the run completed.
+        fatal_task: the task the fatal is about, or ``None``.
+        fatal_outputs: for a fatal on an ``alloc_tensors`` task, the owner's result (its
+            materialized outputs, as the seed's fix returns them); else ``None``.
+        max_live_window_bytes: the largest live window an allocation needed (bytes).
+        sim_time_ns: simulated time when the run ended.
+        claims: tasks owned, per core.
+        waits: back-pressure waits (a core found the window full and waited for progress).
+        trace: ``(time_ns, core, event, task)`` tuples in time order; events are ``claim``,
+            ``alloc`` (the owner's back-pressure check passed), ``start``, ``end`` and
+            ``fatal``.
+        plan: the plan it replayed.
+        ring: the heap ring (one allocator storage); outputs are views of it. It lives as long
+            as this result or one of its views.
+    """
+
+    workload: str
+    config: RingConfig
+    tasks: int
+    completed: int
+    fatal: str | None
+    fatal_task: int | None
+    fatal_outputs: TaskOutputTensors | None
+    max_live_window_bytes: int
+    sim_time_ns: int
+    claims: tuple[int, ...]
+    waits: int
+    trace: tuple[tuple[int, int, str, int], ...] = field(repr=False)
+    plan: Plan = field(repr=False)
+    ring: object = field(repr=False)
+
+    def summary(self) -> dict:
+        """The run as JSON-ready plain data (what the CLI prints)."""
+        c = self.config
+        return {
+            "workload": self.workload,
+            "cores": c.cores,
+            "seed": c.seed,
+            "replay": c.replay,
+            "lag": [list(pair) for pair in c.lag],
+            "reclaim": c.reclaim,
+            "h": c.h,
+            "ring_bytes": c.ring_bytes,
+            "alloc_election": c.alloc_election,
+            "tasks": self.tasks,
+            "completed": self.completed,
+            "fatal": self.fatal,
+            "max_live_window_bytes": self.max_live_window_bytes,
+            "sim_time_us": round(self.sim_time_ns / 1000, 3),
+            "claims_per_core": list(self.claims),
+            "backpressure_waits": self.waits,
+        }
+
+
+class _Core:
+    __slots__ = ("blocked", "id", "pending", "pos", "ready", "running", "scheduled", "speed")
+
+    def __init__(self, core_id: int, speed: float) -> None:
+        self.id = core_id
+        self.speed = speed
+        self.pos = 0  # the next task this core replays
+        self.ready: list[int] = []  # owned tasks whose producers are done (a heap)
+        self.pending = 0  # owned kernel tasks not yet run
+        self.running: int | None = None
+        self.blocked: bool | None = None  # waiting on back-pressure: whether it owns the task
+        self.scheduled = False
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Engine:
+    def __init__(self, plan: Plan, alloc, config: RingConfig) -> None:
+        if plan.limits != config.limits():
+            raise ValueError(
+                f"the plan was made for {plan.limits}, not for this config's {config.limits()}"
+            )
+        self.plan, self.alloc, self.cfg = plan, alloc, config
+        tasks = plan.tasks
+        self.tasks = tasks
+        self.n = len(tasks)
+        self.positions = self.n + (1 if plan.fatal else 0)
+        self.vend = [t.end for t in tasks]
+        self.done = bytearray(self.n)
+        self.frontier = -1
+        self.remaining = [len(t.deps) for t in tasks]
+        self.dependents: list[list[int]] = [[] for _ in tasks]
+        for t in tasks:
+            for d in t.deps:
+                self.dependents[d].append(t.id)
+        self.owner = [-1] * self.n
+        self.granted = bytearray(self.n)  # kernel tasks whose owner passed back-pressure
+        self.kernel_cursor = [-1] * SHARDS
+        self.alloc_cursor = [-1] * SHARDS
+        self.users_left = {p: len(c) for p, c in plan.consumers.items()}
+        self.heap_owners = sorted(plan.consumers)
+        self.tail = 0
+        self.close = plan.close_pos
+        self.closes = set(plan.close_pos)
+        self.max_pos = 0
+        self.rng = random.Random(config.seed)
+        self.cores = [_Core(i, s) for i, s in enumerate(config.speeds())]
+        self.queue: list[tuple[int, int, int]] = []
+        self.seq = 0
+        self.blocked: list[_Core] = []
+        self.trace: list[tuple[int, int, str, int]] = []
+        self.now = 0
+        self.max_window = 0
+        self.waits = 0
+        self.completed = 0
+        self.fatal: str | None = None
+        self.fatal_task: int | None = None
+        self.fatal_outputs: TaskOutputTensors | None = None
+        ring_elems = config.ring_bytes // 4
+        self.ring = alloc.zeros(ring_elems)
+        self.externals = {name: alloc.zeros(n) for name, n in plan.externals.items()}
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def _jitter(self, ns: float) -> int:
+        j = self.cfg.jitter
+        return max(1, int(ns * (1.0 + j * (2.0 * self.rng.random() - 1.0)))) if ns else 0
+
+    def _schedule(self, core: _Core, at: int) -> None:
+        core.scheduled = True
+        self.seq += 1
+        heapq.heappush(self.queue, (at, self.seq, core.id))
+
+    def _wake(self, core: _Core) -> None:
+        if not core.scheduled and core.running is None:
+            self._schedule(core, self.now)
+
+    def _event(self, core: int, kind: str, task: int) -> None:
+        self.trace.append((self.now, core, kind, task))
+
+    # -- shared state ------------------------------------------------------------------------
+
+    @staticmethod
+    def _claim(cursors: list[int], n: int) -> bool:
+        """The seed's claim: CAS fetch-max on the shard's cursor; ``n <= cursor`` loses."""
+        shard = n % SHARDS
+        if n <= cursors[shard]:
+            return False
+        cursors[shard] = n
+        return True
+
+    def _complete(self, core: _Core, task: int) -> None:
+        self.done[task] = 1
+        self.completed += 1
+        self._event(core.id, _END, task)
+        done, f = self.done, self.frontier
+        while f + 1 < self.n and done[f + 1]:
+            f += 1
+        self.frontier = f
+        for d in self.dependents[task]:
+            self.remaining[d] -= 1
+            if not self.remaining[d] and self.granted[d]:
+                owner = self.cores[self.owner[d]]
+                heapq.heappush(owner.ready, d)
+                self._wake(owner)
+        for p in self.tasks[task].touches:
+            self.users_left[p] -= 1
+        self._wake_blocked()
+
+    def _wake_blocked(self) -> None:
+        if self.blocked:
+            blocked, self.blocked = self.blocked, []
+            for core in blocked:
+                self._wake(core)
+
+    def _boundary(self) -> int:
+        """Everything below this virtual byte is dead."""
+        if self.cfg.reclaim == "window":
+            r = self.frontier - self.cfg.h
+            return self.vend[r] if r >= 0 else 0
+        owners, tasks = self.heap_owners, self.tasks
+        while self.tail < len(owners) and self._dead(owners[self.tail]):
+            self.tail += 1
+        if self.tail < len(owners):
+            return tasks[owners[self.tail]].start
+        return tasks[owners[-1]].end if owners else 0
+
+    def _dead(self, p: int) -> bool:
+        """Exact reclaim: task p's slice is dead when p and every task touching it are done
+        and its scope has closed (a core replayed past its end)."""
+        return bool(self.done[p]) and not self.users_left[p] and self.max_pos >= self.close[p]
+
+    def _backpressure(self, task: int) -> bool | None:
+        """True: the slice fits. None: wait for progress. False: fatal (set)."""
+        end = self.vend[task]
+        window = (end - self._boundary()) & MASK64  # uint64_t arithmetic, as in the seed
+        ring = self.cfg.ring_bytes
+        if window <= ring:
+            self.max_window = max(self.max_window, window)
+            return True
+        if self.frontier >= task - 1:
+            self._set_fatal(
+                task,
+                f"heap ring too small: task {task} needs a live window of {window} bytes, more"
+                f" than the ring's {ring} (frontier F={self.frontier})",
+            )
+            return False
+        return None
+
+    def _set_fatal(self, task: int, message: str) -> None:
+        if self.fatal is None:
+            self.fatal, self.fatal_task = message, task
+            self._event(-1, _FATAL, task)
+
+    # -- materializing -----------------------------------------------------------------------
+
+    def _view(self, region):
+        lo, hi = region.byte_range
+        if region.buffer == HEAP:
+            ring = self.cfg.ring_bytes
+            return self.ring.view((lo % ring) // 4, (hi - lo) // 4)
+        return self.externals[region.buffer].view(lo // 4, (hi - lo) // 4)
+
+    def _materialize(self, task: int) -> TaskOutputTensors:
+        return TaskOutputTensors(task, tuple(self._view(r) for r in self.tasks[task].outputs))
+
+    def _take_refs(self, result: TaskOutputTensors) -> None:
+        for i in range(self.tasks[result.task].refs):  # the orchestration's get_ref calls
+            result.get_ref(i)
+
+    # -- a core's step ---------------------------------------------------------------------
+
+    def _start(self, core: _Core, task: int) -> None:
+        t = self.tasks[task]
+        self._event(core.id, _START, task)
+        if self.cfg.replay == "kernel":
+            alloc = self.alloc
+            regions = t.reads or t.writes
+            elems = 0
+            for region in regions:
+                view = self._view(region)
+                alloc.release(alloc.mul(view, view))
+                elems += view.size
+            cost = self.cfg.launch_ns + self.cfg.ns_per_element * elems
+        else:
+            cost = t.cost_ns
+        core.running = task
+        self._schedule(core, self.now + self._jitter(cost * core.speed))
+
+    def _advance(self, core: _Core) -> None:
+        core.pos += 1
+        if core.pos > self.max_pos:
+            self.max_pos = core.pos
+            if core.pos in self.closes:  # a scope closed: exact reclaim may move
+                self._wake_blocked()
+
+    def _replay(self, core: _Core) -> bool:
+        """Replay the core's next task; False when it must wait for progress."""
+        n = core.pos
+        if n == self.n:  # the planning fatal (heap span exceeded, a task too large, fan-in)
+            task, message = self.plan.fatal
+            self._set_fatal(task, message)
+            raise _Stop
+        task = self.tasks[n]
+        if task.kind == "kernel":
+            owns = core.blocked
+            if owns is None:
+                owns = self._claim(self.kernel_cursor, n)
+                if owns:
+                    self.owner[n] = core.id
+                    self._event(core.id, _CLAIM, n)
+            if owns and task.heap_bytes and not self._fits(core, n, owns):
+                return False
+            if owns:  # only now may it run: its slice is granted
+                self.granted[n] = 1
+                core.pending += 1
+                if not self.remaining[n]:
+                    heapq.heappush(core.ready, n)
+        elif self.cfg.alloc_election:
+            owns = core.blocked
+            if owns is None:
+                result = self._materialize(n)  # every core: outputs and vend[N]
+                owns = self._claim(self.alloc_cursor, n)
+                if owns:
+                    self.owner[n] = core.id
+                    self._event(core.id, _CLAIM, n)
+            else:
+                result = self._materialize(n)
+            if owns:
+                fits = self._fits(core, n, owns)
+                if fits is None:
+                    return False
+                if not fits:
+                    self.fatal_outputs = result
+                    self._take_refs(result)  # the materialized outputs: no assertion
+                    raise _Stop
+                self._complete(core, n)
+            self._take_refs(result)
+        else:  # the seed's pre-fix path: every core checks before materializing
+            fits = self._fits(core, n, False)
+            if fits is None:
+                return False
+            if not fits:  # the seed logs the fatal, returns {} and the caller's get_ref aborts
+                sys.stderr.write(f"set_fatal: {self.fatal}\n")
+                self._take_refs(TaskOutputTensors(n))
+                raise _Stop
+            result = self._materialize(n)
+            if not self.done[n]:
+                self.owner[n] = core.id
+                self._event(core.id, _CLAIM, n)
+                self._complete(core, n)
+            self._take_refs(result)
+        core.blocked = None
+        self._advance(core)
+        return True
+
+    def _fits(self, core: _Core, task: int, owns: bool) -> bool | None:
+        fits = self._backpressure(task)
+        if fits is None:
+            if core.blocked is None:
+                self.waits += 1
+            core.blocked = owns
+            self.blocked.append(core)
+            return None
+        if fits:
+            core.blocked = None
+            if owns or not self.done[task]:
+                self._event(core.id, _ALLOC, task)
+        return fits
+
+    def _step(self, core: _Core) -> None:
+        # While a core steps, wakes aimed at it are no-ops: the step itself decides when it
+        # acts next (it stays marked scheduled until it blocks or idles).
+        if core.running is not None:
+            task, core.running = core.running, None
+            core.pending -= 1
+            self._complete(core, task)
+        if core.ready:
+            self._start(core, heapq.heappop(core.ready))
+        elif core.pos < self.positions and self._replay(core):
+            self._schedule(core, self.now + self._jitter(self.cfg.replay_ns))
+        else:  # blocked on back-pressure, or idle until one of its tasks becomes ready
+            core.scheduled = False
+
+    def run(self) -> RunResult:
+        for core in self.cores:
+            self._schedule(core, 0)
+        queue, cores = self.queue, self.cores
+        try:
+            while queue:
+                self.now, _, core_id = heapq.heappop(queue)
+                self._step(cores[core_id])
+        except _Stop:
+            pass
+        if self.fatal is None and self.completed < self.n:
+            raise RuntimeError(
+                f"simulation stalled at {self.now} ns with {self.completed}/{self.n} tasks done"
+                " and no core able to move (a bug in the simulator)"
+            )
+        return RunResult(
+            workload=self.plan.name,
+            config=self.cfg,
+            tasks=self.positions,
+            completed=self.completed,
+            fatal=self.fatal,
+            fatal_task=self.fatal_task,
+            fatal_outputs=self.fatal_outputs,
+            max_live_window_bytes=self.max_window,
+            sim_time_ns=self.now,
+            claims=tuple(self.owner.count(c.id) for c in self.cores),
+            waits=self.waits,
+            trace=tuple(self.trace),
+            plan=self.plan,
+            ring=self.ring,
+        )
+
+
+def simulate(plan: Plan, alloc, config: RingConfig) -> RunResult:
+    """Replay ``plan`` on ``config.cores`` simulated cores over a heap ring from ``alloc``.
+
+    Args:
+        plan: the program, planned for ``config.limits()``.
+        alloc: an :class:`~allocator.Allocator`; the ring is one storage of
+            ``config.ring_bytes`` bytes from it, outputs are views of it, and in ``kernel``
+            replay every kernel runs element-wise ops on views of it.
+        config: the run's knobs.
+
+    Returns:
+        A :class:`RunResult`; a fatal (heap ring too small, heap span exceeded, a fan-in over
+        its cap, a task larger than the ring) ends the run and is reported in it.
+
+    Raises:
+        ValueError: ``plan`` was planned for other limits.
+        RuntimeError: the simulation stalled (a bug in the simulator, never a verdict).
+
+    The pre-fix path (``alloc_election=False``) aborts the process (SIGABRT) where the seed's
+    runtime did: run it in a death-test child.
+    """
+    return _Engine(plan, alloc, config).run()

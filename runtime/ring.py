@@ -1,0 +1,288 @@
+"""A task runtime's heap ring, simulated on the allocator: single-owner ``alloc_tensors``,
+exact dependency reclaim, and the seed's pre-fix path for its mutant probe.
+
+Source: ``../shared/seeds/pto-ring-heap-and-tensormap.txt`` (PyPTO's
+``fully_distributed_within_core`` runtime: every core replays the whole orchestration, cores
+race for each task with a fetch-max claim, task outputs live on a heap ring reclaimed behind
+the completion frontier). Contract: ``../shared/DESIGN.md`` 5.3.
+
+Pieces (each in its own module, re-exported here):
+
+- :func:`plan` / :class:`Orchestrator` (``_ring_program``): run a workload's orchestration once
+  and record tasks, heap addresses, dependencies (via :mod:`runtime.tensormap`) and scopes;
+- :func:`simulate` / :class:`RingConfig` / :class:`RunResult` (``_ring_sim``): the seeded
+  multi-core simulation over one ring storage from the allocator;
+- :func:`check_trace` (``_ring_trace``): every task's inputs complete when it ran, no live heap
+  byte reused, checked by brute force over the trace;
+- :data:`WORKLOADS` (``_ring_workloads``): ``paged_attention``, ``long_span``, ``tiles``.
+
+Example::
+
+    from allocator import Allocator, AllocatorConfig
+    from runtime import ring
+
+    alloc = Allocator(AllocatorConfig(backend="sim"))
+    result = ring.run("paged_attention", ring.RingConfig(lag=((3, 16.0),)), alloc, batch=64)
+    assert result.fatal is None and not ring.check_trace(result)
+
+The command line: ``python -m runtime.ring run --workload paged_attention --batch 64
+--q-tiles 2 --cores 4 --seed 0 --replay busy-wait --lag 3:16``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from ._ring_program import HEAP, Orchestrator, Plan, PlanLimits, PlannedTask, TaskRefs, Tensor, plan
+from ._ring_sim import (
+    MASK64,
+    RECLAIM_MODES,
+    REPLAY_MODES,
+    RingConfig,
+    RunResult,
+    TaskOutputTensors,
+    simulate,
+)
+from ._ring_trace import check_trace, ground_truth_producers
+from ._ring_workloads import WORKLOADS, long_span, paged_attention, tiles
+
+__all__ = [
+    "HEAP",
+    "MASK64",
+    "RECLAIM_MODES",
+    "REPLAY_MODES",
+    "WORKLOADS",
+    "Orchestrator",
+    "Plan",
+    "PlanLimits",
+    "PlannedTask",
+    "RingConfig",
+    "RunResult",
+    "TaskOutputTensors",
+    "TaskRefs",
+    "Tensor",
+    "check_trace",
+    "format_summary",
+    "ground_truth_producers",
+    "long_span",
+    "main",
+    "paged_attention",
+    "plan",
+    "run",
+    "simulate",
+    "tiles",
+]
+
+
+def run(
+    workload: str | Callable[..., None],
+    config: RingConfig | None = None,
+    alloc=None,
+    **params,
+) -> RunResult:
+    """Plan ``workload`` for ``config`` and simulate it.
+
+    Args:
+        workload: a name in :data:`WORKLOADS` or a function ``f(orchestrator, **params)``.
+        config: the run's knobs (default ``RingConfig()``).
+        alloc: the :class:`~allocator.Allocator` the ring comes from (default: the process's
+            default allocator, configured from ``DEVMEM_*``).
+        params: the workload's sizes (e.g. ``batch=64, q_tiles=2``).
+
+    Returns:
+        The :class:`RunResult`.
+
+    Raises:
+        ValueError: an unknown workload name, or a bad size.
+        TypeError: a bad argument type.
+
+    With ``alloc_election=False`` the run may abort the process as the seed's runtime did.
+    """
+    if isinstance(workload, str):
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload={workload!r}: expected one of {', '.join(WORKLOADS)}")
+        name, function = workload, WORKLOADS[workload]
+    elif callable(workload):
+        name, function = getattr(workload, "__name__", "workload"), workload
+    else:
+        raise TypeError(f"workload must be a name or a function, got {type(workload).__name__}")
+    config = RingConfig() if config is None else config
+    if not isinstance(config, RingConfig):
+        raise TypeError(f"config must be a RingConfig, got {type(config).__name__}")
+    if alloc is None:
+        import allocator
+
+        alloc = allocator.get_allocator()
+    return simulate(plan(function, config.limits(), name, **params), alloc, config)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+_PARAMS = {  # CLI option -> (workload parameter, the workloads that take it)
+    "batch": ("batch", ("paged_attention",)),
+    "q_tiles": ("q_tiles", ("paged_attention",)),
+    "kv_blocks": ("kv_blocks", ("paged_attention",)),
+    "scopes": ("scopes", ("long_span",)),
+    "span": ("span", ("long_span",)),
+    "k": ("k", ("tiles",)),
+}
+
+
+def _lag(text: str) -> tuple[int, float]:
+    core, sep, factor = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(core), float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected CORE:FACTOR (e.g. 3:16, core 3's kernels 16x slower), got {text!r}"
+        ) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime.ring",
+        description="Simulate the heap-ring task runtime of the PTO seed on the allocator.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser(
+        "run",
+        help="run a workload to the end and print a summary",
+        description="Run a workload to the end and print a summary: tasks, completed, fatal"
+        " (or null), the largest live window in bytes, simulated time. A fatal exits with"
+        " status 1; the pre-fix path (--no-alloc-election) aborts as the seed's runtime did.",
+    )
+    cmd.add_argument("--workload", choices=sorted(WORKLOADS), default="paged_attention")
+    cmd.add_argument("--batch", type=int, help="paged_attention: sequences (required)")
+    cmd.add_argument(
+        "--q-tiles", type=int, help="paged_attention: query tiles per sequence (default 2)"
+    )
+    cmd.add_argument("--kv-blocks", type=int, help="paged_attention: KV blocks (default 2)")
+    cmd.add_argument("--scopes", type=int, help="long_span: scopes (default 8)")
+    cmd.add_argument("--span", type=int, help="long_span: updates per scope (default 100)")
+    cmd.add_argument("--k", type=int, help="tiles: producers of disjoint tiles (default 100)")
+    cmd.add_argument("--cores", type=int, default=4, help="simulated cores (default 4)")
+    cmd.add_argument("--seed", type=int, default=0, help="interleaving seed (default 0)")
+    cmd.add_argument("--replay", choices=REPLAY_MODES, default="busy-wait")
+    cmd.add_argument(
+        "--lag",
+        type=_lag,
+        action="append",
+        default=[],
+        metavar="CORE:FACTOR",
+        help="make CORE's kernels FACTOR times slower (repeatable)",
+    )
+    cmd.add_argument("--reclaim", choices=RECLAIM_MODES, default="exact")
+    cmd.add_argument("--h", type=int, default=64, help="window mode's span H (default 64)")
+    cmd.add_argument("--ring-bytes", type=int, default=1 << 20, help="default 1048576")
+    cmd.add_argument("--max-fanin", type=int, help="fan-in cap (exceeding it is fatal)")
+    cmd.add_argument(
+        "--no-alloc-election",
+        action="store_true",
+        help="the seed's pre-fix alloc_tensors path (aborts where the seed's runtime did)",
+    )
+    cmd.add_argument(
+        "--backend",
+        choices=("cpu", "sim", "cuda"),
+        help="the allocator's backend (default: DEVMEM_BACKEND, else cpu)",
+    )
+    cmd.add_argument(
+        "--check-trace",
+        action="store_true",
+        help="also check the trace: inputs complete, no live heap byte reused",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    return parser
+
+
+def format_summary(summary: dict, params: dict) -> str:
+    """The CLI's text summary of :meth:`RunResult.summary` (a pure function)."""
+    sizes = ", ".join(f"{k} {v}" for k, v in params.items())
+    lag = ", ".join(f"core {c} x{f:g}" for c, f in summary["lag"]) or "none"
+    reclaim = summary["reclaim"]
+    if reclaim == "window":
+        reclaim += f" (H={summary['h']})"
+    rows = [
+        ("workload", f"{summary['workload']} ({sizes})" if sizes else summary["workload"]),
+        ("cores", f"{summary['cores']} (seed {summary['seed']}, lag: {lag})"),
+        ("replay", summary["replay"]),
+        ("reclaim", reclaim),
+        (
+            "heap ring",
+            f"{summary['ring_bytes']} bytes, alloc election"
+            f" {'on' if summary['alloc_election'] else 'off (pre-fix)'}",
+        ),
+        ("tasks", summary["tasks"]),
+        ("completed", summary["completed"]),
+        ("fatal", summary["fatal"] if summary["fatal"] is not None else "null"),
+        ("max live window", f"{summary['max_live_window_bytes']} bytes"),
+        ("simulated time", f"{summary['sim_time_us']:.3f} us"),
+        ("tasks per core", " ".join(str(c) for c in summary["claims_per_core"])),
+        ("back-pressure", f"{summary['backpressure_waits']} waits"),
+    ]
+    if "trace_violations" in summary:
+        rows.append(("trace check", f"{len(summary['trace_violations'])} violations"))
+    return "\n".join(f"{name:<16}{value}" for name, value in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``python -m runtime.ring``). Returns the exit status: 0 when the run
+    completed (and its trace checked clean, with ``--check-trace``), 1 on a fatal or a trace
+    violation, 2 on bad arguments."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    params = {}
+    for option, (name, takers) in _PARAMS.items():
+        value = getattr(args, option)
+        if value is None:
+            continue
+        if args.workload not in takers:
+            flag = "--" + option.replace("_", "-")
+            parser.error(f"{flag} applies to {', '.join(takers)}, not to {args.workload}")
+        params[name] = value
+    if args.workload == "paged_attention" and "batch" not in params:
+        parser.error("--workload paged_attention needs --batch")
+    try:
+        config = RingConfig(
+            cores=args.cores,
+            seed=args.seed,
+            replay=args.replay,
+            lag=tuple(args.lag),
+            reclaim=args.reclaim,
+            h=args.h,
+            ring_bytes=args.ring_bytes,
+            max_fanin=args.max_fanin,
+            alloc_election=not args.no_alloc_election,
+        )
+        alloc = None
+        if args.backend is not None:
+            from allocator import Allocator, AllocatorConfig
+
+            alloc = Allocator(AllocatorConfig(backend=args.backend))
+        result = run(args.workload, config, alloc, **params)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    summary = result.summary()
+    violations = check_trace(result) if args.check_trace else None
+    if violations is not None:
+        summary["trace_violations"] = violations
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(format_summary(summary, params))
+    if result.fatal is not None:
+        print(f"fatal: {result.fatal}", file=sys.stderr)
+        return 1
+    if violations:
+        for line in violations:
+            print(f"trace: {line}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

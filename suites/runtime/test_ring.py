@@ -1,0 +1,511 @@
+"""The heap ring in-process: planning, the simulator, exact reclaim, fatals, the CLI
+(``../shared/seeds/pto-ring-heap-and-tensormap.txt``).
+
+Every simulated run here goes through :func:`simulate_checked`, which also runs the trace
+checker: every task's inputs were complete when it ran, and no live heap byte was reused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime import ring
+from runtime.ring import RingConfig
+
+from . import _ring_mutants, _ring_targets
+
+
+def simulate_checked(workload, config, alloc, **params) -> ring.RunResult:
+    """Run, then assert the trace checker finds nothing."""
+    result = ring.run(workload, config, alloc, **params)
+    violations = ring.check_trace(result)
+    assert violations == [], "\n".join(violations)
+    return result
+
+
+def completed(result: ring.RunResult) -> ring.RunResult:
+    assert result.fatal is None, result.fatal
+    assert result.completed == result.tasks == len(result.plan.tasks)
+    return result
+
+
+def test_teeth_the_helpers_fail_on_a_fatal_run_and_an_unsound_trace(make_alloc, monkeypatch):
+    fatal = ring.run("long_span", RingConfig(reclaim="window", h=8), make_alloc(), span=20)
+    with pytest.raises(AssertionError, match="heap span exceeded"):
+        completed(fatal)
+    _ring_mutants.apply("newest_only_lookup", monkeypatch)
+    with pytest.raises(AssertionError, match=r"task 101 \(reduce\) ran before its producer"):
+        simulate_checked("tiles", RingConfig(), make_alloc(), k=100)
+
+
+# -- runs that complete ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replay", ring.REPLAY_MODES)
+@pytest.mark.parametrize("reclaim", ring.RECLAIM_MODES)
+@pytest.mark.parametrize("lag", [(), ((3, 16.0),)], ids=["even", "lag"])
+def test_paged_attention_completes_with_sound_traces(make_alloc, replay, reclaim, lag):
+    config = RingConfig(replay=replay, reclaim=reclaim, lag=lag, seed=3)
+    result = completed(simulate_checked("paged_attention", config, make_alloc(), batch=16))
+    assert result.tasks == 16 * 2 * (2 + 3 * 2)
+    assert sum(result.claims) == result.tasks  # every task owned exactly once
+    assert 0 < result.max_live_window_bytes <= config.ring_bytes
+
+
+@pytest.mark.backends("cpu")
+@pytest.mark.parametrize("reclaim", ring.RECLAIM_MODES)
+def test_the_election_holds_for_every_seed(make_alloc, stress_scale, reclaim):
+    """The seed's failing configuration (busy-wait, a lagging core, batch 16) over many
+    interleavings: with the election every one completes soundly (30 seeds under
+    --stress-scale 10 and more)."""
+    alloc = make_alloc()
+    for seed in range(3 * min(stress_scale, 10)):
+        config = RingConfig(seed=seed, lag=((seed % 4, 16.0),), reclaim=reclaim)
+        completed(simulate_checked("paged_attention", config, alloc, batch=16))
+
+
+@pytest.mark.backends("cpu")  # the scheduling under test does not touch the backend
+@pytest.mark.parametrize("reclaim", ring.RECLAIM_MODES)
+@pytest.mark.parametrize("ring_bytes", [6144, 8192, 12288])
+def test_tight_rings_wait_for_reclaim_and_stay_sound(make_alloc, reclaim, ring_bytes):
+    """A kernel whose owner waits on back-pressure must not run before its slice is granted,
+    even when its producers finish meanwhile (an early simulator ran it twice)."""
+    alloc = make_alloc()
+    for seed in range(3):
+        config = RingConfig(ring_bytes=ring_bytes, seed=seed, reclaim=reclaim)
+        result = simulate_checked("paged_attention", config, alloc, batch=16)
+        assert result.waits > 0
+        if result.fatal is not None:  # a real one: every predecessor done, the task is not
+            assert result.fatal.endswith(f"(frontier F={result.fatal_task - 1})"), result.fatal
+
+
+WORKLOAD_SIZES = {
+    "paged_attention": st.fixed_dictionaries(
+        {"batch": st.integers(1, 8), "q_tiles": st.integers(1, 3), "kv_blocks": st.integers(1, 3)}
+    ),
+    "long_span": st.fixed_dictionaries(
+        {
+            "scopes": st.integers(1, 4),
+            "span": st.integers(1, 24),
+            "tile": st.sampled_from([16, 256]),
+        }
+    ),
+    "tiles": st.fixed_dictionaries({"k": st.integers(1, 30), "tile": st.sampled_from([4, 64])}),
+}
+
+
+@st.composite
+def ring_runs(draw):
+    cores = draw(st.integers(1, 6))
+    lagged = draw(st.lists(st.integers(0, cores - 1), unique=True, max_size=cores))
+    config = RingConfig(
+        cores=cores,
+        seed=draw(st.integers(0, 1000)),
+        lag=tuple((c, draw(st.sampled_from([2.0, 16.0, 64.0]))) for c in lagged),
+        reclaim=draw(st.sampled_from(ring.RECLAIM_MODES)),
+        h=draw(st.sampled_from([4, 16, 64])),
+        ring_bytes=draw(st.sampled_from([1024, 2048, 4096, 8192, 1 << 20])),
+        max_fanin=draw(st.sampled_from([None, 8])),
+    )
+    workload = draw(st.sampled_from(sorted(WORKLOAD_SIZES)))
+    return config, workload, draw(WORKLOAD_SIZES[workload])
+
+
+@pytest.mark.backends("cpu")
+def test_every_simulated_run_is_sound(make_alloc, stress_scale):
+    """Any workload, ring, reclaim rule, core count and lag: the trace is sound, and a "heap
+    ring too small" comes only once every predecessor is done."""
+    alloc = make_alloc()
+
+    examples = 40 * min(stress_scale, 5)  # the nightly run: 200 runs, about 30 s
+
+    @settings(max_examples=examples, deadline=None, derandomize=stress_scale == 1)
+    @given(ring_runs())
+    def check(run):
+        config, workload, sizes = run
+        result = simulate_checked(workload, config, alloc, **sizes)
+        if result.fatal is None:
+            completed(result)
+        elif result.fatal.startswith("heap ring too small"):
+            assert result.fatal.endswith(f"(frontier F={result.fatal_task - 1})"), result.fatal
+
+    check()
+
+
+def test_a_lagging_core_owns_fewer_tasks_and_the_run_takes_longer(make_alloc):
+    alloc = make_alloc()
+    even = simulate_checked("paged_attention", RingConfig(), alloc, batch=16)
+    lag = simulate_checked("paged_attention", RingConfig(lag=((3, 16.0),)), alloc, batch=16)
+    assert lag.claims[3] < min(lag.claims[:3]) / 4
+    assert lag.sim_time_ns > even.sim_time_ns
+
+
+def test_runs_are_deterministic_per_seed(make_alloc):
+    alloc = make_alloc()
+    runs = [
+        ring.run("paged_attention", RingConfig(seed=s, lag=((3, 4.0),)), alloc, batch=8)
+        for s in (5, 5, 6)
+    ]
+    assert runs[0].trace == runs[1].trace and runs[0].summary() == runs[1].summary()
+    assert runs[0].trace != runs[2].trace
+
+
+def test_kernel_replay_runs_ops_on_views_of_the_ring(make_alloc):
+    alloc = make_alloc()
+    before = alloc.stats().alloc_count
+    result = simulate_checked("paged_attention", RingConfig(replay="kernel"), alloc, batch=2)
+    kernels = sum(t.kind == "kernel" for t in result.plan.tasks)
+    reads = sum(len(t.reads) for t in result.plan.tasks if t.kind == "kernel")
+    # the ring, the four external tensors, and one temporary per region each kernel reads
+    assert alloc.stats().alloc_count - before == 1 + 4 + reads and reads >= kernels
+    assert result.ring.size == RingConfig().ring_bytes // 4
+    assert alloc.stats().live_buffers == 1  # the ring (the result holds it); the rest freed
+
+
+def test_busy_wait_replay_spins_for_recorded_times(make_alloc):
+    cost = 50_000
+    result = simulate_checked(
+        _one_kernel(cost), RingConfig(cores=1, jitter=0.0, replay_ns=10), make_alloc()
+    )
+    (start,) = [t for t, _, kind, _ in result.trace if kind == "start"]
+    (end,) = [t for t, _, kind, task in result.trace if kind == "end" and task == 1]
+    assert end - start == cost
+
+
+def _one_kernel(cost):
+    def one_kernel(rt):
+        with rt.scope():
+            x = rt.alloc_tensors(16).get_ref(0)
+            rt.submit("k", inouts=[x], cost_ns=cost)
+
+    return one_kernel
+
+
+# -- the heap ring's placement -----------------------------------------------------------------
+
+
+def test_outputs_are_aligned_packed_and_never_straddle_the_ring():
+    limits = ring.PlanLimits(ring_bytes=1024, align=64)
+
+    def program(rt):
+        rt.alloc_tensors(10, 1)  # 40 -> 64 bytes, 4 -> 64 bytes: [0, 128)
+        rt.alloc_tensors(200)  # 800 -> 832 bytes: [128, 960)
+        rt.alloc_tensors(40)  # 160 -> 192 bytes would straddle 1024: moves to [1024, 1216)
+        rt.submit("k", outputs=[16], cost_ns=0)  # [1216, 1280)
+
+    tasks = ring.plan(program, limits).tasks
+    assert [r.byte_range for r in tasks[0].outputs] == [(0, 40), (64, 68)]
+    assert [(t.start, t.end) for t in tasks] == [(0, 128), (128, 960), (960, 1216), (1216, 1280)]
+    assert tasks[2].outputs[0].byte_range == (1024, 1184) and tasks[2].heap_bytes == 256
+    assert ring.plan(program, limits).vend == [128, 960, 1216, 1280]
+
+
+def test_dependencies_come_from_every_overlapping_producer_and_the_owner():
+    plan = ring.plan(ring.tiles, ring.PlanLimits(ring_bytes=1 << 20), k=20, tile=16)
+    reduce = plan.tasks[-1]
+    assert reduce.deps == tuple(range(20, -1, -1))  # 20 tile producers and the alloc
+    assert plan.consumers[0] == tuple(range(1, 22))
+    assert all(t.deps == (0,) for t in plan.tasks[1:-1])
+
+
+def test_a_task_larger_than_the_ring_is_fatal_when_replayed(make_alloc):
+    result = ring.run("paged_attention", RingConfig(ring_bytes=1024), make_alloc(), batch=1)
+    assert result.fatal == "task 0 needs 1152 heap bytes, more than the heap ring's 1024"
+    assert result.completed == 0 and result.tasks == 1 and result.fatal_task == 0
+
+
+# -- fatals --------------------------------------------------------------------------------------
+
+
+def test_a_too_small_ring_is_fatal_and_keeps_the_materialized_outputs(make_alloc):
+    config = RingConfig(cores=2, ring_bytes=2048)
+    result = simulate_checked(_ring_targets.nested_scopes, config, make_alloc())
+    assert result.fatal == (
+        "heap ring too small: task 1 needs a live window of 3136 bytes, more than the ring's"
+        " 2048 (frontier F=0)"
+    )
+    assert result.fatal_task == 1 and result.completed == 1
+    outputs = result.fatal_outputs
+    assert outputs.task == 1 and [b.size for b in outputs.outputs] == [256, 16]
+    assert all(b.storage is result.ring.storage for b in outputs.outputs)
+    # the 1088-byte slice would straddle the ring's end at 2048: it starts at virtual 2048,
+    # physical byte 0, so its outputs are the ring's floats 0.. and 256..
+    assert [b.offset for b in outputs.outputs] == [0, 256]
+    assert outputs.get_ref(1) is outputs.outputs[1]
+
+
+def test_a_fanin_over_its_cap_is_a_fatal_naming_the_task(make_alloc):
+    config = RingConfig(max_fanin=16)
+    result = ring.run("tiles", config, make_alloc(), k=20)
+    assert result.fatal == (
+        "task 21 depends on 21 producers, more than max_fanin=16 (the seed's runtime silently"
+        " kept 16)"
+    )
+    assert result.completed <= 21 and result.tasks == 22 and result.fatal_task == 21
+    assert completed(simulate_checked("tiles", RingConfig(max_fanin=21), make_alloc(), k=20))
+
+
+# -- exact reclaim (open problem 1) ---------------------------------------------------------------
+
+
+LONG_SPAN = {"scopes": 6, "span": 100, "tile": 256}
+ACCUMULATOR_BYTES = 256 * 4
+"""long_span's true live set: one accumulator."""
+
+
+def test_exact_reclaim_runs_a_long_span_in_a_ring_of_its_true_live_set(make_alloc):
+    config = RingConfig(reclaim="exact", ring_bytes=ACCUMULATOR_BYTES)
+    result = completed(simulate_checked("long_span", config, make_alloc(), **LONG_SPAN))
+    assert result.max_live_window_bytes == ACCUMULATOR_BYTES
+    assert result.waits > 0  # each scope's allocation waited for the previous one's reclaim
+    # one byte less cannot hold even one accumulator
+    small = ring.run("long_span", RingConfig(ring_bytes=ACCUMULATOR_BYTES - 64), make_alloc())
+    assert small.fatal == "task 0 needs 1024 heap bytes, more than the heap ring's 960"
+
+
+def test_window_mode_with_a_small_h_is_a_heap_span_fatal(make_alloc):
+    config = RingConfig(reclaim="window", h=8, ring_bytes=ACCUMULATOR_BYTES)
+    result = ring.run("long_span", config, make_alloc(), **LONG_SPAN)
+    assert result.fatal == "heap span exceeded: task 9 reads task 0's output (span 9 > H=8)"
+    assert result.fatal_task == 9 and result.completed <= 9
+    assert ring.check_trace(result) == []
+    # with H beyond the span, window mode runs it too
+    config = RingConfig(reclaim="window", h=101, ring_bytes=ACCUMULATOR_BYTES)
+    completed(simulate_checked("long_span", config, make_alloc(), **LONG_SPAN))
+
+
+def test_teeth_window_mode_without_the_span_check_reuses_live_bytes(make_alloc, monkeypatch):
+    """The seed's window mode had no span check: its consumer read reclaimed bytes. The trace
+    checker catches it."""
+    _ring_mutants.apply("no_span_check", monkeypatch)
+    config = RingConfig(reclaim="window", h=8, ring_bytes=ACCUMULATOR_BYTES)
+    result = ring.run("long_span", config, make_alloc(), **LONG_SPAN)
+    violations = ring.check_trace(result)
+    assert any("reused ring bytes of task 0's slice" in v for v in violations), violations
+
+
+def test_teeth_exact_reclaim_that_ignores_consumers_is_caught(make_alloc, monkeypatch):
+    _ring_mutants.apply("exact_reclaim_ignores_consumers", monkeypatch)
+    config = RingConfig(ring_bytes=4096)
+    result = ring.run("paged_attention", config, make_alloc(), batch=8)
+    violations = ring.check_trace(result)
+    assert any("still needed them" in v for v in violations), violations
+
+
+# -- the TensorMap inside the runtime (open problem 2) -----------------------------------------
+
+
+def test_a_whole_buffer_reader_waits_for_every_tile_producer(make_alloc):
+    result = completed(simulate_checked("tiles", RingConfig(), make_alloc(), k=100))
+    assert len(result.plan.tasks[-1].deps) == 101
+
+
+def test_teeth_a_newest_only_tensormap_runs_the_reader_too_early(make_alloc, monkeypatch):
+    _ring_mutants.apply("newest_only_lookup", monkeypatch)
+    result = ring.run("tiles", RingConfig(), make_alloc(), k=100)
+    assert result.plan.tasks[-1].deps == (100, 0)  # the newest tile's producer, and the owner
+    violations = ring.check_trace(result)
+    assert any("task 101 (reduce) ran before its producer task" in v for v in violations)
+
+
+# -- the trace checker's own teeth ---------------------------------------------------------------
+
+
+def test_check_trace_reports_a_task_that_ran_before_its_producer(make_alloc):
+    result = simulate_checked("tiles", RingConfig(cores=2), make_alloc(), k=3)
+    trace = list(result.trace)
+    start = next(i for i, e in enumerate(trace) if e[2] == "start" and e[3] == 4)
+    event = trace.pop(start)
+    trace.insert(0, event)  # the reduce now starts before anything ended
+    forged = _replace(result, trace=tuple(trace))
+    assert any(
+        "task 4 (reduce) ran before its producer task" in v for v in ring.check_trace(forged)
+    )
+
+
+def test_check_trace_reports_double_runs_and_foreign_cores(make_alloc):
+    result = simulate_checked("tiles", RingConfig(cores=2), make_alloc(), k=3)
+    end = next(e for e in result.trace if e[2] == "end" and e[3] == 2)
+    forged = _replace(result, trace=(*result.trace, end))
+    problems = ring.check_trace(forged)
+    assert "task 2 ended 2 times" in problems
+    assert any("reports 5 tasks completed, the trace ends 6" in p for p in problems)
+    swapped = tuple(
+        (t, 1 - core, kind, task) if kind == "start" and task == 2 else (t, core, kind, task)
+        for t, core, kind, task in result.trace
+    )
+    assert "task 2 ran on a core that did not claim it" in ring.check_trace(
+        _replace(result, trace=swapped)
+    )
+
+
+def _replace(result, **changes):
+    import dataclasses
+
+    return dataclasses.replace(result, **changes)
+
+
+# -- orchestration and configuration errors ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"cores": 0}, ValueError, "cores must be >= 1"),
+        ({"cores": 2.0}, TypeError, "cores must be an integer"),
+        ({"replay": "spin"}, ValueError, "replay='spin': expected one of busy-wait, kernel"),
+        ({"reclaim": "lazy"}, ValueError, "reclaim='lazy': expected one of exact, window"),
+        ({"h": -1}, ValueError, "h must be >= 0"),
+        ({"align": 6}, ValueError, "align must be a multiple of 4"),
+        ({"ring_bytes": 1000}, ValueError, "ring_bytes=1000 must be a multiple of align=64"),
+        ({"ring_bytes": 32}, ValueError, "ring_bytes must be >= 64"),
+        ({"alloc_election": 1}, TypeError, "alloc_election must be a bool"),
+        ({"max_fanin": 0}, ValueError, "max_fanin must be >= 1"),
+        ({"replay_ns": 0}, ValueError, "replay_ns must be >= 1"),
+        ({"jitter": 1.0}, ValueError, r"jitter must be in \[0, 1\)"),
+        ({"ns_per_element": float("nan")}, ValueError, "ns_per_element must be >= 0"),
+        ({"lag": ((4, 2.0),)}, ValueError, "lag core 4 does not exist: cores are 0..3"),
+        ({"lag": ((0, 0.5),)}, ValueError, "lag factor must be a finite number >= 1"),
+        ({"lag": ((0, "x"),)}, TypeError, "lag factor must be a real number"),
+        ({"lag": ((0,),)}, ValueError, r"lag entries must be \(core, factor\) pairs"),
+    ],
+)
+def test_ring_config_rejects_bad_values(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        RingConfig(**kwargs)
+
+
+def test_the_orchestrator_rejects_misuse():
+    limits = ring.PlanLimits(ring_bytes=1 << 16)
+
+    def after_scope(rt):
+        with rt.scope():
+            x = rt.alloc_tensors(4).get_ref(0)
+        rt.submit("late", inputs=[x])
+
+    with pytest.raises(ValueError, match="task 1 uses a tensor of task 0 after its scope closed"):
+        ring.plan(after_scope, limits)
+
+    def bad(rt, case):
+        x = rt.external("x", 8)
+        if case == "one tensor":
+            rt.submit("k", inputs=x)
+        elif case == "twice":
+            rt.external("x", 8)
+        elif case == "view":
+            x.view(4, (8,))
+        elif case == "ref":
+            rt.alloc_tensors(4).get_ref(1)
+        elif case == "no sizes":
+            rt.alloc_tensors()
+        elif case == "size":
+            rt.submit("k", outputs=[0])
+        elif case == "name":
+            rt.submit("", inputs=[x])
+        elif case == "heap name":
+            rt.external("heap", 4)
+
+    for case, error, match in [
+        ("one tensor", TypeError, "inputs must be a sequence of Tensors, got one Tensor"),
+        ("twice", ValueError, "external tensor 'x' declared twice"),
+        ("view", ValueError, r"reaches outside its tensor's 8 elements"),
+        ("ref", IndexError, r"task 0 has 1 outputs; get_ref\(1\) is out of range"),
+        ("no sizes", ValueError, "alloc_tensors needs at least one size"),
+        ("size", ValueError, "output size must be >= 1"),
+        ("name", ValueError, "a kernel's name must be a non-empty str"),
+        ("heap name", ValueError, "external tensor name must be a non-empty str other than"),
+    ]:
+        with pytest.raises(error, match=match):
+            ring.plan(bad, limits, case=case)
+
+
+def test_run_rejects_bad_arguments(make_alloc):
+    with pytest.raises(ValueError, match="workload='nope': expected one of paged_attention"):
+        ring.run("nope")
+    with pytest.raises(TypeError, match="workload must be a name or a function"):
+        ring.run(3)
+    with pytest.raises(TypeError, match="config must be a RingConfig"):
+        ring.run("tiles", {"cores": 2})
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
+        ring.run("paged_attention", RingConfig(), make_alloc(), batch=0)
+    plan = ring.plan(ring.tiles, ring.PlanLimits(ring_bytes=4096), k=2)
+    with pytest.raises(ValueError, match="the plan was made for"):
+        ring.simulate(plan, make_alloc(), RingConfig())
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def test_cli_prints_a_summary(capsys):
+    assert ring.main(["run", "--batch", "4", "--q-tiles", "2", "--check-trace"]) == 0
+    out = capsys.readouterr().out
+    assert "workload        paged_attention (batch 4, q_tiles 2)\n" in out
+    assert "\ncompleted       64\n" in out and "\nfatal           null\n" in out
+    assert "\ntrace check     0 violations" in out
+
+
+def test_cli_json_and_a_fatal_exit(capsys):
+    args = ["run", "--workload", "long_span", "--span", "20", "--scopes", "2"]
+    assert ring.main([*args, "--reclaim", "window", "--h", "8", "--json"]) == 1
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["fatal"] == "heap span exceeded: task 9 reads task 0's output (span 9 > H=8)"
+    assert summary["tasks"] == 10 and summary["reclaim"] == "window"
+    assert captured.err == f"fatal: {summary['fatal']}\n"
+    assert ring.main([*args, "--json", "--backend", "sim"]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] == 2 * 22
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["run"], "--workload paged_attention needs --batch"),
+        (["run", "--batch", "4", "--span", "3"], "--span applies to long_span, not to"),
+        (["run", "--batch", "4", "--lag", "3"], "expected CORE:FACTOR"),
+        (["run", "--batch", "4", "--lag", "9:2"], "lag core 9 does not exist"),
+        (["run", "--batch", "0"], "batch must be >= 1, got 0"),
+        (["run", "--workload", "tiles", "--k", "0"], "k must be >= 1, got 0"),
+        (["run", "--batch", "4", "--replay", "x"], "invalid choice: 'x'"),
+        (["go"], "invalid choice: 'go'"),
+    ],
+)
+def test_cli_rejects_bad_arguments(capsys, argv, match):
+    with pytest.raises(SystemExit) as exc:
+        ring.main(argv)
+    assert exc.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+def test_format_summary_is_a_pure_function():
+    summary = {
+        "workload": "w",
+        "cores": 2,
+        "seed": 1,
+        "lag": [[1, 2.5]],
+        "replay": "kernel",
+        "reclaim": "window",
+        "h": 3,
+        "ring_bytes": 64,
+        "alloc_election": False,
+        "tasks": 5,
+        "completed": 4,
+        "fatal": "boom",
+        "max_live_window_bytes": 64,
+        "sim_time_us": 1.5,
+        "claims_per_core": [3, 2],
+        "backpressure_waits": 0,
+    }
+    text = ring.format_summary(summary, {"batch": 1})
+    assert text.splitlines()[:6] == [
+        "workload        w (batch 1)",
+        "cores           2 (seed 1, lag: core 1 x2.5)",
+        "replay          kernel",
+        "reclaim         window (H=3)",
+        "heap ring       64 bytes, alloc election off (pre-fix)",
+        "tasks           5",
+    ]
+    assert "fatal           boom" in text and "simulated time  1.500 us" in text

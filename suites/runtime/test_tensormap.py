@@ -1,0 +1,342 @@
+"""The TensorMap: exact strided overlap, every producer, no silent fan-in cap
+(``../shared/seeds/pto-ring-heap-and-tensormap.txt``, open problem 2).
+
+Exactness is checked differentially, with hypothesis, against brute-force sets of byte
+addresses; the seed's two defects (newest-only lookup, fan-in truncated at 16) are patched back
+in as mutants and caught by the same checks.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime import tensormap
+from runtime.tensormap import (
+    FaninExceeded,
+    Overlap,
+    Producer,
+    Region,
+    TensorMap,
+    classify,
+    gather_fanin,
+)
+
+from . import _ring_mutants
+
+# -- strategies and the brute-force model ----------------------------------------------------
+
+
+@st.composite
+def regions(draw, buffers=("a",), max_dim=4, max_offset=40):
+    ndim = draw(st.integers(1, 4))
+    return Region(
+        draw(st.sampled_from(buffers)),
+        draw(st.integers(0, max_offset)),
+        tuple(draw(st.integers(1, max_dim)) for _ in range(ndim)),
+        tuple(draw(st.integers(1, 12)) for _ in range(ndim)),
+        draw(st.sampled_from((1, 2, 4, 8))),
+    )
+
+
+def _settings(stress_scale: int, examples: int):
+    """Hypothesis settings: ``examples`` in CI, up to 10x that under ``--stress-scale`` (the
+    nightly run's 100 would take minutes for nothing a 10x run does not find)."""
+    return settings(
+        max_examples=examples * min(stress_scale, 10),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        derandomize=stress_scale == 1,  # CI is reproducible; nightly explores
+    )
+
+
+def brute_classify(entry: Region, lookup: Region) -> Overlap:
+    if entry.buffer != lookup.buffer:
+        return Overlap.NO_OVERLAP
+    e, q = entry.byte_set(), lookup.byte_set()
+    if not e & q:
+        return Overlap.NO_OVERLAP
+    return Overlap.COVERED if e <= q else Overlap.PARTIAL
+
+
+class ModelMap:
+    """The reference: a list of (region, producer), compared byte by byte."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[Region, int]] = []
+
+    def insert(self, region, producer):
+        self.entries.append((region, producer))
+
+    def lookup(self, region, inout=False):
+        found: dict[int, Overlap] = {}
+        keep = []
+        for entry, producer in self.entries:
+            overlap = brute_classify(entry, region)
+            if overlap is not Overlap.NO_OVERLAP and found.get(producer) is not Overlap.PARTIAL:
+                found[producer] = overlap
+            if not (inout and overlap is Overlap.COVERED):
+                keep.append((entry, producer))
+        self.entries = keep
+        return [Producer(p, found[p]) for p in sorted(found, reverse=True)]
+
+    def retire_below(self, task):
+        before = len(self.entries)
+        self.entries = [(r, p) for r, p in self.entries if p >= task]
+        return before - len(self.entries)
+
+
+def k_tiles(k: int, tile: int = 8) -> tuple[TensorMap, Region]:
+    """k producers each wrote one of k disjoint tiles of buffer "x"; the whole buffer."""
+    tmap = TensorMap()
+    for i in range(k):
+        tmap.insert(Region.contiguous("x", i * tile, tile), producer=i)
+    return tmap, Region.contiguous("x", 0, k * tile)
+
+
+def check_fanin_of_k_tiles(k: int) -> None:
+    """The suite's check: a whole-buffer read depends on all k tile producers."""
+    tmap, whole = k_tiles(k)
+    found = tmap.lookup(whole)
+    assert [p.task for p in found] == list(range(k - 1, -1, -1)), (
+        f"fan-in {len(found)} for {k} tile producers: {[p.task for p in found][:20]}"
+    )
+    assert {p.overlap for p in found} == {Overlap.COVERED}
+    assert gather_fanin(tmap, k, inputs=[whole]) == tuple(range(k - 1, -1, -1))
+
+
+# -- exactness against brute force -----------------------------------------------------------
+
+
+def test_classify_matches_brute_force(stress_scale):
+    @_settings(stress_scale, 400)
+    @given(regions(), regions())
+    def check(a, b):
+        a_bytes, b_bytes = a.byte_set(), b.byte_set()
+        assert a.intersects(b) == bool(a_bytes & b_bytes)
+        assert a.covers(b) == (b_bytes <= a_bytes)
+        assert classify(a, b) == brute_classify(a, b)
+
+    check()
+
+
+def test_classify_matches_brute_force_for_views_of_one_tensor(stress_scale):
+    """Same-layout views (tiles of one row-major tensor) and views with different element
+    sizes of one buffer: the reference's per-dimension case, and the byte-based one."""
+
+    @_settings(stress_scale, 200)
+    @given(st.data())
+    def check(data):
+        rows, cols = data.draw(st.integers(2, 12)), data.draw(st.integers(2, 12))
+
+        def tile():
+            r0, c0 = data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, cols - 1))
+            h, w = data.draw(st.integers(1, rows - r0)), data.draw(st.integers(1, cols - c0))
+            return Region("m", r0 * cols + c0, (h, w), (cols, 1), 4)
+
+        a, b = tile(), tile()
+        assert classify(a, b) == brute_classify(a, b)
+        as_bytes = Region("m", data.draw(st.integers(0, 4 * rows * cols)), (7,), (1,), 1)
+        assert classify(a, as_bytes) == brute_classify(a, as_bytes)
+        assert classify(as_bytes, a) == brute_classify(as_bytes, a)
+
+    check()
+
+
+def test_tensormap_matches_a_brute_force_model(stress_scale):
+    ops = st.lists(
+        st.one_of(
+            st.tuples(st.just("insert"), regions(("a", "b"), 3, 24), st.integers(0, 30)),
+            st.tuples(st.just("lookup"), regions(("a", "b"), 3, 24), st.booleans()),
+            st.tuples(st.just("retire"), st.integers(0, 30)),
+        ),
+        max_size=25,
+    )
+
+    @_settings(stress_scale, 150)
+    @given(ops)
+    def check(ops):
+        tmap, model = TensorMap(), ModelMap()
+        for op in ops:
+            if op[0] == "insert":
+                tmap.insert(op[1], op[2])
+                model.insert(op[1], op[2])
+            elif op[0] == "lookup":
+                assert tmap.lookup(op[1], inout=op[2]) == model.lookup(op[1], op[2])
+            else:
+                assert tmap.retire_below(op[1]) == model.retire_below(op[1])
+            assert len(tmap) == len(model.entries)
+
+    check()
+
+
+# -- the seed's cases ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 16, 17, 100])
+def test_k_disjoint_tiles_then_a_whole_read_has_fanin_k(k):
+    check_fanin_of_k_tiles(k)
+
+
+@pytest.mark.parametrize(
+    ("mutant", "found"), [("newest_only_lookup", 1), ("fanin_truncated_at_16", 16)]
+)
+def test_teeth_the_seeds_lookups_are_caught(monkeypatch, mutant, found):
+    _ring_mutants.apply(mutant, monkeypatch)
+    with pytest.raises(AssertionError, match=f"fan-in {found} for 100 tile producers"):
+        check_fanin_of_k_tiles(100)
+
+
+def test_the_seeds_one_dimensional_test_falsely_overlaps_column_tiles():
+    """Column tiles of a row-major 64x64 matrix: their 1-D byte ranges all intersect (the
+    seed's ``lo < e.hi && e.lo < hi``), their bytes never do."""
+    n, w = 64, 8
+    cols = [Region("m", c * w, (n, w), (n, 1), 4) for c in range(n // w)]
+    tmap = TensorMap()
+    for producer, tile in enumerate(cols):
+        tmap.insert(tile, producer)
+    for i, a in enumerate(cols):
+        assert [p.task for p in tmap.lookup(a)] == [i]
+        for b in cols[i + 1 :]:
+            (alo, ahi), (blo, bhi) = a.byte_range, b.byte_range
+            assert alo < bhi and blo < ahi  # the seed's test says "overlap"
+            assert not a.intersects(b) and not (a.byte_set() & b.byte_set())
+    # a row band covers the first tile's top rows partially and no other tile entirely
+    band = Region("m", 0, (4, n), (n, 1), 4)
+    assert {p.overlap for p in tmap.lookup(band)} == {Overlap.PARTIAL}
+    whole = Region.contiguous("m", 0, n * n)
+    assert [p.overlap for p in tmap.lookup(whole)] == [Overlap.COVERED] * len(cols)
+
+
+def test_views_with_different_element_sizes_compare_bytes():
+    floats = Region.contiguous("buf", 4, 4, elem_size=4)  # bytes 16..31
+    assert Region.contiguous("buf", 31, 1, elem_size=1).intersects(floats)
+    assert not Region.contiguous("buf", 32, 8, elem_size=1).intersects(floats)
+    halves = Region("buf", 8, (8,), (1,), 2)  # bytes 16..31, as 8 halves
+    assert halves.covers(floats) and floats.covers(halves)
+    assert classify(floats, halves) is Overlap.COVERED
+    assert not Region.contiguous("other", 4, 4).intersects(floats)
+
+
+def test_lookup_returns_every_producer_newest_first_deduplicated():
+    tmap = TensorMap()
+    tmap.insert(Region.contiguous("x", 0, 4), 3)
+    tmap.insert(Region.contiguous("x", 8, 4), 3)  # a second entry of producer 3
+    tmap.insert(Region.contiguous("x", 2, 4), 7)
+    tmap.insert(Region.contiguous("x", 100, 4), 9)  # far away
+    tmap.insert(Region.contiguous("y", 0, 64), 11)  # another buffer
+    assert tmap.lookup(Region.contiguous("x", 0, 12)) == [
+        Producer(7, Overlap.COVERED),
+        Producer(3, Overlap.COVERED),
+    ]
+    # producer 3: one entry covered, one partly outside: PARTIAL
+    assert tmap.lookup(Region.contiguous("x", 0, 10)) == [
+        Producer(7, Overlap.COVERED),
+        Producer(3, Overlap.PARTIAL),
+    ]
+    assert tmap.lookup(Region.contiguous("z", 0, 1000)) == []
+
+
+def test_an_inout_writer_removes_the_entries_it_covers():
+    tmap = TensorMap()
+    tmap.insert(Region.contiguous("x", 0, 8), 1)
+    tmap.insert(Region.contiguous("x", 4, 8), 2)  # partly outside [0, 8)
+    found = tmap.lookup(Region.contiguous("x", 0, 8), inout=True)
+    assert found == [Producer(2, Overlap.PARTIAL), Producer(1, Overlap.COVERED)]
+    assert len(tmap) == 1  # the covered entry is gone, the partial one stays
+    tmap.insert(Region.contiguous("x", 0, 8), 3)  # the INOUT writer's own entry
+    assert [p.task for p in tmap.lookup(Region.contiguous("x", 0, 1))] == [3]
+    assert [p.task for p in tmap.lookup(Region.contiguous("x", 0, 12))] == [3, 2]
+
+
+def test_retire_below_drops_old_producers_only():
+    tmap, whole = k_tiles(10)
+    assert tmap.retire_below(4) == 4
+    assert [p.task for p in tmap.lookup(whole)] == [9, 8, 7, 6, 5, 4]
+    assert tmap.retire_below(4) == 0
+    assert tmap.retire_below(100) == 6 and len(tmap) == 0
+
+
+def test_lookup_never_looks_at_other_buffers(monkeypatch):
+    tmap = TensorMap()
+    for i in range(1000):
+        tmap.insert(Region.contiguous(("other", i % 10), i, 4), i)
+    tmap.insert(Region.contiguous("mine", 0, 4), 5000)
+    looked = []
+    real = tensormap.classify
+    monkeypatch.setattr(tensormap, "classify", lambda e, q: looked.append(e) or real(e, q))
+    assert [p.task for p in tmap.lookup(Region.contiguous("mine", 0, 64))] == [5000]
+    assert len(looked) == 1
+
+
+def test_lookup_examines_only_nearby_entries(monkeypatch):
+    tmap, _ = k_tiles(10_000)
+    looked = []
+    real = tensormap.classify
+    monkeypatch.setattr(tensormap, "classify", lambda e, q: looked.append(e) or real(e, q))
+    assert [p.task for p in tmap.lookup(Region.contiguous("x", 8 * 5000 + 3, 2))] == [5000]
+    assert len(looked) <= 2
+
+
+# -- fan-in ------------------------------------------------------------------------------------
+
+
+def test_gather_fanin_dedups_across_arguments_and_prunes_inouts():
+    tmap, whole = k_tiles(4)
+    deps = gather_fanin(tmap, 9, inputs=[whole, Region.contiguous("x", 0, 8)])
+    assert deps == (3, 2, 1, 0) and len(tmap) == 4
+    deps = gather_fanin(tmap, 9, inouts=[Region.contiguous("x", 0, 16)])
+    assert deps == (1, 0) and len(tmap) == 2  # tiles 0 and 1 superseded
+
+
+def test_a_fanin_cap_that_is_exceeded_is_an_error_naming_the_task():
+    tmap, whole = k_tiles(17)
+    assert len(gather_fanin(tmap, 99, inputs=[whole], max_fanin=17)) == 17
+    with pytest.raises(FaninExceeded, match=r"task 99 depends on 17 producers.*max_fanin=16"):
+        gather_fanin(tmap, 99, inouts=[whole], max_fanin=16)
+    assert len(tmap) == 17  # nothing half-done: the inout pruning did not happen
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"start_offset": -1}, ValueError, "start_offset must be >= 0"),
+        ({"start_offset": 1.5}, TypeError, "start_offset must be an integer"),
+        ({"shape": ()}, ValueError, "at least one dimension"),
+        ({"shape": (2, 0)}, ValueError, r"shape\[1\] must be >= 1"),
+        ({"shape": 4}, TypeError, "shape must be a sequence"),
+        ({"strides": (1, 0)}, ValueError, r"strides\[1\] must be >= 1"),
+        ({"strides": (1,)}, ValueError, "differ in length"),
+        ({"strides": (True, 1)}, TypeError, r"strides\[0\] must be an integer"),
+        ({"elem_size": 0}, ValueError, "elem_size must be >= 1"),
+        ({"buffer": ["x"]}, TypeError, "buffer must be hashable"),
+    ],
+)
+def test_region_rejects_bad_input(kwargs, error, match):
+    args = {"buffer": "x", "start_offset": 0, "shape": (2, 3), "strides": (3, 1), "elem_size": 4}
+    with pytest.raises(error, match=match):
+        Region(**{**args, **kwargs})
+
+
+def test_region_defaults_to_row_major_strides():
+    region = Region("x", 5, [2, 3, 4])
+    assert region.strides == (12, 4, 1) and region.shape == (2, 3, 4)
+    assert region.byte_range == (20, 20 + 24 * 4) and region.nelems == 24
+
+
+def test_tensormap_rejects_bad_input():
+    tmap = TensorMap()
+    with pytest.raises(TypeError, match="region must be a Region"):
+        tmap.insert((0, 4), 1)
+    with pytest.raises(ValueError, match="producer must be >= 0"):
+        tmap.insert(Region.contiguous("x", 0, 4), -1)
+    with pytest.raises(TypeError, match="region must be a Region"):
+        tmap.lookup("x")
+    with pytest.raises(ValueError, match="task_id must be >= 0"):
+        tmap.retire_below(-1)
+    with pytest.raises(ValueError, match="max_fanin must be >= 1"):
+        gather_fanin(tmap, 0, max_fanin=0)
