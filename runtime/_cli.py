@@ -31,9 +31,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._knobs import POLICY_NAMES, knobs
+from ._knobs import POLICY_NAMES
 from ._model import DEFAULT_PRESET, PRESETS, ModelConfig
-from ._plan import PipelinePlan, plan_pipeline
+from ._plan import PipelinePlan, plan_pipeline, preset
 from ._report import model_summary, plan_report, policy_table, render_plan
 from ._scheduler import Action, Scheduler, SchedulerState
 from ._statefile import StateFile, StateFileError, StateHeader
@@ -145,13 +145,10 @@ def _warn(message: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> ModelConfig:
-    headroom = args.headroom
-    if headroom is None:
-        headroom = knobs().headroom
-    elif not 0 < np.float32(headroom) < 1:
-        _warn(f"--headroom {headroom:g} is not in (0, 1); using 0.1")
-    return PRESETS[args.model].with_overrides(
-        n_layers=args.layers, compile_budget=args.budget, headroom_pct=headroom
+    if args.headroom is not None and not 0 < np.float32(args.headroom) < 1:
+        _warn(f"--headroom {args.headroom:g} is not in (0, 1); using 0.1")
+    return preset(
+        args.model, n_layers=args.layers, compile_budget=args.budget, headroom_pct=args.headroom
     )
 
 

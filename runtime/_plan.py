@@ -15,7 +15,8 @@ import dataclasses
 
 import numpy as np
 
-from ._model import DEFAULT_HEADROOM, CompileConfig, ModelConfig, check_int
+from ._knobs import knobs
+from ._model import DEFAULT_HEADROOM, PRESETS, CompileConfig, ModelConfig, check_int
 
 __all__ = [
     "BudgetTracker",
@@ -24,8 +25,33 @@ __all__ = [
     "effective_headroom",
     "max_layers_per_compile",
     "plan_pipeline",
+    "preset",
     "usable_budget",
 ]
+
+
+def preset(
+    name: str,
+    *,
+    n_layers: int | None = None,
+    compile_budget: int | None = None,
+    headroom_pct: float | None = None,
+) -> ModelConfig:
+    """The preset ``name`` (a key of :data:`PRESETS`) with optional overrides.
+
+    ``headroom_pct=None`` takes ``DEVMEM_COMPILE_HEADROOM`` (read once per process), else 0.10.
+
+    Raises:
+        ValueError: an unknown name (the message lists the presets), or a bad override.
+        TypeError: an override of the wrong type.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"model={name!r}: expected one of {', '.join(sorted(PRESETS))}")
+    if headroom_pct is None:
+        headroom_pct = knobs().headroom
+    return PRESETS[name].with_overrides(
+        n_layers=n_layers, compile_budget=compile_budget, headroom_pct=headroom_pct
+    )
 
 
 def effective_headroom(headroom_pct: float) -> np.float32:

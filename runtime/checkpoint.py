@@ -57,6 +57,7 @@ __all__ = [
     "repetition_number",
     "revolve_forward_count",
     "run_checkpointed",
+    "scaled_elems",
     "sqrt_interval",
 ]
 
@@ -64,6 +65,24 @@ PARAMETRIC = {"every_n": "interval", "sequential": "segments", "revolve": "snaps
 """The policies that take a parameter (``interval`` / ``DEVMEM_CKPT_INTERVAL``), and its name."""
 
 EVERY_N_DEFAULT = 4
+
+
+DEFAULT_SCALE = 1 << 16
+"""The executor's default scale: an activation buffer holds a model's per-layer activation bytes
+divided by this (Stories42M: 36 floats, LLaMA-7B: 578)."""
+
+
+def scaled_elems(layer_activation_bytes: int, scale: int = DEFAULT_SCALE) -> int:
+    """Elements of one executor activation buffer: ``layer_activation_bytes / 4 / scale``,
+    at least 1.
+
+    Raises:
+        TypeError, ValueError: an argument is not an int (``layer_activation_bytes >= 0``,
+            ``scale >= 1``).
+    """
+    check_int("layer_activation_bytes", layer_activation_bytes, 0)
+    check_int("scale", scale, 1)
+    return max(1, layer_activation_bytes // FLOAT32_BYTES // scale)
 
 
 def sqrt_interval(n_layers: int) -> int:
@@ -108,6 +127,7 @@ class CheckpointPlan:
             their own backward, never recomputed.
         boundaries: activations kept only as restart points (``sequential``'s segment inputs);
             their layers are recomputed too. Empty for the other policies.
+        group_starts: ``boundary``'s compile-group starts; empty for the other policies.
     """
 
     policy: str
@@ -115,6 +135,7 @@ class CheckpointPlan:
     interval: int | None
     saved: tuple[int, ...]
     boundaries: tuple[int, ...] = ()
+    group_starts: tuple[int, ...] = ()
 
     @property
     def n_checkpointed(self) -> int:
@@ -296,7 +317,8 @@ def checkpoint_plan(
                 f"group_starts={list(group_starts)!r}: expected layer indices in 0 .. {n - 1},"
                 " starting with 0"
             )
-        return CheckpointPlan(policy, n, None, tuple(sorted(set(starts) | {n - 1})))
+        saved = tuple(sorted(set(starts) | {n - 1}))
+        return CheckpointPlan(policy, n, None, saved, group_starts=tuple(starts))
     if policy == "sequential":
         segments = sqrt_interval(n) if interval is None else interval
         if segments > n:

@@ -17,6 +17,7 @@ Activation checkpointing lives in :mod:`runtime.checkpoint`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ._cli import main, restart_argv
@@ -42,6 +43,7 @@ from ._plan import (
     effective_headroom,
     max_layers_per_compile,
     plan_pipeline,
+    preset,
     usable_budget,
 )
 from ._report import plan_report
@@ -87,6 +89,7 @@ __all__ = [
     "max_layers_per_compile",
     "plan_pipeline",
     "plan_report",
+    "preset",
     "restart_argv",
     "simulate",
     "state_file_bytes",
@@ -95,4 +98,10 @@ __all__ = [
 ]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # stdout closed early (`| head`): exit quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)
