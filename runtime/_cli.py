@@ -241,15 +241,7 @@ def _check_resume(header: StateHeader, config: ModelConfig, ckpt: CheckpointPlan
     """Raise :class:`RunError` unless the file was written by a run like this one."""
     mine = dataclasses.replace(config, preset="")
     theirs = header.config
-    f32 = np.float32
-    same = (
-        mine.name == theirs.name
-        and mine.dims == theirs.dims
-        and dataclasses.replace(mine.compile, headroom_pct=0.0)
-        == dataclasses.replace(theirs.compile, headroom_pct=0.0)
-        and f32(mine.compile.headroom_pct) == f32(theirs.compile.headroom_pct)
-    )
-    if not same:
+    if mine != theirs:
         raise RunError(
             f"the state file was written for {model_summary(theirs)} with {theirs.compile},"
             f" but this run is {model_summary(mine)} with {mine.compile}: resume with the"

@@ -60,9 +60,9 @@ _STRUCT = struct.Struct(
     "<II"  # sentinel, version
     f"{_NAME_BYTES}s"  # model name, UTF-8, NUL padded
     "7i"  # dims: n_layers dim hidden_dim n_heads n_kv_heads vocab_size seq_len
-    "4if"  # compile: budget kernels_per_layer static_per_layer accum_steps headroom_pct
+    "4id"  # compile: budget kernels_per_layer static_per_layer accum_steps headroom_pct
     "16s i"  # checkpoint policy name, interval (0: the policy's default)
-    "5i2f"  # scheduler: phase group step accum_step total_steps learning_rate last_loss
+    "5i2d"  # scheduler: phase group step accum_step total_steps learning_rate last_loss
     "i6I"  # restarts, one counter per Action
     "6Q"  # offsets: weights adam grads acts global, total_size
 )
