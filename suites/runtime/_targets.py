@@ -13,6 +13,7 @@ import os
 import allocator
 from runtime import checkpoint, pipeline
 
+from ..allocator import _fake_cupy
 from . import _mutants
 
 
@@ -71,3 +72,26 @@ def train(argv: list, mutant: str | None = None) -> None:
     process image at each restart and exits from the last one."""
     _mutants.apply(mutant)
     raise SystemExit(pipeline.main(argv))
+
+
+def executor_over_fake_cupy(latency: int) -> dict:
+    """The executor on the ``cuda`` backend over the allocator suites' fake CuPy (no GPU):
+    every policy's run against its prediction, and blocks freed while a kernel used them."""
+    fake = _fake_cupy.install(total_bytes=1 << 24, latency=latency)
+    config = allocator.AllocatorConfig(backend="cuda", arena_debug="raise")
+    mismatches = []
+    for policy, interval in [("all", None), ("sqrt", None), ("none", None), ("every_n", 3),
+                             ("sequential", 4), ("revolve", 3)]:  # fmt: skip
+        plan = checkpoint.checkpoint_plan(policy, 20, interval=interval, group_starts=[0])
+        alloc = allocator.Allocator(config)
+        run = checkpoint.run_checkpointed(alloc, plan, elems=32)
+        predicted = plan.predict()
+        if (run.forward_calls, run.peak_bytes, run.kept, run.result) != (
+            predicted.forward_calls,
+            predicted.peak_bytes(32),
+            plan.saved,
+            checkpoint.chain_result(20),
+        ):
+            mismatches.append(policy)
+        alloc.empty_cache()
+    return {"mismatches": mismatches, "violations": len(fake.violations), "backend": alloc.backend}

@@ -24,6 +24,8 @@ from runtime.checkpoint import (
     run_checkpointed,
 )
 
+from . import _targets
+
 ELEMS = 16
 LAYERS = range(1, 65)
 PARAMETERS = {
@@ -230,6 +232,12 @@ def test_the_detector_sees_no_use_after_free(make_alloc):
         plan = checkpoint_plan(policy, 24, interval=interval)
         check_run(plan, run_checkpointed(alloc, plan, elems=ELEMS), ELEMS)
         alloc = make_alloc(arena_debug="raise")
+
+
+@pytest.mark.parametrize("latency", [0, 3], ids=["events-done", "events-pending"])
+def test_on_the_cuda_backend_over_a_fake_cupy(death, latency):
+    report = death.run(_targets.executor_over_fake_cupy, latency).assert_clean().returned
+    assert report == {"mismatches": [], "violations": 0, "backend": "cuda"}
 
 
 # -- bad input ------------------------------------------------------------------------------------
