@@ -70,6 +70,15 @@ _CRC = struct.Struct("<I")
 assert _STRUCT.size + _CRC.size <= HEADER_BYTES
 
 
+_REGIONS = {
+    "layer_weights": ("layer_weights", layer_weight_bytes),
+    "layer_adam": ("layer_adam", layer_adam_bytes),
+    "layer_grads": ("layer_grads", layer_gradient_bytes),
+    "layer_acts": ("layer_acts", layer_activation_bytes),
+}
+"""Per-layer region accessor -> (its offset in :class:`Layout`, bytes per layer)."""
+
+
 class StateFileError(ValueError):
     """A state file that cannot be used: too small, not ours, truncated or corrupt."""
 
@@ -363,13 +372,15 @@ class StateFile:
         mapping.flush(0, HEADER_BYTES)
         self.header = header
 
-    def _region(self, offset: int, per_layer: int, layer: int, what: str) -> np.ndarray:
+    def _region(self, what: str, layer: int) -> np.ndarray:
         n_layers = self.header.config.dims.n_layers
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise TypeError(f"layer must be an int, got {type(layer).__name__} {layer!r}")
         if not 0 <= layer < n_layers:
             raise IndexError(f"{what}({layer}): expected a layer in 0 .. {n_layers - 1}")
-        start = offset + layer * per_layer
+        offset_field, layer_bytes = _REGIONS[what]
+        per_layer = layer_bytes(self.header.config.dims)
+        start = getattr(self.header.layout, offset_field) + layer * per_layer
         return np.frombuffer(self._mapping(), np.float32, per_layer // FLOAT32_BYTES, offset=start)
 
     def layer_weights(self, layer: int) -> np.ndarray:
@@ -380,31 +391,19 @@ class StateFile:
             TypeError: ``layer`` is not an int.
             ValueError: the file is closed.
         """
-        dims = self.header.config.dims
-        return self._region(
-            self.header.layout.layer_weights, layer_weight_bytes(dims), layer, "layer_weights"
-        )
+        return self._region("layer_weights", layer)
 
     def layer_adam(self, layer: int) -> np.ndarray:
         """Layer ``layer``'s Adam state (m then v). Raises as :meth:`layer_weights`."""
-        dims = self.header.config.dims
-        return self._region(
-            self.header.layout.layer_adam, layer_adam_bytes(dims), layer, "layer_adam"
-        )
+        return self._region("layer_adam", layer)
 
     def layer_grads(self, layer: int) -> np.ndarray:
         """Layer ``layer``'s gradient accumulators. Raises as :meth:`layer_weights`."""
-        dims = self.header.config.dims
-        return self._region(
-            self.header.layout.layer_grads, layer_gradient_bytes(dims), layer, "layer_grads"
-        )
+        return self._region("layer_grads", layer)
 
     def layer_acts(self, layer: int) -> np.ndarray:
         """Layer ``layer``'s activation checkpoint. Raises as :meth:`layer_weights`."""
-        dims = self.header.config.dims
-        return self._region(
-            self.header.layout.layer_acts, layer_activation_bytes(dims), layer, "layer_acts"
-        )
+        return self._region("layer_acts", layer)
 
     def global_region(self) -> np.ndarray:
         """The global tensors (final RMSNorm, embeddings, their Adam states and gradients).

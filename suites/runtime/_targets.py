@@ -8,6 +8,7 @@ argument patches a seed bug back in first (:mod:`suites.runtime._mutants`).
 
 from __future__ import annotations
 
+import gc
 import os
 
 import allocator
@@ -95,3 +96,31 @@ def executor_over_fake_cupy(latency: int) -> dict:
             mismatches.append(policy)
         alloc.empty_cache()
     return {"mismatches": mismatches, "violations": len(fake.violations), "backend": alloc.backend}
+
+
+def executor_under_gc() -> dict:
+    """The executor with the cyclic collector run at (nearly) every allocation, each run
+    reference-cycled so finalizers fire mid-run: predictions must still hold, nothing leak."""
+    collections = []
+    gc.callbacks.append(lambda phase, info: phase == "stop" and collections.append(1))
+    gc.set_threshold(1, 1, 1)
+    mismatches, leaks = [], []
+    for policy, interval in [("sqrt", None), ("sequential", 3), ("revolve", 2), ("none", None)]:
+        plan = checkpoint.checkpoint_plan(policy, 24, interval=interval)
+        alloc = allocator.Allocator()  # fresh, from this process's DEVMEM_* configuration
+        cycle: list = []
+        cycle.append(cycle)  # garbage for the collector to find during the run
+        run = checkpoint.run_checkpointed(alloc, plan, elems=8)
+        predicted = plan.predict()
+        if (run.forward_calls, run.peak_bytes) != (
+            predicted.forward_calls,
+            predicted.peak_bytes(8),
+        ):
+            mismatches.append(policy)
+        del cycle
+        gc.collect()
+        stats = alloc.stats()
+        if stats.live_bytes or stats.arena_depth:
+            leaks.append(policy)
+        alloc.empty_cache()
+    return {"mismatches": mismatches, "leaks": leaks, "collections": len(collections) > 100}

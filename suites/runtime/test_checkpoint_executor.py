@@ -240,6 +240,12 @@ def test_on_the_cuda_backend_over_a_fake_cupy(death, latency):
     assert report == {"mismatches": [], "violations": 0, "backend": "cuda"}
 
 
+def test_with_the_collector_running_at_every_allocation(death, pin):
+    outcome = death.run(_targets.executor_under_gc, env=pin(), timeout=60)
+    report = outcome.assert_clean().returned
+    assert report == {"mismatches": [], "leaks": [], "collections": True}
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 
