@@ -298,7 +298,7 @@ def test_plan_text(capsys):
     assert "group 1: layers [17..32)  15 layers,  90 kernels (75 weight + 15 static)" in out
     assert "budget tracker threshold: 107 kernels per process" in out
     assert "8/32 layers saved: 0 5 10 15 20 25 30 31" in out
-    assert "  sqrt               5              8       75%" in out
+    assert "  sqrt               5              8    10       75%" in out
 
 
 @pytest.mark.parametrize(
