@@ -420,7 +420,12 @@ class StateFile:
         )
 
     def close(self) -> None:
-        """Flush and unmap the file and close it (it stays on disk). Idempotent."""
+        """Flush and unmap the file and close it (it stays on disk). Idempotent.
+
+        Raises:
+            ValueError: an array returned by an accessor is still alive (it points into the
+                mapping); the file stays open and usable.
+        """
         if self._map is None:
             return
         mapping = self._map

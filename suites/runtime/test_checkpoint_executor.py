@@ -35,7 +35,7 @@ PARAMETERS = {
     "none": [None],
     "every_n": [1, 2, 3, 4, 7],
     "sequential": [1, 2, 3, 5, 8],
-    "revolve": [1, 2, 3, 5, 8],
+    "revolve": [2, 3, 5, 8],  # s = 1 in the revolve test below
 }
 
 

@@ -326,3 +326,15 @@ def test_plan_headroom_out_of_range_warns_and_uses_the_default(capsys):
     assert json.loads(out)["usable_budget"] == 107
     _, out, _ = _run(capsys, "plan", "--model", "llama7b", "--headroom", "0.2", "--json")
     assert json.loads(out)["groups"] == [[0, 15, 90], [15, 30, 90], [30, 32, 12]]
+
+
+@pytest.mark.parametrize("module", ["runtime.pipeline", "runtime.checkpoint"])
+def test_public_surface(module):
+    import importlib
+
+    mod = importlib.import_module(module)
+    assert len(mod.__all__) == len(set(mod.__all__))
+    for name in mod.__all__:
+        value = getattr(mod, name)
+        if callable(value):
+            assert value.__doc__, f"{module}.{name} has no docstring"
