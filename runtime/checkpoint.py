@@ -256,8 +256,8 @@ def _every(n: int, k: int) -> tuple[int, ...]:
 
 
 def checkpoint_plan(
-    policy: str | None = None,
-    n_layers: int = 1,
+    policy: str | None,
+    n_layers: int,
     *,
     interval: int | None = None,
     group_starts: tuple[int, ...] | list[int] | None = None,
