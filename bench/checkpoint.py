@@ -1,0 +1,264 @@
+"""Benchmark: peak memory and recomputation of each checkpoint policy, measured on the allocator.
+
+For chains of N = 8, 16, ..., 1024 layers, every policy runs through the executor
+(``runtime.checkpoint.run_checkpointed``) on a fresh allocator: the peak live bytes come from the
+allocator's own statistics, the forward calls from the executor. Each row is set against its
+bound: Chen et al.'s ``k + ceil(N/k)`` activations for the segment policies (k segments of
+``ceil(N/k)`` layers: the ``sqrt``, ``every_n`` and ``sequential`` plans) and, for ``revolve``
+with ``s`` snapshots, Griewank and Walther's minimal recomputation ``t(N, s)`` with at most
+``s+1`` activations live. A second sweep, at N = 1024, traces the memory/recompute trade-off of
+each family (``every_n`` over its interval, ``sequential`` over its segments, ``revolve`` over
+its snapshots).
+
+Units: a buffer is one layer's activation scaled down (``--elems`` float32 elements); "peak
+buffers" is the allocator's ``peak_bytes`` divided by the buffer size (input, activations and
+the gradient, two during each backward); "activations" is the most layer activations live at
+once; "recomputes" is the forward calls beyond one per layer. Time is the median wall time of
+one run (``--repeat`` runs), for information only.
+
+Usage::
+
+    .venv/bin/python bench/checkpoint.py [--quick] [--repeat 3] [--backend cpu] [--check]
+
+Prints a table, writes JSON (default ``bench/results/checkpoint.json``) and plots
+``bench/results/checkpoint.png`` (matplotlib, the ``plot`` extra; skipped with a message when it
+is missing). Exits non-zero only under ``--check``, when a measurement differs from the plan's
+prediction or a bound is broken. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from allocator import Allocator, AllocatorConfig  # noqa: E402
+from runtime.checkpoint import (  # noqa: E402
+    checkpoint_plan,
+    revolve_forward_count,
+    run_checkpointed,
+    sqrt_interval,
+)
+
+SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+GROUP_LAYERS = 17  # the presets' compile groups (107 usable kernels, 6 per layer)
+RESULTS = ROOT / "bench" / "results"
+
+
+def policies(n: int) -> list[tuple[str, int | None]]:
+    """The policies of the main table for ``n`` layers, with their parameters."""
+    k = sqrt_interval(n)
+    rows = [
+        ("all", None),
+        ("none", None),
+        ("boundary", None),
+        ("sqrt", None),
+        ("every_n", 4),
+        ("sequential", k),
+        ("revolve", k),
+    ]
+    return rows if k == 2 else [*rows, ("revolve", 2)]
+
+
+def chen_bound(policy: str, n: int, interval: int | None) -> int | None:
+    """Chen's ``k + ceil(N/k)`` activations for a plan of segments, else None."""
+    if policy in ("sqrt", "every_n"):  # segments of `interval` layers
+        return interval + math.ceil(n / interval)
+    if policy == "sequential":  # `interval` segments
+        return interval + math.ceil(n / interval)
+    return None
+
+
+def measure(policy: str, n: int, interval: int | None, args: argparse.Namespace) -> dict:
+    """One policy over ``n`` layers, ``args.repeat`` runs on fresh allocators."""
+    starts = list(range(0, n, GROUP_LAYERS)) if policy == "boundary" else None
+    plan = checkpoint_plan(policy, n, interval=interval, group_starts=starts)
+    predicted = plan.predict()
+    times, run = [], None
+    for _ in range(args.repeat):
+        alloc = Allocator(AllocatorConfig(backend=args.backend))
+        start = time.perf_counter()
+        run = run_checkpointed(alloc, plan, elems=args.elems)
+        times.append(time.perf_counter() - start)
+    assert run is not None
+    row = {
+        "n_layers": n,
+        "policy": policy,
+        "interval": plan.interval,
+        "n_checkpointed": plan.n_checkpointed,
+        "peak_bytes": run.peak_bytes,
+        "peak_buffers": run.peak_bytes // run.buffer_bytes,
+        "peak_activations": run.peak_activations,
+        "recomputes": run.recomputes,
+        "chen_bound": chen_bound(policy, n, plan.interval),
+        "time_ms": statistics.median(times) * 1e3,
+        "matches_prediction": (
+            run.forward_calls == predicted.forward_calls
+            and run.peak_bytes == predicted.peak_bytes(args.elems)
+            and run.result == 1 + n * (n + 3) / 2
+        ),
+    }
+    problems = [] if row["matches_prediction"] else ["differs from the plan's prediction"]
+    if policy in ("sqrt", "every_n") and row["peak_activations"] > row["chen_bound"]:
+        problems.append("above Chen's bound")
+    if policy == "revolve":
+        row["revolve_minimum"] = revolve_forward_count(n, plan.interval)
+        if row["recomputes"] != row["revolve_minimum"]:
+            problems.append("not Revolve's minimum")
+        if row["peak_activations"] > plan.interval + 1:
+            problems.append("more than s+1 activations")
+    row["problems"] = problems
+    row["note"] = ""
+    if policy == "sequential" and row["peak_activations"] > row["chen_bound"]:
+        # checkpoint_sequential's last segment takes the remainder of N // k and runs plain
+        row["note"] = "above: the plain last segment holds the remainder"
+    return row
+
+
+def tradeoff(n: int, args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Each family over its parameter at ``n`` layers: (activations, recomputes) points."""
+    families = {
+        "every_n": [("every_n", k) for k in range(1, 65)],
+        "sequential": [("sequential", k) for k in range(1, 65)],
+        "revolve": [("revolve", s) for s in range(2, 65)],
+        "sqrt": [("sqrt", None)],
+    }
+    quick = argparse.Namespace(**{**vars(args), "repeat": 1})
+    return {
+        family: [measure(policy, n, k, quick) for policy, k in points]
+        for family, points in families.items()
+    }
+
+
+def render(rows: list[dict]) -> str:
+    """The main table as text."""
+    head = (
+        f"{'N':>5} {'policy':<11} {'k/s':>4} {'saved':>5} {'peak buffers':>12} "
+        f"{'activations':>11} {'bound':>7} {'recomputes':>10} {'minimum':>8} {'ms':>7}  ok"
+    )
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        interval = "" if row["interval"] is None else str(row["interval"])
+        bound = "" if row["chen_bound"] is None else str(row["chen_bound"])
+        if row["policy"] == "revolve":
+            bound = f"<={row['interval'] + 1}"
+        minimum = str(row.get("revolve_minimum", ""))
+        ok = "yes" if not row["problems"] else "NO: " + ", ".join(row["problems"])
+        if row["note"]:
+            ok += f" ({row['note']})"
+        lines.append(
+            f"{row['n_layers']:>5} {row['policy']:<11} {interval:>4} {row['n_checkpointed']:>5}"
+            f" {row['peak_buffers']:>12} {row['peak_activations']:>11} {bound:>7}"
+            f" {row['recomputes']:>10} {minimum:>8} {row['time_ms']:>7.1f}  {ok}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], curves: dict[str, list[dict]], n_curve: int, path: Path) -> str:
+    """Draw the two panels to ``path``; returns a message (written, or why not)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return (
+            "no plot: matplotlib is not installed (pip install 'devmem-harness[plot]',"
+            " or pass --no-plot)"
+        )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series: dict[str, list[dict]] = {}
+    for row in rows:
+        label = row["policy"] + (" s=2" if row["policy"] == "revolve" and row["interval"] == 2
+                                 else "")  # fmt: skip
+        series.setdefault(label, []).append(row)
+    for label, points in series.items():
+        left.plot(
+            [p["n_layers"] for p in points],
+            [p["peak_activations"] for p in points],
+            marker="o",
+            markersize=3,
+            linestyle="--" if label == "none" else "-",  # on top of "all": both hold N
+            label=label,
+        )
+    sizes = sorted({row["n_layers"] for row in rows})
+    left.plot(sizes, [2 * math.sqrt(n) for n in sizes], "k--", linewidth=1, label="2*sqrt(N)")
+    left.set(xscale="log", yscale="log", xlabel="layers N", ylabel="peak activations live",
+             title="Memory: most activations live at once (revolve: s = sqrt N)")  # fmt: skip
+    left.legend(fontsize=7, ncol=2)
+    for family, points in curves.items():
+        style = {"marker": "*", "s": 150} if family == "sqrt" else {"marker": "o", "s": 12}
+        right.scatter(
+            [p["peak_activations"] for p in points],
+            [p["recomputes"] for p in points],
+            label=family,
+            zorder=3 if family == "sqrt" else 2,
+            **style,
+        )
+    right.set(xscale="log", yscale="log", xlabel="peak activations live",
+              ylabel="recomputed forward calls",
+              title=f"Trade-off at N = {n_curve} (each family over its parameter)")  # fmt: skip
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per row (default 3)")
+    parser.add_argument("--quick", action="store_true", help="N up to 128 only (a smoke run)")
+    parser.add_argument("--backend", choices=("cpu", "sim"), default="cpu")
+    parser.add_argument("--elems", type=int, default=64, help="floats per buffer (default 64)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "checkpoint.json")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "checkpoint.png")
+    parser.add_argument("--no-plot", action="store_true", help="skip the plot")
+    parser.add_argument("--check", action="store_true", help="exit 1 if any row is not ok")
+    args = parser.parse_args(argv)
+    if args.repeat < 1 or args.elems < 1:
+        parser.error("--repeat and --elems must be >= 1")
+    sizes = [n for n in SIZES if n <= 128] if args.quick else list(SIZES)
+    started = time.perf_counter()
+    rows = []
+    for n in sizes:
+        for policy, interval in policies(n):
+            rows.append(measure(policy, n, interval, args))
+        print(f"  N={n}: done ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    n_curve = sizes[-1]
+    curves = tradeoff(n_curve, args)
+    print(render(rows))
+    results = {
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "backend": args.backend,
+        "elems": args.elems,
+        "repeat": args.repeat,
+        "rows": rows,
+        "tradeoff": {"n_layers": n_curve, "families": curves},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nwrote {args.out}")
+    if not args.no_plot:
+        print(plot(rows, curves, n_curve, args.plot))
+    bad = [row for row in rows + [p for ps in curves.values() for p in ps] if row["problems"]]
+    if bad:
+        print(f"{len(bad)} row(s) not ok", file=sys.stderr)
+    return 1 if args.check and bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""``python -m runtime.pipeline``: plan a model's pipeline, manage state files, dry-run training.
+
+Commands::
+
+    plan  --model NAME [--layers N] [--budget B] [--headroom H]
+          [--checkpoint POLICY] [--interval K] [--json]
+    state create PATH --model NAME [--layers N] [--budget B] [--headroom H]
+    state show PATH [--json]
+    train --model NAME [--checkpoint POLICY] [--interval K] --steps N --state PATH --dry-run
+          [--lr LR] [--keep-state]
+
+``train`` drives the scheduler. At each ``EXEC_RESTART`` it saves its state to the state file
+and ``os.execv``\\ s itself with its full argument list plus ``--resume`` (the seed's restart kept
+only ``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default Stories110M); the new
+process checks that the file was written for the same model, compile config, policy and step
+count, and goes on. Progress goes to stderr; the run ends with one JSON object on stdout:
+``model``, ``restarts``, ``steps_done``, ``actions`` (a count per action), ``groups``, ``pid``.
+
+Exit status: 0 on success, 1 for an unusable state file or a resume that does not match it,
+2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._knobs import POLICY_NAMES
+from ._model import DEFAULT_PRESET, PRESETS, ModelConfig
+from ._plan import PipelinePlan, plan_pipeline, preset
+from ._report import model_summary, plan_report, policy_table, render_plan
+from ._scheduler import Action, Scheduler, SchedulerState
+from ._statefile import StateFile, StateFileError, StateHeader
+from .checkpoint import CheckpointPlan, checkpoint_plan
+
+__all__ = ["main", "restart_argv"]
+
+PROG = "python -m runtime.pipeline"
+
+
+class UsageError(Exception):
+    """Bad arguments found after parsing (exit status 2)."""
+
+
+class RunError(Exception):
+    """A run that cannot go on: an unusable state file or a mismatched resume (status 1)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    model = argparse.ArgumentParser(add_help=False)
+    group = model.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        choices=sorted(PRESETS),
+        default=DEFAULT_PRESET,
+        help=f"preset (default {DEFAULT_PRESET})",
+    )
+    group.add_argument("--layers", type=_positive_int, help="override the preset's layer count")
+    group.add_argument("--budget", type=_positive_int, help="compile budget (default 119)")
+    group.add_argument(
+        "--headroom",
+        type=_fraction,
+        help="compile-budget headroom in (0, 1) (default DEVMEM_COMPILE_HEADROOM, else 0.1);"
+        " other values fall back to 0.1 with a warning",
+    )
+    ckpt = argparse.ArgumentParser(add_help=False)
+    group = ckpt.add_argument_group("checkpointing")
+    group.add_argument(
+        "--checkpoint",
+        choices=POLICY_NAMES,
+        type=str.lower,
+        help="checkpoint policy (default DEVMEM_CKPT_POLICY, else all)",
+    )
+    group.add_argument(
+        "--interval",
+        type=_positive_int,
+        help="the policy's parameter: every_n's interval, sequential's segments, revolve's"
+        " snapshots (default DEVMEM_CKPT_INTERVAL, else the policy's default)",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Plan an ANE training pipeline: compile groups, memory, FLOPs, activation"
+        " checkpoints; manage its exec()-restart state file; dry-run its scheduler.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    plan = commands.add_parser(
+        "plan", parents=[model, ckpt], help="print the pipeline and checkpoint plan"
+    )
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+
+    state = commands.add_parser("state", help="create or inspect a state file")
+    state_commands = state.add_subparsers(dest="state_command", required=True, metavar="ACTION")
+    create = state_commands.add_parser("create", parents=[model], help="create a state file")
+    create.add_argument("path", metavar="PATH")
+    show = state_commands.add_parser("show", help="print a state file's header")
+    show.add_argument("path", metavar="PATH")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+
+    train = commands.add_parser(
+        "train", parents=[model, ckpt], help="dry-run training with exec() restarts"
+    )
+    train.add_argument("--steps", type=_positive_int, required=True, help="training steps")
+    train.add_argument("--state", required=True, metavar="PATH", help="the state file")
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="simulate the kernels (required: live ANE training is not implemented)",
+    )
+    train.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
+    train.add_argument(
+        "--keep-state", action="store_true", help="keep the state file after the run"
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue from the state file (after exec())"
+    )
+    return parser
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _config(args: argparse.Namespace) -> ModelConfig:
+    if args.headroom is not None and not 0 < np.float32(args.headroom) < 1:
+        _warn(f"--headroom {args.headroom:g} is not in (0, 1); using 0.1")
+    return preset(
+        args.model, n_layers=args.layers, compile_budget=args.budget, headroom_pct=args.headroom
+    )
+
+
+def _plans(args: argparse.Namespace) -> tuple[PipelinePlan, CheckpointPlan]:
+    config = _config(args)
+    try:
+        plan = plan_pipeline(config)
+        ckpt = checkpoint_plan(
+            args.checkpoint,
+            config.dims.n_layers,
+            interval=args.interval,
+            group_starts=plan.group_starts,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return plan, ckpt
+
+
+def _plan(args: argparse.Namespace) -> int:
+    plan, ckpt = _plans(args)
+    report = plan_report(plan, ckpt)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(render_plan(report, policy_table(plan)))
+    return 0
+
+
+def _open(path: str) -> StateFile:
+    try:
+        return StateFile.open(path)
+    except StateFileError as exc:
+        raise RunError(str(exc)) from None
+    except OSError as exc:
+        raise RunError(f"cannot open state file {path}: {exc.strerror or exc}") from None
+
+
+def _create(path: str, config: ModelConfig, **header) -> StateFile:
+    try:
+        return StateFile.create(path, config, **header)
+    except OSError as exc:
+        raise RunError(f"cannot create state file {path}: {exc.strerror or exc}") from None
+
+
+def _state(args: argparse.Namespace) -> int:
+    if args.state_command == "create":
+        config = _config(args)
+        try:
+            plan_pipeline(config)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        _create(args.path, config).close()
+        size = StateHeader(config, "all", 0, SchedulerState()).to_dict()["total_size"]
+        print(f"created {args.path}: {model_summary(config)}, {size:,} bytes (sparse)")
+        return 0
+    with _open(args.path) as state:
+        info = state.header.to_dict()
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    s, d = info["scheduler"], info["dims"]
+    lines = [
+        f"{args.path}: state file version {info['version']} (sentinel {info['sentinel']})",
+        f"  model {info['model']}: " + " ".join(f"{k}={v}" for k, v in d.items()),
+        "  compile: " + " ".join(f"{k}={v}" for k, v in info["compile"].items()),
+        f"  checkpoint: {info['checkpoint']['policy']}"
+        f" (interval {info['checkpoint']['interval'] or 'default'})",
+        f"  scheduler: phase={s['phase']} group={s['group']} step={s['step']}/{s['total_steps']}"
+        f" accum_step={s['accum_step']} lr={s['learning_rate']:g} last_loss={s['last_loss']:g}",
+        f"  restarts={info['restarts']} actions: "
+        + " ".join(f"{k}={v}" for k, v in info["actions"].items()),
+        "  offsets: "
+        + " ".join(f"{k}={v}" for k, v in info["offsets"].items())
+        + f" total_size={info['total_size']}",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def restart_argv(argv: Sequence[str]) -> list[str]:
+    """The command an ``EXEC_RESTART`` runs: this interpreter, ``-m runtime.pipeline``, the
+    full ``argv`` it was given and ``--resume`` (once)."""
+    args = list(argv)
+    if "--resume" not in args:
+        args.append("--resume")
+    return [sys.executable, "-m", "runtime.pipeline", *args]
+
+
+def _check_resume(header: StateHeader, config: ModelConfig, ckpt: CheckpointPlan, steps: int):
+    """Raise :class:`RunError` unless the file was written by a run like this one."""
+    mine = dataclasses.replace(config, preset="")
+    theirs = header.config
+    if mine != theirs:
+        raise RunError(
+            f"the state file was written for {model_summary(theirs)} with {theirs.compile},"
+            f" but this run is {model_summary(mine)} with {mine.compile}: resume with the"
+            " arguments of the run that wrote it"
+        )
+    if (header.checkpoint_policy, header.checkpoint_interval) != (ckpt.policy, ckpt.interval or 0):
+        raise RunError(
+            f"the state file was written with checkpoint policy {header.checkpoint_policy!r}"
+            f" (interval {header.checkpoint_interval}), this run uses {ckpt.policy!r}"
+            f" (interval {ckpt.interval or 0})"
+        )
+    if header.scheduler.total_steps != steps:
+        raise RunError(
+            f"the state file was written for --steps {header.scheduler.total_steps}, this run"
+            f" has --steps {steps}"
+        )
+
+
+def _simulate(state: StateFile, plan: PipelinePlan, action: Action, scheduler: Scheduler) -> None:
+    """Touch the mapped tensors as the action would: backward adds one pass to each layer's
+    first gradient; the weight update checks that all ``accum_steps`` passes are there (across
+    restarts) and clears them."""
+    # Statement-long views only: a view kept alive would stop the file from closing.
+    group = plan.groups[scheduler.state.group]
+    if action is Action.RUN_BACKWARD_GROUP:
+        for layer in range(group.start, group.end):
+            state.layer_grads(layer)[0] += 1.0
+    elif action is Action.WEIGHT_UPDATE:
+        expected = plan.config.compile.accum_steps
+        for layer in range(plan.config.dims.n_layers):
+            passes = float(state.layer_grads(layer)[0])
+            if passes != expected:
+                raise RunError(
+                    f"layer {layer} accumulated {passes:g} backward passes, expected"
+                    f" {expected}: the state file lost gradients across a restart"
+                )
+            state.layer_weights(layer)[0] -= scheduler.state.learning_rate * passes
+            state.layer_grads(layer)[0] = 0.0
+
+
+def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if not args.dry_run:
+        raise UsageError("train: live ANE training is not implemented; pass --dry-run")
+    plan, ckpt = _plans(args)
+    config = plan.config
+    if args.resume:
+        state = _open(args.state)
+        header = state.header
+        try:
+            _check_resume(header, config, ckpt, args.steps)
+            scheduler = Scheduler(config, args.steps, state=header.scheduler)
+        except (RunError, ValueError) as exc:
+            state.close()
+            raise RunError(f"cannot resume from {args.state}: {exc}") from None
+        print(f"[pipeline] resumed: {scheduler.describe()}", file=sys.stderr, flush=True)
+    else:
+        scheduler = Scheduler(config, args.steps, learning_rate=args.lr)
+        state = _create(
+            args.state,
+            config,
+            checkpoint_policy=ckpt.policy,
+            checkpoint_interval=ckpt.interval or 0,
+            scheduler=scheduler.state,
+        )
+        header = state.header
+        groups = " ".join(f"[{g.start}..{g.end})" for g in plan.groups)
+        print(
+            f"[pipeline] {model_summary(config)}: groups {groups}, checkpoint {ckpt.policy}"
+            f" ({ckpt.n_checkpointed}/{config.dims.n_layers} saved), {args.steps} step(s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    counts = list(header.action_counts)
+    with state:
+        while True:
+            action = scheduler.next_action()
+            counts[action] += 1
+            print(f"[pipeline] {action.name:<18} {scheduler.describe()}", file=sys.stderr)
+            if action is Action.STEP_DONE:
+                break
+            if action is Action.EXEC_RESTART:
+                state.write_header(
+                    dataclasses.replace(
+                        header,
+                        scheduler=scheduler.state,
+                        restarts=header.restarts + 1,
+                        action_counts=tuple(counts),
+                    )
+                )
+                state.close()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                command = restart_argv(argv)
+                os.execv(command[0], command)
+            _simulate(state, plan, action, scheduler)
+            scheduler.complete(action)
+        header = dataclasses.replace(header, scheduler=scheduler.state, action_counts=tuple(counts))
+        state.write_header(header)
+    if not args.keep_state:
+        os.unlink(args.state)
+    summary = {
+        "model": config.name,
+        "preset": config.preset,
+        "restarts": header.restarts,
+        "steps_done": scheduler.state.step,
+        "actions": {a.name: n for a, n in zip(Action, counts, strict=True)},
+        "groups": [[g.start, g.end, g.total_kernels] for g in plan.groups],
+        "checkpoint": {"policy": ckpt.policy, "n_checkpointed": ckpt.n_checkpointed},
+        "pid": os.getpid(),
+    }
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    ``train`` may never return: it ``exec()``\\ s itself at each restart.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "plan":
+            return _plan(args)
+        if args.command == "state":
+            return _state(args)
+        return _train(args, argv)
+    except UsageError as exc:
+        parser.error(str(exc))
+    except RunError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    raise AssertionError("unreachable")  # pragma: no cover

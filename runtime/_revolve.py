@@ -1,0 +1,108 @@
+"""Binomial checkpointing: Griewank and Walther's Revolve (ACM TOMS 26(1), 2000, Algorithm 799).
+
+Reversing a chain of ``l`` steps with ``s`` snapshot slots (one of them holding the chain's
+input) takes at least ``t(l, s) = r*l - beta(s+1, r-1)`` forward steps besides the one taping
+step per layer, where ``beta(s, t) = C(s+t, s)`` and ``r``, the repetition number, is the
+smallest integer with ``beta(s, r) >= l``. The schedule here reaches that minimum: reversing
+steps ``a .. b-1`` with ``s`` slots (``x_a`` in one of them) advances ``j`` steps, stores
+``x_{a+j}``, reverses ``a+j .. b-1`` with ``s-1`` slots, frees it and reverses ``a .. a+j-1``
+with ``s`` slots, where ``j`` lies in the range of optimal splits
+``[max(beta(s, r-2), l - beta(s-1, r)), min(beta(s, r-1), l - beta(s-1, r-1))]``.
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+from ._chain import INPUT, Op, Schedule
+from ._model import check_int
+
+__all__ = ["beta", "repetition_number", "revolve_forward_count", "revolve_schedule"]
+
+
+def beta(s: int, t: int) -> int:
+    """``C(s+t, s)``: the most steps ``s`` snapshots reverse with ``t`` repetitions (0 if
+    ``t < 0``)."""
+    return comb(s + t, s) if t >= 0 else 0
+
+
+def repetition_number(steps: int, snaps: int) -> int:
+    """The smallest ``r`` with ``beta(snaps, r) >= steps``.
+
+    Raises:
+        TypeError, ValueError: ``steps`` or ``snaps`` is not an int >= 1.
+    """
+    check_int("steps", steps, 1)
+    check_int("snaps", snaps, 1)
+    r = 0
+    while beta(snaps, r) < steps:
+        r += 1
+    return r
+
+
+def revolve_forward_count(steps: int, snaps: int) -> int:
+    """``t(l, s) = r*l - beta(s+1, r-1)``: the minimal number of forward steps (advances) that
+    reverse ``steps`` steps with ``snaps`` snapshots, not counting the one taping forward of
+    each step. ``t(l, 1) = l*(l-1)/2``; ``t(l, s) = l - 1`` once ``s >= l - 1``.
+
+    Raises:
+        TypeError, ValueError: as :func:`repetition_number`.
+    """
+    r = repetition_number(steps, snaps)
+    return r * steps - beta(snaps + 1, r - 1)
+
+
+def _split(steps: int, snaps: int) -> int:
+    """An optimal first advance for ``steps >= 2`` steps and ``snaps >= 2`` slots."""
+    r = repetition_number(steps, snaps)
+    return min(steps - 1, beta(snaps, r - 1), steps - beta(snaps - 1, r - 1))
+
+
+def revolve_schedule(n_layers: int, snaps: int) -> Schedule:
+    """The binomial schedule for a chain of ``n_layers`` layers (see :mod:`runtime._chain`).
+
+    Snapshot slot 0 holds the model input, so at most ``snaps - 1`` activations are kept as
+    snapshots, plus the state being advanced and the one being taped: at most ``snaps + 1``
+    activations are live at any time. Every layer's forward is taped once, right before its
+    backward; the loss follows the first (the last layer's).
+
+    Raises:
+        TypeError, ValueError: ``n_layers`` or ``snaps`` is not an int >= 1.
+    """
+    check_int("n_layers", n_layers, 1)
+    check_int("snaps", snaps, 1)
+    ops: list[tuple[Op, int]] = []
+
+    def advance(start: int, stop: int) -> None:  # x_start is held; leaves A_{stop-1} live
+        for t in range(start, stop):
+            ops.append((Op.FORWARD, t))
+            if t > start:
+                ops.append((Op.RELEASE, t - 1))
+
+    def tape_and_reverse(i: int) -> None:
+        ops.append((Op.FORWARD, i))
+        if i == n_layers - 1:
+            ops.append((Op.LOSS, INPUT))
+        ops.extend([(Op.BACKWARD, i), (Op.RELEASE, i)])
+
+    # Explicit stack (a chain of 1,000 layers with ample snapshots nests 1,000 deep):
+    # ("reverse", a, b, s) reverses a .. b-1 with x_a held; ("release", k) frees A_k.
+    tasks: list[tuple[str, int, int, int]] = [("reverse", 0, n_layers, snaps)]
+    while tasks:
+        kind, a, b, s = tasks.pop()
+        if kind == "release":
+            ops.append((Op.RELEASE, a))
+        elif b - a == 1:
+            tape_and_reverse(a)
+        elif s == 1:
+            for i in range(b - 1, a - 1, -1):
+                advance(a, i)
+                tape_and_reverse(i)
+                if i > a:
+                    ops.append((Op.RELEASE, i - 1))
+        else:
+            j = _split(b - a, s)
+            advance(a, a + j)
+            tasks += [("reverse", a, a + j, s), ("release", a + j - 1, 0, 0)]
+            tasks.append(("reverse", a + j, b, s - 1))
+    return tuple(ops)

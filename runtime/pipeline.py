@@ -1,0 +1,107 @@
+"""The ANE pipeline planner, its scheduler and its ``exec()``-restart state file.
+
+From the ANE training seed (``../shared/seeds/ane-pipeline-and-checkpointing.txt``): an Apple
+Neural Engine process may compile only about 119 kernels, so a model with more layers than fit
+is trained in groups of layers, compiled one group at a time, with an ``exec()`` restart
+whenever a group does not fit what the process has left. Tensors live in a memory-mapped state
+file that survives the restarts.
+
+- :data:`PRESETS`, :class:`ModelConfig` and the memory and FLOP estimates;
+- :func:`plan_pipeline` and :class:`BudgetTracker`, which share :func:`usable_budget`;
+- :class:`Scheduler` (the state machine) and :func:`simulate`;
+- :class:`StateFile` (create, open with checks, per-layer accessors);
+- the CLI, :func:`main` (``python -m runtime.pipeline plan | state | train``).
+
+Activation checkpointing lives in :mod:`runtime.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ._cli import main, restart_argv
+from ._model import (
+    FLOAT32_BYTES,
+    PRESETS,
+    CompileConfig,
+    ModelConfig,
+    ModelDims,
+    ane_flops_per_step,
+    flops_per_step,
+    global_bytes,
+    layer_activation_bytes,
+    layer_adam_bytes,
+    layer_gradient_bytes,
+    layer_weight_bytes,
+    total_model_bytes,
+)
+from ._plan import (
+    BudgetTracker,
+    LayerGroup,
+    PipelinePlan,
+    effective_headroom,
+    max_layers_per_compile,
+    plan_pipeline,
+    preset,
+    usable_budget,
+)
+from ._report import plan_report
+from ._scheduler import Action, Phase, Scheduler, SchedulerState, simulate
+from ._statefile import (
+    HEADER_BYTES,
+    SENTINEL,
+    VERSION,
+    StateFile,
+    StateFileError,
+    StateHeader,
+    state_file_bytes,
+)
+
+__all__ = [
+    "FLOAT32_BYTES",
+    "HEADER_BYTES",
+    "PRESETS",
+    "SENTINEL",
+    "VERSION",
+    "Action",
+    "BudgetTracker",
+    "CompileConfig",
+    "LayerGroup",
+    "ModelConfig",
+    "ModelDims",
+    "Phase",
+    "PipelinePlan",
+    "Scheduler",
+    "SchedulerState",
+    "StateFile",
+    "StateFileError",
+    "StateHeader",
+    "ane_flops_per_step",
+    "effective_headroom",
+    "flops_per_step",
+    "global_bytes",
+    "layer_activation_bytes",
+    "layer_adam_bytes",
+    "layer_gradient_bytes",
+    "layer_weight_bytes",
+    "main",
+    "max_layers_per_compile",
+    "plan_pipeline",
+    "plan_report",
+    "preset",
+    "restart_argv",
+    "simulate",
+    "state_file_bytes",
+    "total_model_bytes",
+    "usable_budget",
+]
+
+if __name__ == "__main__":
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # stdout closed early (`| head`): exit quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

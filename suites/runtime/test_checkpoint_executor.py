@@ -1,0 +1,300 @@
+"""The checkpoint executor on the allocator: forward calls per layer and peak live bytes equal
+the plan's prediction for every policy and N in 1..64, on every backend; ``sequential`` keeps
+PyTorch's documented counts; ``revolve`` reaches Griewank and Walther's minimum with at most
+``s+1`` activations live."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allocator import DeviceOutOfMemory
+from runtime._chain import Op, chen_peak_buffers, chen_schedule, replay
+from runtime.checkpoint import (
+    ChainRun,
+    CheckpointPlan,
+    chain_result,
+    checkpoint_plan,
+    revolve_forward_count,
+    run_checkpointed,
+)
+
+from . import _targets
+
+ELEMS = 16
+LAYERS = range(1, 65)
+PARAMETERS = {
+    "all": [None],
+    "boundary": [None],
+    "sqrt": [None],
+    "none": [None],
+    "every_n": [1, 2, 3, 4, 7],
+    "sequential": [1, 2, 3, 5, 8],
+    "revolve": [2, 3, 5, 8],  # s = 1 in the revolve test below
+}
+
+
+def _plans(policy: str):
+    for n in LAYERS:
+        for parameter in PARAMETERS[policy]:
+            if policy == "sequential" and parameter > n:
+                continue
+            starts = list(range(0, n, 7)) if policy == "boundary" else None
+            yield checkpoint_plan(policy, n, interval=parameter, group_starts=starts)
+
+
+def check_run(plan: CheckpointPlan, run: ChainRun, elems: int = ELEMS) -> None:
+    """The executor's measurements against the plan's prediction; AssertionError if off."""
+    __tracebackhide__ = True
+    predicted = plan.predict()
+    where = f"{plan.policy}(interval={plan.interval}) over {plan.n_layers} layers"
+    assert run.forward_calls == predicted.forward_calls, f"{where}: forward calls"
+    assert run.recomputes == predicted.recomputes, f"{where}: recomputes"
+    assert run.peak_bytes == predicted.peak_bytes(elems), (
+        f"{where}: peak {run.peak_bytes} bytes, predicted {predicted.peak_bytes(elems)}"
+    )
+    assert run.peak_activations == predicted.peak_activations, f"{where}: peak activations"
+    assert run.kept == plan.saved, f"{where}: kept {run.kept}, saved {plan.saved}"
+    assert run.n_kept == plan.n_checkpointed
+    assert run.result == chain_result(plan.n_layers), f"{where}: wrong gradient {run.result}"
+
+
+@pytest.mark.parametrize("policy", list(PARAMETERS))
+def test_every_policy_matches_its_prediction(make_alloc, policy):
+    for plan in _plans(policy):
+        check_run(plan, run_checkpointed(make_alloc(), plan, elems=ELEMS))
+
+
+def test_check_run_catches_a_wrong_peak_a_wrong_count_and_a_wrong_gradient(make_alloc):
+    plan = checkpoint_plan("sqrt", 32)
+    run = run_checkpointed(make_alloc(), plan, elems=ELEMS)
+    check_run(plan, run)
+    with pytest.raises(AssertionError, match=r"sqrt\(interval=5\) over 32 layers: peak"):
+        check_run(plan, dataclasses.replace(run, peak_bytes=run.peak_bytes + 4))
+    with pytest.raises(AssertionError, match="forward calls"):
+        check_run(plan, dataclasses.replace(run, forward_calls=(1,) * 32))
+    with pytest.raises(AssertionError, match="wrong gradient"):
+        check_run(plan, dataclasses.replace(run, result=run.result - 2))
+
+
+def test_the_sqrt_plan_of_llama7b_in_numbers(make_alloc):
+    plan = checkpoint_plan("sqrt", 32)
+    assert plan.saved == (0, 5, 10, 15, 20, 25, 30, 31)
+    predicted = plan.predict()
+    # forward: input + kept 0..30 (7) + 2 in flight; backward: layers 26..29 recomputed from
+    # 25 with 6 kept (0..25), the input and two gradients: 3 + 6 + 4 = 13 buffers
+    assert (predicted.recomputes, predicted.peak_buffers) == (24, 13)
+    run = run_checkpointed(make_alloc(), plan, elems=ELEMS)
+    assert run.peak_bytes == 13 * ELEMS * 4
+    assert run.forward_calls == tuple(1 if i in plan.saved else 2 for i in range(32))
+
+
+# -- sequential: torch.utils.checkpoint.checkpoint_sequential -----------------------------------
+
+
+def test_sequential_matches_pytorchs_documented_counts(make_alloc):
+    # n = 10 functions, 2 segments: the first 5 run twice (checkpointed), the rest once
+    plan = checkpoint_plan("sequential", 10, interval=2)
+    run = run_checkpointed(make_alloc(), plan, elems=ELEMS)
+    assert run.forward_calls == (2,) * 5 + (1,) * 5
+    assert (plan.saved, plan.boundaries, plan.n_checkpointed) == ((5, 6, 7, 8, 9), (), 5)
+    check_run(plan, run)
+
+
+def test_sequential_keeps_each_checkpointed_segments_input(make_alloc):
+    # 9 functions, 3 segments of 3: [0..2] and [3..5] checkpointed, [6..8] plain; the input of
+    # [3..5] (layer 2's output) is kept and [3..5] recomputes from it, not from the model input
+    plan = checkpoint_plan("sequential", 9, interval=3)
+    assert (plan.saved, plan.boundaries) == ((6, 7, 8), (2,))
+    assert [plan.nearest_saved_before(i) for i in range(9)] == [-1, -1, -1, 2, 2, 2, 6, 7, 8]
+    assert [plan.recompute_depth(i) for i in range(9)] == [1, 2, 3, 1, 2, 3, 0, 0, 0]
+    run = run_checkpointed(make_alloc(), plan, elems=ELEMS)
+    assert run.forward_calls == (2,) * 6 + (1,) * 3
+    check_run(plan, run)
+
+
+def test_sequential_segments_that_do_not_divide_leave_the_rest_to_the_last(make_alloc):
+    plan = checkpoint_plan("sequential", 10, interval=3)  # size 3: [0..2], [3..5], plain [6..9]
+    assert (plan.saved, plan.boundaries) == ((6, 7, 8, 9), (2,))
+    check_run(plan, run_checkpointed(make_alloc(), plan, elems=ELEMS))
+
+
+# -- revolve: Griewank and Walther's binomial schedule -------------------------------------------
+
+
+@cache
+def _minimal_forward_steps(steps: int, snaps: int) -> int:
+    """Brute force over every first split: the true minimum the closed form claims."""
+    if steps == 1:
+        return 0
+    if snaps == 1:
+        return steps * (steps - 1) // 2
+    return min(
+        j + _minimal_forward_steps(steps - j, snaps - 1) + _minimal_forward_steps(j, snaps)
+        for j in range(1, steps)
+    )
+
+
+def test_the_closed_form_is_the_brute_force_minimum():
+    for snaps in range(1, 7):
+        for steps in range(1, 41):
+            assert revolve_forward_count(steps, snaps) == _minimal_forward_steps(steps, snaps)
+
+
+def test_revolve_known_values():
+    assert revolve_forward_count(10, 1) == 45  # l(l-1)/2: every reversal from the input
+    assert revolve_forward_count(32, 5) == 68  # r = 3: 3*32 - C(8, 6)
+    assert revolve_forward_count(100, 200) == 99  # ample snapshots: one sweep
+
+
+@pytest.mark.parametrize("snaps", [1, 2, 3, 4, 6, 9])
+def test_revolve_reaches_the_minimum_with_at_most_s_plus_1_activations(make_alloc, snaps):
+    for n in LAYERS:
+        plan = checkpoint_plan("revolve", n, interval=snaps)
+        run = run_checkpointed(make_alloc(), plan, elems=ELEMS)
+        assert run.recomputes == revolve_forward_count(n, snaps)
+        assert run.peak_activations <= snaps + 1
+        # measured by the allocator: input + two gradients + at most s+1 activations
+        assert run.peak_bytes == (3 + min(n, snaps + 1)) * ELEMS * 4
+        check_run(plan, run)
+
+
+def test_revolve_origins():
+    plan = checkpoint_plan("revolve", 3, interval=5)
+    assert plan.saved == (2,)
+    assert [plan.nearest_saved_before(i) for i in range(3)] == [-1, 0, 2]
+    assert [plan.recompute_depth(i) for i in range(3)] == [1, 1, 0]
+
+
+# -- the closed form against the schedule ---------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1)))))
+def test_the_segment_peak_formula_equals_the_counted_schedule(case):
+    n, saved = case
+    saved = sorted(saved)
+    replayed = replay(n, chen_schedule(n, saved))
+    assert replayed.peak_buffers == chen_peak_buffers(n, saved)
+    assert replayed.kept == tuple(saved)
+    assert replayed.forward_calls == tuple(1 if i in saved else 2 for i in range(n))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "match"),
+    [
+        (((Op.FORWARD, 1),), "needs A_0 live"),
+        (((Op.RELEASE, 0),), "A_0 is not live"),
+        (((Op.FORWARD, 0), (Op.BACKWARD, 0)), "before the loss"),
+        (((Op.FORWARD, 0), (Op.LOSS, -1)), "ends with activations"),
+        (((Op.FORWARD, 0), (Op.LOSS, -1), (Op.LOSS, -1)), "exists already"),
+    ],
+)
+def test_replay_rejects_a_broken_schedule(schedule, match):
+    with pytest.raises(ValueError, match=match):
+        replay(1, schedule)
+
+
+# -- the executor in context --------------------------------------------------------------------
+
+
+@pytest.mark.backends("sim")
+def test_out_of_memory_leaves_nothing_allocated(make_alloc):
+    alloc = make_alloc(sim_capacity_bytes=10 * ELEMS * 4)  # room for 10 buffers
+    plan = checkpoint_plan("all", 32)  # needs 35
+    with pytest.raises(DeviceOutOfMemory):
+        run_checkpointed(alloc, plan, elems=ELEMS)
+    stats = alloc.stats()
+    assert (stats.live_bytes, stats.live_buffers, stats.arena_depth) == (0, 0, 0)
+
+
+def test_inside_a_callers_arena_and_after_an_earlier_peak(make_alloc):
+    alloc = make_alloc()
+    plan = checkpoint_plan("sqrt", 16)
+    with alloc.arena():
+        held = alloc.full(4, 1.0)
+        run = run_checkpointed(alloc, plan, elems=ELEMS)
+        assert alloc.sum(held) == 4.0
+    check_run(plan, run)
+    big = alloc.full(10_000, 1.0)  # a peak higher than any run's ...
+    alloc.release(big)
+    assert run_checkpointed(alloc, plan, elems=ELEMS).peak_bytes is None  # ... cannot be split
+
+
+def test_the_detector_sees_no_use_after_free(make_alloc):
+    alloc = make_alloc(arena_debug="raise")
+    for policy, interval in [("none", None), ("sequential", 4), ("revolve", 2)]:
+        plan = checkpoint_plan(policy, 24, interval=interval)
+        check_run(plan, run_checkpointed(alloc, plan, elems=ELEMS), ELEMS)
+        alloc = make_alloc(arena_debug="raise")
+
+
+@pytest.mark.parametrize("latency", [0, 3], ids=["events-done", "events-pending"])
+def test_on_the_cuda_backend_over_a_fake_cupy(death, latency):
+    report = death.run(_targets.executor_over_fake_cupy, latency).assert_clean().returned
+    assert report == {"mismatches": [], "violations": 0, "backend": "cuda"}
+
+
+def test_with_the_collector_running_at_every_allocation(death, pin):
+    outcome = death.run(_targets.executor_under_gc, env=pin(), timeout=60)
+    report = outcome.assert_clean().returned
+    assert report == {"mismatches": [], "leaks": [], "collections": True}
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"policy": "sqrtt", "n_layers": 4}, ValueError, r"policy='sqrtt': expected one of all,"),
+        ({"policy": "all", "n_layers": 0}, ValueError, r"n_layers=0: expected an integer >= 1"),
+        ({"policy": "all", "n_layers": -3}, ValueError, r"n_layers=-3"),
+        ({"policy": "all", "n_layers": 2.0}, TypeError, r"n_layers must be an int"),
+        ({"policy": "every_n", "n_layers": 4, "interval": 0}, ValueError, r"interval=0"),
+        ({"policy": "revolve", "n_layers": 4, "interval": 0}, ValueError, r"snaps=0"),
+        ({"policy": "sequential", "n_layers": 4, "interval": 5}, ValueError, r"segments=5"),
+        ({"policy": "none", "n_layers": 4, "interval": 2}, ValueError, r"takes none"),
+        ({"policy": "boundary", "n_layers": 4}, ValueError, r"needs group_starts"),
+        ({"policy": "boundary", "n_layers": 4, "group_starts": [1]}, ValueError, r"starting"),
+        ({"policy": "boundary", "n_layers": 4, "group_starts": [0, 4]}, ValueError, r"0 \.\. 3"),
+    ],
+)
+def test_bad_plans_are_rejected_naming_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        checkpoint_plan(**kwargs)
+
+
+@pytest.mark.parametrize("method", ["should_save", "needs_recompute", "nearest_saved_before",
+                                    "recompute_depth"])  # fmt: skip
+def test_layer_queries_reject_a_layer_out_of_range(method):
+    plan = checkpoint_plan("sqrt", 9)
+    query = getattr(plan, method)
+    for layer in (-1, 9, 100):
+        with pytest.raises(IndexError, match=rf"{method}\({layer}\): expected a layer in 0 \.\. 8"):
+            query(layer)
+    for layer in ("3", 3.0, True):
+        with pytest.raises(TypeError, match="layer must be an int"):
+            query(layer)
+
+
+def test_bad_executor_arguments(make_alloc):
+    plan = checkpoint_plan("all", 3)
+    with pytest.raises(ValueError, match=r"elems=0: expected an integer >= 1"):
+        run_checkpointed(make_alloc(), plan, elems=0)
+    with pytest.raises(TypeError, match="elems must be an int"):
+        run_checkpointed(make_alloc(), plan, elems="8")
+    with pytest.raises(ValueError, match="layer_activation_bytes=-1"):
+        plan.saved_bytes(-1)
+
+
+def test_bytes_and_overhead():
+    plan = checkpoint_plan("every_n", 10, interval=4)  # saves 0, 4, 8, 9
+    assert (plan.saved_bytes(100), plan.avoided_bytes(100)) == (400, 600)
+    assert plan.recompute_overhead == 0.6
+    assert math.isclose(checkpoint_plan("revolve", 32, interval=5).recompute_overhead, 68 / 32)

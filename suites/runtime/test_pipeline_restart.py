@@ -1,0 +1,134 @@
+"""The exec() restart, as a death test in the exec style: ``train`` replaces its own process
+image at every ``EXEC_RESTART`` and the resumed run keeps its model and plan.
+
+The seed's restart (``execl(argv[0], argv[0], "--pipeline-resume", path)``,
+``../shared/seeds/ane-pipeline-and-checkpointing.txt``) dropped every other argument, so a
+LLaMA-7B run resumed as the default Stories110M; that restart is the mutant here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from harness import DeathTestFailure, Outcome
+from runtime.pipeline import (
+    PRESETS,
+    SchedulerState,
+    StateFile,
+    main,
+    plan_pipeline,
+    restart_argv,
+    simulate,
+)
+
+from . import _targets
+from ._knobs import pinned_env
+
+ARGV = ["train", "--model", "llama7b", "--checkpoint", "sqrt", "--steps", "1", "--dry-run"]
+
+
+def check_resumed(outcome: Outcome) -> dict:
+    """The run ended cleanly, in the process it started in (exec keeps the pid), as the model
+    and plan it was started with, after every restart the scheduler asked for."""
+    __tracebackhide__ = True
+    outcome.assert_exited(0)
+    summary = json.loads(outcome.stdout.strip().splitlines()[-1])
+    config = PRESETS["llama7b"]
+    expected = Counter(action.name for action in simulate(config, 1))
+    assert summary["model"] == "LLaMA-7B", f"resumed as {summary['model']}"
+    assert summary["groups"] == [
+        [g.start, g.end, g.total_kernels] for g in plan_pipeline(config).groups
+    ]
+    assert summary["checkpoint"] == {"policy": "sqrt", "n_checkpointed": 8}
+    assert summary["restarts"] == expected["EXEC_RESTART"] == 7
+    assert summary["actions"] == dict(expected)
+    assert summary["steps_done"] == 1
+    assert summary["pid"] == outcome.pid, "the run left its process instead of exec()ing itself"
+    assert outcome.stderr.count("[pipeline] resumed:") == 7
+    return summary
+
+
+def test_exec_restart_keeps_model_and_plan(death, tmp_path):
+    state = str(tmp_path / "run.state")
+    outcome = death.run(
+        _targets.train, [*ARGV, "--state", state], env=pinned_env("cpu"), style="exec"
+    )
+    check_resumed(outcome)
+    assert not (tmp_path / "run.state").exists()  # removed after the run (no --keep-state)
+
+
+def test_teeth_a_restart_that_drops_argv_is_caught(death, tmp_path):
+    state = str(tmp_path / "run.state")
+    outcome = death.run(
+        _targets.train,
+        [*ARGV, "--state", state],
+        "restart_drops_argv",
+        env=pinned_env("cpu"),
+        style="exec",
+    )
+    with pytest.raises(DeathTestFailure, match="exited with status 2"):
+        check_resumed(outcome)
+    assert "the following arguments are required: --steps" in outcome.stderr
+
+
+def test_restart_argv_is_the_full_argv_plus_resume():
+    argv = [*ARGV, "--state", "/tmp/s"]
+    command = restart_argv(argv)
+    assert command[1:] == ["-m", "runtime.pipeline", *argv, "--resume"]
+    assert restart_argv([*argv, "--resume"]) == command
+
+
+def test_a_resume_of_another_models_file_is_refused(tmp_path, capsys):
+    path = tmp_path / "s"
+    StateFile.create(path, PRESETS["llama7b"], checkpoint_policy="sqrt").close()
+    argv = ["train", "--steps", "1", "--state", str(path), "--dry-run", "--resume"]
+    assert main(argv) == 1  # the seed's resume: Stories110M, the default model
+    err = capsys.readouterr().err
+    assert "cannot resume from" in err
+    assert "written for LLaMA-7B (32 layers, dim 4096)" in err
+    assert "but this run is Stories110M (12 layers, dim 768)" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--checkpoint", "none"], "checkpoint policy 'sqrt' (interval 5), this run uses 'none'"),
+        (["--checkpoint", "sqrt", "--steps", "2"], "--steps 1, this run has --steps 2"),
+    ],
+)
+def test_a_resume_with_other_settings_is_refused(tmp_path, capsys, extra, match):
+    path = tmp_path / "s"
+    scheduler = SchedulerState(total_steps=1)
+    StateFile.create(
+        path,
+        PRESETS["llama7b"],
+        checkpoint_policy="sqrt",
+        checkpoint_interval=5,
+        scheduler=scheduler,
+    ).close()
+    argv = ["train", "--model", "llama7b", "--steps", "1", *extra]
+    assert main([*argv, "--state", str(path), "--dry-run", "--resume"]) == 1
+    assert match in capsys.readouterr().err
+
+
+def test_train_needs_dry_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--steps", "1", "--state", str(tmp_path / "s")])
+    assert exit_info.value.code == 2
+    assert "live ANE training is not implemented; pass --dry-run" in capsys.readouterr().err
+
+
+def test_train_without_restarts_runs_in_process(tmp_path, capsys):
+    # one layer, a budget of 1000: 20 compiles of 6 kernels fit one process
+    argv = ["train", "--layers", "1", "--budget", "1000", "--steps", "1", "--dry-run"]
+    assert main([*argv, "--state", str(tmp_path / "s"), "--keep-state"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["model"], summary["restarts"], summary["steps_done"]) == ("Stories110M", 0, 1)
+    assert summary["actions"]["WEIGHT_UPDATE"] == 1
+    with StateFile.open(tmp_path / "s") as state:
+        assert state.header.scheduler.step == 1
+        assert state.layer_grads(0)[0] == 0.0  # cleared by the weight update
+        assert state.layer_weights(0)[0] == pytest.approx(-3e-4 * 10)  # lr * 10 passes

@@ -1,0 +1,234 @@
+"""The ``exec()``-restart state file: a round trip, and a clear error for every corrupt file
+(too small, bad sentinel, bad version, truncated, random bytes), never a crash or a wrong state.
+From the seed's ``mmap_state_open`` review (``../shared/seeds/ane-pipeline-and-checkpointing.txt``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.pipeline import (
+    HEADER_BYTES,
+    PRESETS,
+    Action,
+    CompileConfig,
+    ModelConfig,
+    ModelDims,
+    Phase,
+    SchedulerState,
+    StateFile,
+    StateFileError,
+    StateHeader,
+    layer_activation_bytes,
+    layer_weight_bytes,
+    main,
+    state_file_bytes,
+)
+
+TINY = ModelConfig("tiny", ModelDims(8, 16, 2, 2, 3, 32, 4), CompileConfig(accum_steps=3))
+
+
+def _state() -> SchedulerState:
+    return SchedulerState(Phase.BACKWARD, 0, 1, 2, 5, 0.25, 1.5)
+
+
+@pytest.fixture
+def tiny_file(tmp_path):
+    """A closed state file for TINY with a scheduler state and some tensors written."""
+    path = tmp_path / "tiny.state"
+    with StateFile.create(path, TINY, checkpoint_policy="sqrt", scheduler=_state()) as state:
+        state.layer_weights(2)[:] = 2.0
+        state.layer_acts(0)[-1] = 7.0
+        state.global_region()[0] = 3.0
+    return path
+
+
+def test_round_trip(tiny_file):
+    assert os.path.getsize(tiny_file) == state_file_bytes(TINY)
+    with StateFile.open(tiny_file) as state:
+        header = state.header
+        assert dataclasses.replace(header.config, preset="") == TINY
+        assert header.scheduler == _state()
+        assert (header.checkpoint_policy, header.checkpoint_interval) == ("sqrt", 0)
+        assert np.all(state.layer_weights(2) == 2.0)
+        assert np.all(state.layer_weights(1) == 0.0)
+        assert state.layer_acts(0)[-1] == 7.0
+        assert state.global_region()[0] == 3.0
+        counts = tuple(range(len(Action)))
+        state.write_header(dataclasses.replace(header, restarts=4, action_counts=counts))
+    with StateFile.open(tiny_file) as state:
+        assert (state.header.restarts, state.header.action_counts) == (4, counts)
+
+
+def test_region_major_layout(tiny_file):
+    w, a = layer_weight_bytes(TINY.dims), layer_activation_bytes(TINY.dims)
+    with StateFile.open(tiny_file) as state:
+        layout = state.header.layout
+    assert layout.layer_weights == HEADER_BYTES
+    assert layout.layer_adam == HEADER_BYTES + 3 * w
+    assert layout.layer_grads == layout.layer_adam + 3 * 2 * w
+    assert layout.layer_acts == layout.layer_grads + 3 * w
+    assert layout.global_ == layout.layer_acts + 3 * a
+    assert layout.total_size == layout.global_ + 16 * 8 * (32 + 1)
+
+
+def test_accessors_reject_a_layer_out_of_range(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        for accessor in (
+            state.layer_weights,
+            state.layer_adam,
+            state.layer_grads,
+            state.layer_acts,
+        ):
+            name = accessor.__name__
+            for layer in (-1, 3):
+                with pytest.raises(
+                    IndexError, match=rf"{name}\({layer}\): expected a layer in 0 \.\. 2"
+                ):
+                    accessor(layer)
+            with pytest.raises(TypeError, match="layer must be an int"):
+                accessor(1.0)
+
+
+def test_close_with_a_live_view_says_so_and_stays_usable(tiny_file):
+    state = StateFile.open(tiny_file)
+    view = state.layer_grads(1)
+    with pytest.raises(ValueError, match="drop them first"):
+        state.close()
+    view[0] = 1.0
+    del view
+    state.close()
+    state.close()  # idempotent
+    with pytest.raises(ValueError, match="is closed"):
+        state.layer_grads(0)
+
+
+# -- corrupt files ---------------------------------------------------------------------------------
+
+
+def _rewrite(path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+@pytest.mark.parametrize("size", [0, 100, HEADER_BYTES - 1])
+def test_a_file_smaller_than_the_header(tmp_path, size):
+    path = tmp_path / "small"
+    path.write_bytes(b"\0" * size)
+    with pytest.raises(
+        StateFileError, match=rf"is {size} bytes, smaller than its 4096-byte header"
+    ):
+        StateFile.open(path)
+
+
+def test_bad_sentinel_says_both_values(tiny_file):
+    _rewrite(tiny_file, 0, struct.pack("<I", 0xDEADBEEF))
+    with pytest.raises(
+        StateFileError,
+        match=r"sentinel 0xDEADBEEF \(expected 0x414E4550 'ANEP'\), version 1 \(expected 1\)",
+    ):
+        StateFile.open(tiny_file)
+
+
+def test_bad_version_says_both_values(tiny_file):
+    _rewrite(tiny_file, 4, struct.pack("<I", 2))
+    with pytest.raises(StateFileError, match=r"sentinel 0x414E4550 .*, version 2 \(expected 1\)"):
+        StateFile.open(tiny_file)
+
+
+def test_truncated_says_expected_and_actual_sizes(tiny_file):
+    total = state_file_bytes(TINY)
+    os.truncate(tiny_file, total - 1)
+    with pytest.raises(
+        StateFileError, match=rf"is truncated: expected {total} bytes, got {total - 1}"
+    ):
+        StateFile.open(tiny_file)
+
+
+def test_a_flipped_header_byte_fails_the_checksum(tiny_file):
+    _rewrite(tiny_file, 8, b"T")  # the model's name
+    with pytest.raises(StateFileError, match=r"header checksum mismatch \(stored 0x[0-9A-F]{8}"):
+        StateFile.open(tiny_file)
+
+
+def test_a_consistent_but_impossible_header_is_rejected(tiny_file):
+    bad = StateHeader(TINY, "sqrt", 0, dataclasses.replace(_state(), group=3))
+    _rewrite(tiny_file, 0, bad.pack())
+    with pytest.raises(StateFileError, match=r"corrupt header: group=3: expected 0 <= group < 1"):
+        StateFile.open(tiny_file)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_random_corruption_is_an_error_or_the_same_state(tiny_file, data):
+    original = tiny_file.read_bytes()
+    with StateFile.open(tiny_file) as state:
+        header = state.header
+    blob = bytearray(original)
+    for _ in range(data.draw(st.integers(1, 4), label="writes")):
+        where = data.draw(st.integers(0, len(blob) - 1), label="offset")
+        blob[where] = data.draw(st.integers(0, 255), label="byte")
+    cut = data.draw(st.one_of(st.none(), st.integers(0, len(blob))), label="truncate to")
+    if cut is not None:
+        del blob[cut:]
+    path = tiny_file.with_suffix(".fuzz")
+    path.write_bytes(bytes(blob))
+    try:
+        with StateFile.open(path) as state:
+            assert state.header == header  # opened: it must be the very same state
+    except StateFileError as exc:
+        assert str(path) in str(exc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=3 * HEADER_BYTES))
+def test_random_bytes_are_a_clear_error(tmp_path_factory, blob):
+    path = tmp_path_factory.mktemp("fuzz") / "random.state"
+    path.write_bytes(blob)
+    with pytest.raises(StateFileError):
+        StateFile.open(path)
+
+
+def test_a_missing_file_is_a_plain_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        StateFile.open(tmp_path / "absent")
+
+
+# -- the state CLI ---------------------------------------------------------------------------------
+
+
+def test_state_create_and_show(tmp_path, capsys):
+    path = str(tmp_path / "s")
+    assert main(["state", "create", path, "--model", "llama7b"]) == 0
+    out = capsys.readouterr().out
+    size = state_file_bytes(PRESETS["llama7b"])
+    assert out == f"created {path}: LLaMA-7B (32 layers, dim 4096), {size:,} bytes (sparse)\n"
+    assert os.stat(path).st_size == size and os.stat(path).st_blocks * 512 < 1 << 20
+    assert main(["state", "show", path, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["sentinel"], info["version"], info["model"]) == ("0x414E4550", 1, "LLaMA-7B")
+    assert info["offsets"]["layer_weights"] == 4096 and info["total_size"] == size
+    assert main(["state", "show", path]) == 0
+    text = capsys.readouterr().out
+    assert "model LLaMA-7B: dim=4096" in text and f"total_size={size}" in text
+
+
+def test_state_show_of_a_corrupt_file_exits_1(tmp_path, capsys):
+    path = tmp_path / "bad"
+    path.write_bytes(b"x" * 10)
+    assert main(["state", "show", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "error: state file" in err and "smaller than its 4096-byte header" in err
+    assert main(["state", "show", str(tmp_path / "absent")]) == 1
+    assert "cannot open state file" in capsys.readouterr().err
