@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from harness._capture import Capture
+from harness._forkserver import guard
 from harness._reap import Deadline, Ending, wait_direct
 from harness._repro import RUNNER_PATH
 from harness._request import ChildRequest
@@ -21,9 +22,10 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
     The slowest style (a whole interpreter starts, then imports the target's module) and the
     most faithful: nothing of this process is inherited but the environment and ``sys.path``.
     The argv is the repro command's, plus the options that tie the child to this parent; a
-    request longer than :data:`MAX_ARGUMENT_BYTES` goes through a descriptor instead.
+    request longer than :data:`MAX_ARGUMENT_BYTES` goes through a descriptor instead. The
+    child is registered with the zygote before it starts (see
+    :func:`harness._forkserver.guard`).
     """
-    deadline = Deadline.start(request.timeout_s)
     text = request.portable_json()
     data = text.encode()
     argv = [
@@ -41,20 +43,25 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
         request_fd = capture.write_request(data)
         argv += ["--request-fd", str(request_fd)]
         pass_fds.append(request_fd)
-    try:
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=capture.stdout_fd,
-            stderr=capture.stderr_fd,
-            pass_fds=pass_fds,
-            start_new_session=True,
-            env=request.environ,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return Ending(None, error=f"could not start {sys.executable!r}: {exc}")
-    try:
-        ending = wait_direct(popen.pid, capture, deadline)
-    finally:
-        popen.returncode = -1  # reaped by wait_direct: keep Popen from waiting or warning
-    return ending
+    with guard(capture) as unguarded:
+        if unguarded is not None:
+            return Ending(None, error=unguarded)
+        deadline = Deadline.start(request.timeout_s)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=capture.stdout.write_fd,
+                stderr=capture.stderr.write_fd,
+                pass_fds=pass_fds,
+                start_new_session=True,
+                env=request.environ,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return Ending(None, error=f"could not start {sys.executable!r}: {exc}")
+        capture.handed_over()
+        try:
+            ending = wait_direct(popen.pid, capture, deadline)
+        finally:
+            popen.returncode = -1  # reaped by wait_direct: keep Popen from waiting or warning
+        return ending

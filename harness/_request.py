@@ -28,7 +28,7 @@ class ChildRequest:
       environ: the child's whole environment (the parent's, with the overrides and the flag).
       sys_path: the parent's ``sys.path`` when the request was made.
       cwd: the parent's working directory when the request was made.
-      timeout_s: the deadline, in seconds from the start of the child.
+      timeout_s: the deadline, in seconds from the start of the child; None for none.
     """
 
     target: Target
@@ -38,7 +38,7 @@ class ChildRequest:
     environ: dict[str, str]
     sys_path: list[str]
     cwd: str
-    timeout_s: float
+    timeout_s: float | None
 
     def portable(self) -> dict[str, Any]:
         """The request as the exec runner takes it: no environment, no deadline."""
@@ -48,6 +48,7 @@ class ChildRequest:
             "sys_path": self.sys_path,
             "cwd": self.cwd,
             "main_path": self.target.main_path,
+            "module_path": self.target.module_path,
         }
 
     def portable_json(self) -> str:
@@ -80,6 +81,7 @@ def make_request(
     Raises:
       HarnessError: naming the bad argument (see :func:`harness.run_child`).
     """
+    __tracebackhide__ = True
     checked_target = resolve_target(target)
     problem = plain_problem(list(args), "the arguments")
     if problem:
@@ -101,13 +103,23 @@ def make_request(
     )
 
 
-def check_timeout(timeout: object, what: str = "run_child(timeout=...)") -> float:
-    """Return ``timeout`` as float seconds; HarnessError unless positive and finite."""
+def check_timeout(timeout: object, what: str = "run_child(timeout=...)") -> float | None:
+    """Return ``timeout`` as float seconds, or None (no deadline).
+
+    Raises:
+      HarnessError: ``timeout`` is neither None nor a positive finite number of seconds.
+    """
+    __tracebackhide__ = True
+    if timeout is None:
+        return None
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
         or not math.isfinite(timeout)
         or timeout <= 0
     ):
-        raise HarnessError(f"{what} must be a positive finite number of seconds, not {timeout!r}")
+        raise HarnessError(
+            f"{what} must be a positive finite number of seconds, or None for no deadline, "
+            f"not {timeout!r}"
+        )
     return float(timeout)
