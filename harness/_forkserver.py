@@ -320,10 +320,13 @@ def current() -> Connection | None:
 
 
 def _hello(sock: socket.socket, until: float) -> int:
-    sock.send(b'{"op": "hello"}')
-    if not pump((), until, ready_fd=sock.fileno()):
-        raise ZygoteFailure(f"it was not ready within {STARTUP_S:g} s")
-    data = sock.recv(1 << 16)
+    try:
+        sock.send(b'{"op": "hello"}')
+        if not pump((), until, ready_fd=sock.fileno()):
+            raise ZygoteFailure(f"it was not ready within {STARTUP_S:g} s")
+        data = sock.recv(1 << 16)
+    except OSError as exc:
+        raise ZygoteFailure(f"it exited before it was ready ({exc.strerror})") from exc
     if not data:
         raise ZygoteFailure("it exited before it was ready")
     reply = json.loads(data)

@@ -339,7 +339,7 @@ def _compile(match: Pattern) -> re.Pattern[str] | None:
     try:
         return re.compile(match)
     except re.error as exc:
-        raise HarnessError(f"match={match!r} is not a valid regex: {exc}") from exc
+        raise HarnessError(f"match={match!r} is not a valid regex: {exc}") from None
 
 
 def _as_signal(value: object) -> signal_module.Signals:

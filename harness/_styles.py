@@ -137,7 +137,7 @@ def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()
 
     Returns:
       ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives exec when ``startup`` names a
-      variable (and the target is importable); else fork when fork is not marked unsafe and
+      variable; else fork when fork is not marked unsafe and
       this process has no other thread (see :func:`thread_count`); else forkserver.
 
     Raises:
@@ -145,8 +145,8 @@ def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()
         that is not importable with a style other than fork.
 
     Warns:
-      HarnessWarning: ``startup`` names a variable and the style will be fork or forkserver
-        (asked for, or the only one that can run a closure): the child will not see it act.
+      HarnessWarning: ``startup`` names a variable and the style asked for is fork or
+        forkserver: the child will not see it act.
     """
     __tracebackhide__ = True
     style = check_style(style)
@@ -164,7 +164,7 @@ def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()
             "level, or pass style='fork' explicitly"
         )
     if style == "auto":
-        if startup and importable:
+        if startup:
             return "exec"
         style = "fork" if unsafe is None and thread_count() == 1 else "forkserver"
     if startup and style != "exec":
