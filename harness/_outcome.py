@@ -11,7 +11,14 @@ from typing import Any
 from harness._child import type_name
 from harness._errors import DeathTestFailure, HarnessError
 from harness._protocol import Raised
-from harness._report import describe_ending, failure_message, seconds, signal_name
+from harness._report import (
+    STDERR_HEAD_LINES,
+    STDERR_TAIL_LINES,
+    describe_ending,
+    failure_message,
+    seconds,
+    signal_name,
+)
 
 Pattern = str | re.Pattern[str] | None
 ExceptionSpec = type[BaseException] | str | tuple[type[BaseException] | str, ...] | None
@@ -20,7 +27,8 @@ RETURNED_SHOWN = 200
 """Characters of a returned value's repr shown in a failure message (longer: cut, `` [...]``)."""
 
 TRACEBACK_LINES = 30
-"""Last lines of a raised exception's traceback shown in a failure message."""
+"""Last lines of a raised exception's traceback shown in a failure message (when the stderr
+shown there does not already hold it whole)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -321,8 +329,10 @@ class Outcome:
         lines = []
         if self.raised is not None:
             lines.append(f"raised:   {self.raised}")
-            traceback = self.raised.traceback.splitlines()[-TRACEBACK_LINES:]
-            lines += [f"  {line}" for line in traceback]
+            shown = len(self.stderr.splitlines()) <= STDERR_HEAD_LINES + STDERR_TAIL_LINES
+            if not (shown and self.raised.traceback in self.stderr):
+                traceback = self.raised.traceback.splitlines()[-TRACEBACK_LINES:]
+                lines += [f"  {line}" for line in traceback]
         if self.returned is not None:
             text = repr(self.returned)
             cut = text if len(text) <= RETURNED_SHOWN else text[:RETURNED_SHOWN] + " [...]"

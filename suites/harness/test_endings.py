@@ -121,7 +121,7 @@ def test_a_target_that_raises_did_not_die(run, target, raised):
         lines = str(failure.value).splitlines()
         assert lines[0] == f"death test failed: the child did not die: its target raised {raised}"
         assert f"  raised:   {raised}" in lines
-        assert "    Traceback (most recent call last):" in lines  # with its traceback
+        assert "[  DEATH   ] Traceback (most recent call last):" in lines  # with its traceback
     outcome.assert_raised(match=re.escape(raised))
 
 

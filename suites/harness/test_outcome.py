@@ -398,4 +398,19 @@ def test_a_raise_is_shown_with_the_end_of_its_traceback():
     start = lines.index("  raised:   ValueError: bad size")
     shown = traceback.splitlines()[-30:]
     assert lines[start + 1 : start + 31] == [f"    {line}" for line in shown]
-    assert lines[start + 31].startswith("stderr")
+    assert lines[start + 31] == "stderr: (empty)"
+
+
+def test_a_traceback_the_stderr_shows_whole_is_not_shown_twice():
+    traceback = RAISED.traceback
+    for stderr, twice in (
+        (traceback, False),
+        ("note\n" + traceback, False),
+        ("x\n" * 68 + traceback, False),  # 70 lines: shown whole
+        ("x\n" * 69 + traceback, True),  # 71 lines: the stderr shown is cut
+        (traceback[:-10], True),  # the child's stderr lost its end
+    ):
+        lines = _failure(
+            _outcome(**EXITED_1, raised=RAISED, stderr=stderr), lambda o: o.assert_died()
+        )
+        assert ("    Traceback (most recent call last):" in lines) is twice, stderr
