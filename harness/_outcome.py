@@ -176,16 +176,15 @@ class Outcome:
         if not callable(predicate):
             raise HarnessError(f"assert_exit(predicate) needs a callable, not {predicate!r}")
         name = getattr(predicate, "__name__", None) or repr(predicate)
-        ok = self.kind in ("exited", "signaled") and self.raised is None
-        if ok and not predicate(self):
-            return self._check(
-                f"an ending for which {name}(outcome) is true",
-                False,
-                match,
-                death=True,
-                why=f"{name}(outcome) is false: the child ",
-            )
-        return self._check(f"an ending for which {name}(outcome) is true", ok, match, death=True)
+        ended = self.kind in ("exited", "signaled") and self.raised is None
+        ok = ended and bool(predicate(self))
+        return self._check(
+            f"an ending for which {name}(outcome) is true",
+            ok,
+            match,
+            death=True,
+            why=f"{name}(outcome) is false: the child " if ended else None,
+        )
 
     def assert_exited(self, code: int = 0, match: Pattern = None) -> Outcome:
         """Assert the child exited with status ``code`` (not killed, not timed out).
@@ -219,7 +218,7 @@ class Outcome:
         """
         __tracebackhide__ = True
         ok = self.kind == "exited" and self.exit_code == 0 and self.raised is None
-        return self._check("exited with status 0, nothing raised", ok, None, death=False)
+        return self._check("exited with status 0, nothing raised", ok, None)
 
     def assert_raised(self, exc_type: ExceptionSpec = None, match: Pattern = None) -> Outcome:
         """Assert the target raised an exception (of type ``exc_type``, if given).
@@ -247,18 +246,14 @@ class Outcome:
         __tracebackhide__ = True
         names = _exception_names(exc_type)
         raised = self.raised
-        if names is None:
-            expected, ok = "its target raised an exception", raised is not None
-        else:
-            expected = f"its target raised {' or '.join(names)}"
-            ok = raised is not None and any(raised.is_a(name) for name in names)
-        if raised is None:
-            why = "the target did not raise: the child "
-        elif not ok:
-            why = f"the target raised {raised.type}, not {' or '.join(names or ())}: the child "
-        else:
-            why = None
-        return self._check(expected, ok, match, death=False, raise_ok=True, why=why)
+        wanted = "an exception" if names is None else " or ".join(names)
+        ok = raised is not None and (names is None or any(raised.is_a(name) for name in names))
+        why = (
+            "the target did not raise: the child "
+            if raised is None
+            else f"the target raised {raised.type}, not {wanted}: the child "
+        )
+        return self._check(f"its target raised {wanted}", ok, match, why=why)
 
     def _check(
         self,
@@ -266,7 +261,7 @@ class Outcome:
         ok: bool,
         match: Pattern,
         *,
-        death: bool,
+        death: bool = False,
         raise_ok: bool = False,
         why: str | None = None,
     ) -> Outcome:
@@ -275,10 +270,10 @@ class Outcome:
         Args:
           death: the assertion expects a death, so a child that lived (timed out, or exited
             with status 0) "did not die", and a raise is not a death.
-          raise_ok: a raise does not fail the assertion by itself (``assert_exited(1)``, whose
-            exit status a raise gives, and ``assert_raised``).
+          raise_ok: for a death assertion, a raise does not fail it by itself
+            (``assert_exited(1)``: a raise gives that exit status).
           why: the problem's start when the ending is not ok (``"... the child "``; the
-            ending follows).
+            ending follows), or None for the usual words.
         """
         __tracebackhide__ = True
         pattern = _compile(match)

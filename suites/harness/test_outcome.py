@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+import os
+import re
 import signal
+import traceback
 
 import pytest
 
@@ -324,6 +329,10 @@ def test_assert_raised_by_type_name_base_or_tuple():
     )
     assert "  expected: its target raised KeyError" in lines
     lines = _failure(outcome, lambda o: o.assert_raised((KeyError, "OSError")))
+    assert lines[0].startswith(
+        "death test failed: the target raised suites.harness.test_outcome.BadSize, not KeyError "
+        "or OSError: the child exited with status 1"
+    )
     assert "  expected: its target raised KeyError or OSError" in lines
     lines = _failure(outcome, lambda o: o.assert_raised(match="no such text"))
     assert lines[0].endswith("but its stderr does not match 'no such text'")
@@ -341,10 +350,18 @@ def test_assert_raised_on_a_child_that_did_not_raise():
     )
 
 
-@pytest.mark.parametrize("bad", [int, 3, "", (), (ValueError, 3), [ValueError]])
+@pytest.mark.parametrize("bad", [int, 3, "", (ValueError, 3), [ValueError]])
 def test_assert_raised_refuses_what_names_no_exception(bad):
-    with pytest.raises(harness.HarnessError, match=r"assert_raised\(exc_type="):
+    message = (
+        r"^assert_raised\(exc_type=\.\.\.\) takes an exception class, its qualified name, a "
+        rf"tuple of those, or None, not {re.escape(repr(bad))}$"
+    )
+    with pytest.raises(harness.HarnessError, match=message):
         _outcome(**EXITED_1, raised=RAISED).assert_raised(bad)
+    with pytest.raises(
+        harness.HarnessError, match=r"^assert_raised\(exc_type=\(\)\) names no excep"
+    ):
+        _outcome(**EXITED_1, raised=RAISED).assert_raised(())
 
 
 def test_assert_exit_asks_the_predicate_and_names_it():
@@ -364,6 +381,11 @@ def test_assert_exit_asks_the_predicate_and_names_it():
     )
     assert lines[4] == "  expected: an ending for which exited_3_or_4(outcome) is true"
     _outcome(**EXITED_0).assert_exit(lambda o: o.exit_code == 0)  # status 0 is its to judge
+    lines = _failure(_outcome(**EXITED_1), lambda o: o.assert_exit(exited_3_or_4, "boom"))
+    assert lines[4] == (
+        "  expected: an ending for which exited_3_or_4(outcome) is true, with stderr matching "
+        "'boom'"
+    )
     lines = _failure(_outcome(**TIMED_OUT), lambda o: o.assert_exit(lambda _: True))
     assert lines[0] == (
         "death test failed: the child did not die: it timed out after 2 s, then killed by SIGTERM"
@@ -374,6 +396,43 @@ def test_assert_exit_asks_the_predicate_and_names_it():
     )
     with pytest.raises(harness.HarnessError, match=r"assert_exit\(predicate\) needs a callable"):
         outcome.assert_exit("exited")  # type: ignore[arg-type]
+
+
+def test_a_predicate_without_a_name_is_shown_by_its_repr():
+    predicate = functools.partial(operator.eq, 4)  # no __name__
+    lines = _failure(_outcome(**EXITED_3), lambda o: o.assert_exit(predicate))
+    assert lines[0] == (
+        f"death test failed: {predicate!r}(outcome) is false: the child exited with status 3"
+    )
+
+
+HIDDEN_CHECKS = [
+    pytest.param(lambda: _outcome(**EXITED_0).assert_aborted(), id="aborted"),
+    pytest.param(lambda: _outcome(**EXITED_0).assert_died(), id="died"),
+    pytest.param(lambda: _outcome(**EXITED_0).assert_exit(operator.not_), id="exit"),
+    pytest.param(lambda: _outcome(**EXITED_0).assert_exited(3), id="exited"),
+    pytest.param(lambda: _outcome(**EXITED_1, raised=RAISED).assert_clean(), id="clean"),
+    pytest.param(lambda: _outcome(**EXITED_0).assert_raised(), id="raised"),
+    pytest.param(lambda: _outcome().assert_aborted(match="("), id="bad-regex"),
+    pytest.param(lambda: _outcome().assert_died(signal="SIGNOPE"), id="bad-signal"),
+    pytest.param(lambda: _outcome().assert_raised(3), id="bad-exception"),
+]
+
+
+@pytest.mark.parametrize("check", HIDDEN_CHECKS)
+def test_every_harness_frame_of_a_failure_is_hidden_from_pytest(check):
+    with pytest.raises((harness.DeathTestFailure, harness.HarnessError)) as failure:
+        check()
+    harness_dir = os.path.dirname(harness.__file__)
+    frames = [
+        frame
+        for frame, _ in traceback.walk_tb(failure.value.__traceback__)
+        if os.path.dirname(frame.f_code.co_filename) == harness_dir
+        and "__tracebackhide__" in frame.f_code.co_varnames  # not a wrapper's (mutmut's)
+    ]
+    assert frames, "the failure went through no function of the harness"
+    for frame in frames:
+        assert frame.f_locals["__tracebackhide__"] is True, frame.f_code.co_name
 
 
 def test_the_returned_line_of_a_failure():
