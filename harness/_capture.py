@@ -5,8 +5,8 @@ stdout and stderr are pipes that the parent reads *while it waits* for the child
 :data:`TAIL_BYTES` of each in memory: a child that writes gigabytes never blocks on a parent
 that is not reading, puts nothing on disk, and costs the parent at most a few MiB, however
 much it writes (what it wrote before a SIGKILL is still in the pipe). The status channel is an
-unnamed temp file that starts with the seal (see ``harness._child``), which the child maps into
-its memory; its records follow the seal.
+unnamed temp file; the child's seal (see ``harness._child``) is a page of this process's guard
+table (``harness._guard``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
-from harness._child import SEAL_BYTES
+if TYPE_CHECKING:
+    from harness._guard import GuardTable
 
 HEAD_BYTES = 64 * 1024
 """Bytes kept from the start of a long stream."""
@@ -26,19 +28,28 @@ TAIL_BYTES = 1024 * 1024
 PIPE_BYTES = 1024 * 1024
 """Capacity asked of each output pipe (Linux ``F_SETPIPE_SZ``; the system may give less)."""
 
-READ_BYTES = 256 * 1024
-"""Bytes read from a pipe per call; :meth:`Stream.drain` reads at most 16 times that per call,
-so a child that writes without pause cannot keep the parent from checking its deadline."""
+READ_BYTES = 64 * 1024
+"""Bytes read from a pipe per call (below malloc's mmap threshold); :meth:`Stream.drain` reads
+at most :data:`DRAIN_READS` times per call, so a child that writes without pause cannot keep
+the parent from checking its deadline."""
+
+DRAIN_READS = 64
+"""Reads per :meth:`Stream.drain` call at most (4 MiB)."""
 
 _F_SETPIPE_SZ = 1031  # Linux; fcntl.F_SETPIPE_SZ from Python 3.10 on
 
 
 def anonymous_fd() -> int:
-    """A read-write descriptor of an unnamed temp file (not inherited across exec).
+    """A read-write descriptor of an unnamed file (not inherited across exec).
 
-    ``O_TMPFILE`` where the temp directory supports it, else a file unlinked at once: either
-    way nothing is left on disk, whatever happens to parent or child.
+    A memory file (Linux ``memfd_create``: no disk, no journal, cheap to map) where there is
+    one; else ``O_TMPFILE`` in the temp directory, else a file unlinked at once: either way
+    nothing is left behind, whatever happens to parent or child.
     """
+    try:
+        return os.memfd_create("devmem-death", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        pass
     directory = tempfile.gettempdir()
     try:
         return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
@@ -111,6 +122,19 @@ class Stream:
       last_data_at: ``time.monotonic()`` of the last read that got bytes, or None.
     """
 
+    __slots__ = (
+        "eof",
+        "head",
+        "head_limit",
+        "last_data_at",
+        "name",
+        "read_fd",
+        "tail",
+        "tail_limit",
+        "total",
+        "write_fd",
+    )
+
     def __init__(self, name: str, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> None:
         self.name = name
         self.head_limit = head
@@ -124,8 +148,8 @@ class Stream:
             fcntl.fcntl(self.read_fd, _F_SETPIPE_SZ, PIPE_BYTES)
         except (ImportError, OSError):
             pass  # the default capacity only means more wake-ups
-        self.head = bytearray()
-        self.tail = bytearray()
+        self.head = b""  # bytearrays once data comes
+        self.tail = b""
         self.total = 0
         self.eof = False
         self.last_data_at: float | None = None
@@ -135,16 +159,21 @@ class Stream:
         self.total += len(data)
         room = self.head_limit - len(self.head)
         if room > 0:
+            if not self.head:
+                self.head = bytearray()
             self.head += data[:room]
             data = data[room:]
         if data:
+            if not self.tail:
+                self.tail = bytearray()
             self.tail += data
             if len(self.tail) > 2 * self.tail_limit:
                 del self.tail[: len(self.tail) - self.tail_limit]
 
     def drain(self) -> None:
-        """Read what the pipe holds now (up to 16 reads); set :attr:`eof` at end of file."""
-        for _ in range(16):
+        """Read what the pipe holds now (:data:`DRAIN_READS` reads at most); set :attr:`eof`
+        at end of file."""
+        for _ in range(DRAIN_READS):
             try:
                 data = os.read(self.read_fd, READ_BYTES)
             except BlockingIOError:
@@ -182,23 +211,28 @@ class Stream:
 
 
 class Capture:
-    """The channels of one child: stdout and stderr pipes, the status file, the request file.
+    """The channels of one child: stdout and stderr pipes, the status file, its page of the
+    guard table (its seal), and (optionally) the request file.
 
-    Use as a context manager; every descriptor is closed on exit. The status file has no name
-    and is :data:`~harness._child.SEAL_BYTES` long to start with, its offset just past the seal
-    (where the child's records go: the offset is shared with every copy of the descriptor).
+    Use as a context manager; every descriptor is closed and the page freed on exit.
+
+    Args:
+      table: this process's guard table, from which the child's page is taken.
+
+    Raises:
+      HarnessError: the guard table has no free page.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, table: GuardTable) -> None:
+        self.table = table
         self._open()
 
     def _open(self) -> None:
         self.fds: list[int] = []
+        self.seal_offset: int | None = self.table.allocate()
         self.stdout = Stream("stdout")
         self.stderr = Stream("stderr")
         self.status_fd = self._new()
-        os.ftruncate(self.status_fd, SEAL_BYTES)
-        os.lseek(self.status_fd, SEAL_BYTES, os.SEEK_SET)
         self.request_fd: int | None = None
 
     @property
@@ -239,13 +273,16 @@ class Capture:
                     break
 
     def status(self) -> bytes:
-        """Everything the child wrote on its status channel after the seal."""
-        size = os.fstat(self.status_fd).st_size
-        return _pread_all(self.status_fd, size - SEAL_BYTES, SEAL_BYTES)
+        """Everything the child wrote on its status channel."""
+        return _pread_all(self.status_fd, os.fstat(self.status_fd).st_size, 0)
 
     def seal(self) -> bytes:
-        """The seal as the child left it (see ``harness._child``)."""
-        return _pread_all(self.status_fd, SEAL_BYTES, 0)
+        """The child's seal, as it left it (see ``harness._child``)."""
+        return self.table.seal(self.seal_offset)  # type: ignore[arg-type]
+
+    def disown(self) -> None:
+        """Wipe the child's pid from its page: it has ended and is about to be reaped."""
+        self.table.disown(self.seal_offset)  # type: ignore[arg-type]
 
     def renew(self) -> None:
         """Close every channel and open fresh ones (to try a launch again from scratch)."""
@@ -253,11 +290,14 @@ class Capture:
         self._open()
 
     def close(self) -> None:
-        """Close every descriptor (idempotent)."""
+        """Close every descriptor and free the page (idempotent)."""
         for stream in self.streams:
             stream.close()
         while self.fds:
             os.close(self.fds.pop())
+        if self.seal_offset is not None:
+            self.table.release(self.seal_offset)
+            self.seal_offset = None
 
     def __enter__(self) -> Capture:
         return self

@@ -7,8 +7,8 @@ not need the package to be importable), so a child starts fast and drags nothing
 
 Order of operations in :func:`run_child` (each step relies on the ones before it):
 
-0. the child's pid into the seal (see below), before anything else, so whoever guards the
-   child can find its process group from the first instant the child could start another;
+0. the child's pid into its seal (see below), before anything else, so that the zygote, which
+   guards the child, can find its process group from the first instant it could start another;
 1. own process group, killed when the parent dies (Linux), core dumps off, signal handlers and
    mask reset to what a fresh interpreter has;
 2. stdin from ``/dev/null``, stdout and stderr onto the parent's capture files (file-descriptor
@@ -20,9 +20,7 @@ Order of operations in :func:`run_child` (each step relies on the ones before it
    module is imported, so module-level reads see them), with ``DEVMEM_DEATH_CHILD=1``;
 5. a ``started`` record; import and call the target; one final record; ``os._exit``.
 
-Status channel: a file whose first :data:`SEAL_BYTES` are the *seal*, mapped into the child's
-memory (``mmap``) before the target runs; the records follow it. One JSON object per line;
-the ``event`` key names it:
+Status channel: a file of records, one JSON object per line; the ``event`` key names it:
 
 - ``{"event": "started", "pid": int}``: the child is set up and about to import the target.
 - ``{"event": "returned", "value": <plain data>}``: the target returned; exit status 0.
@@ -32,12 +30,14 @@ the ``event`` key names it:
 - ``{"event": "harness_error", "message", "traceback"}``: the harness failed in the child
   (bad request, target module failed to import, returned value not plain data).
 
-The seal holds the child's pid (at offset 0, ASCII digits and a newline) and, at
-:data:`SEAL_FINAL_AT`, whether the final record (``returned``, ``raised``, ``exit`` or
-``harness_error``) was delivered: ``{"event": ..., "delivered": bool, "error": str|null}``,
-NUL-padded. It is written through memory, so a target that closed the channel's descriptor,
-reused its number, or set ``RLIMIT_FSIZE`` to 0 cannot stop it: a status that could not be
-delivered is then known to the parent, which reports a harness error instead of a silent None.
+The *seal* is the child's page (:data:`SEAL_BYTES`) of its parent's guard table (see
+``harness._guard``), mapped into the child's memory before anything else happens. It holds the
+child's pid (at offset 0, ASCII digits and a newline) and, at :data:`SEAL_FINAL_AT`, whether
+the final record (``returned``, ``raised``, ``exit`` or ``harness_error``) was delivered:
+``{"event": ..., "delivered": bool, "error": str|null}``, NUL-padded. It is written through
+memory, so a target that closed the channel's descriptor, reused its number, or set
+``RLIMIT_FSIZE`` to 0 cannot stop it: a status that could not be delivered is then known to the
+parent, which reports a harness error instead of a silent None.
 
 The parent decodes these in ``harness._protocol``; the two must agree.
 """
@@ -75,7 +75,7 @@ EXIT_HARNESS_ERROR = 121
 PLAIN_TYPES = "None, bool, int, float, str, list, dict with str keys"
 
 SEAL_BYTES = 4096
-"""Size of the seal at the start of the status file; records are written after it."""
+"""Size of a child's seal: one page of the guard table."""
 
 SEAL_FINAL_AT = 64
 """Offset in the seal of the final-record verdict (the pid line comes before it)."""
@@ -166,6 +166,11 @@ def type_name(kind: type) -> str:
     return name if module == "builtins" else f"{module}.{name}"
 
 
+def _map_page(fd: int, offset: int) -> mmap.mmap:
+    """Map the page at ``offset`` of the guard table open on ``fd`` into this process."""
+    return mmap.mmap(fd, SEAL_BYTES, offset=offset)
+
+
 class _Status:
     """Writes status records to the parent's channel (or, for a repro run, a line to stderr).
 
@@ -174,21 +179,29 @@ class _Status:
     the start) and the verdict written into the seal through memory.
     """
 
-    def __init__(self, fd: int | None, *, echo: bool) -> None:
+    def __init__(self, fd: int | None, seal: object, *, echo: bool) -> None:
         self.fd = fd
         self.echo = echo  # may harness errors go to sys.stderr (is it ours yet)?
-        self.seal: mmap.mmap | None = None
+        self.seal = None
         self.identity: tuple[int, int] | None = None
-        if fd is None:
-            return
-        try:
-            self.seal = mmap.mmap(fd, SEAL_BYTES)
-            line = b"%d\n" % os.getpid()
-            self.seal[: len(line)] = line
-            info = os.fstat(fd)
-            self.identity = (info.st_dev, info.st_ino)
-        except (OSError, ValueError):
-            self.seal = None  # the parent then knows nothing was sealed
+        self.seal_at = 0
+        if seal is not None:
+            try:
+                where, offset = seal  # type: ignore[misc]
+                if isinstance(where, int):  # a descriptor of the table
+                    self.seal = _map_page(where, offset)
+                else:  # the table mapped already, inherited through fork
+                    self.seal, self.seal_at = where, offset
+                line = b"%d\n" % os.getpid()
+                self.seal[self.seal_at : self.seal_at + len(line)] = line
+            except (OSError, ValueError, TypeError):
+                self.seal = None  # the parent then finds no seal
+        if fd is not None:
+            try:
+                info = os.fstat(fd)
+                self.identity = (info.st_dev, info.st_ino)
+            except OSError:
+                pass
 
     def emit(self, event: str, **fields: object) -> None:
         if self.fd is None:
@@ -197,24 +210,27 @@ class _Status:
                 print(f"devmem-death: {event} {detail}", file=sys.stderr, flush=True)
             return
         data = (json.dumps({"event": event, **fields}, default=repr) + "\n").encode()
+        final = event in FINAL_EVENTS
         error = None
         try:
-            info = os.fstat(self.fd)
-            if (info.st_dev, info.st_ino) != self.identity:
-                raise OSError(f"descriptor {self.fd} is no longer the status channel")
+            if final:  # the target ran since we looked: is the descriptor still the channel?
+                info = os.fstat(self.fd)
+                if (info.st_dev, info.st_ino) != self.identity:
+                    raise OSError(f"descriptor {self.fd} is no longer the status channel")
             while data:
                 data = data[os.write(self.fd, data) :]
         except OSError as exc:  # the target closed the channel, or limited file sizes
             error = f"{type(exc).__name__}: {exc}"
-        if event in FINAL_EVENTS:
+        if final:
             self._seal_final(event, error)
 
     def _seal_final(self, event: str, error: str | None) -> None:
         if self.seal is None:
             return
         verdict = json.dumps({"event": event, "delivered": error is None, "error": error})
-        data = verdict.encode()[: SEAL_BYTES - SEAL_FINAL_AT - 1]
-        self.seal[SEAL_FINAL_AT : SEAL_FINAL_AT + len(data) + 1] = data + b"\0"
+        data = verdict.encode()[: SEAL_BYTES - SEAL_FINAL_AT - 1] + b"\0"
+        start = self.seal_at + SEAL_FINAL_AT
+        self.seal[start : start + len(data)] = data
 
     def harness_error(self, message: str, exc: BaseException | None = None) -> None:
         text = "".join(traceback.format_exception(exc)) if exc is not None else ""
@@ -236,6 +252,7 @@ def run_child(
     parent_pid: int | None,
     new_group: bool = True,
     target: object = None,
+    seal: object = None,
 ):
     """Run one death-test child in this (freshly forked or exec'd) process. Never returns.
 
@@ -252,8 +269,11 @@ def run_child(
       parent_pid: the pid this child must die with; None skips the parent-death setup.
       new_group: put the child in its own process group (False when already done by exec).
       target: the callable itself (fork style), instead of importing ``request["target"]``.
+      seal: the child's page of its parent's guard table: ``(fd, offset)`` of the table's
+        file, or ``(mapping, offset)`` of the table already mapped (an ``mmap`` or memoryview
+        inherited through fork); None for a repro run.
     """
-    status = _Status(status_fd, echo=stderr_fd is None)
+    status = _Status(status_fd, seal, echo=stderr_fd is None)
     try:
         _isolate(parent_pid, new_group)
         _redirect(stdout_fd, stderr_fd)

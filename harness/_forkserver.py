@@ -1,8 +1,10 @@
 """This process's connection to its zygote: the forkserver style, and the guard of every child.
 
 The zygote (``_zygote.py``) forks the forkserver style's children, and guards the children of
-the other styles: a fork or exec child is registered with it before it starts (:func:`guard`),
-so that if this process dies, however it dies, the zygote kills the child's process group.
+every style: this process hands it its guard table (``harness._guard``) when it connects, each
+child writes its pid there before anything else, and if this process dies, however it dies,
+the zygote kills the process group of every child still in the table. A fork or exec child is
+started only once a zygote holds the table (:func:`guard`).
 
 One zygote serves a whole *root* process and every process forked from it (pytest-forked's
 test processes, a fork-style child that runs death tests of its own): it listens on an
@@ -13,15 +15,13 @@ gone (or says goodbye at its exit) and no client is left; the thread that starte
 at once. A zygote found dead is restarted once; any failure becomes an outcome of kind
 ``harness_error``, never a raw exception. A different preload list means a different zygote.
 
-Runs on one connection are serialized by a lock (the replies are read by the running thread);
-guard registrations need no reply and go from any thread.
+Runs on one connection are serialized by a lock (the replies are read by the running thread).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -31,12 +31,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import zlib
 from typing import Any
 
 from harness._capture import Capture, anonymous_fd, read_kept
 from harness._child import start_ticks
 from harness._errors import HarnessError
+from harness._guard import table
 from harness._reap import (
     Deadline,
     Ending,
@@ -128,24 +129,6 @@ class Connection:
         self.ids = itertools.count(1)
         self.closed = False
 
-    # -- guard ---------------------------------------------------------------------------------
-
-    def watch(self, capture: Capture) -> int:
-        """Register a child about to start with ``capture``; returns the registration's id.
-
-        Raises:
-          OSError: the zygote is gone.
-        """
-        ident = next(self.ids)
-        message = json.dumps({"op": "watch", "id": ident}).encode()
-        socket.send_fds(self.sock, [message], [capture.status_fd])
-        return ident
-
-    def unwatch(self, ident: int) -> None:
-        """Undo :meth:`watch` once the child is reaped (a zygote gone by then is no matter)."""
-        with contextlib.suppress(OSError):
-            self.sock.send(json.dumps({"op": "unwatch", "id": ident}).encode())
-
     # -- forkserver ----------------------------------------------------------------------------
 
     def run(self, request: ChildRequest, capture: Capture) -> Ending:
@@ -156,7 +139,11 @@ class Connection:
           Refused: the zygote would not run it.
         """
         with self.lock:
-            wire = {**request.wire(forked_from_parent=False), "preload": list(self.key)}
+            wire = {
+                **request.wire(forked_from_parent=False),
+                "preload": list(self.key),
+                "seal_offset": capture.seal_offset,
+            }
             capture.write_request(json.dumps(wire).encode())
             ident = next(self.ids)
             fds = [capture.request_fd, capture.stdout.write_fd, capture.stderr.write_fd]
@@ -275,12 +262,14 @@ class Connection:
 
 
 def socket_closed(sock: socket.socket) -> bool:
-    """Whether the peer of ``sock`` has closed its end (the zygote is gone)."""
-    import select
-
-    poller = select.poll()
-    poller.register(sock, select.POLLHUP)
-    return any(events & (select.POLLHUP | select.POLLERR) for _, events in poller.poll(0))
+    """Whether the peer of ``sock`` has closed its end (the zygote is gone): a peek that
+    neither waits nor takes anything (a reply waiting for another thread stays there)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 _connections: dict[tuple[str, ...], Connection] = {}
@@ -290,8 +279,8 @@ _abandoned: list[object] = []  # inherited zygote handles of a forked process: n
 
 def zygote_name(key: tuple[str, ...]) -> str:
     """The abstract socket name of the zygote of this root for preload list ``key``."""
-    digest = hashlib.sha1(json.dumps([key, sys.executable, ZYGOTE_PATH]).encode()).hexdigest()
-    return f"devmem-harness-{os.getuid()}-{ROOT[0]}-{ROOT[1]}-{digest[:16]}"
+    digest = zlib.crc32(json.dumps([key, sys.executable, ZYGOTE_PATH]).encode())
+    return f"devmem-harness-{os.getuid()}-{ROOT[0]}-{ROOT[1]}-{digest:08x}"
 
 
 def connection(key: tuple[str, ...] | None = None) -> Connection:
@@ -320,8 +309,9 @@ def current() -> Connection | None:
 
 
 def _hello(sock: socket.socket, until: float) -> int:
+    """Greet a zygote, handing it this process's guard table; return the zygote's pid."""
     try:
-        sock.send(b'{"op": "hello"}')
+        socket.send_fds(sock, [b'{"op": "hello"}'], [table().fd])
         if not pump((), until, ready_fd=sock.fileno()):
             raise ZygoteFailure(f"it was not ready within {STARTUP_S:g} s")
         data = sock.recv(1 << 16)
@@ -403,30 +393,38 @@ def launch_forkserver(request: ChildRequest, capture: Capture) -> Ending:
     return Ending(None, error=f"{failure} (after one restart)")
 
 
-@contextlib.contextmanager
-def guard(capture: Capture) -> Iterator[str | None]:
-    """Register the child about to start with ``capture`` with the zygote, for its lifetime.
+GUARD_CHECK_S = 0.25
+"""How long :func:`guard` trusts the zygote it last found alive, before it looks again."""
 
-    Yields None, or the reason why the child cannot be guarded (no zygote could be reached or
-    started, even after one restart), in which case the caller must not start it.
+_guarded_until = 0.0
+
+
+def guard() -> str | None:
+    """Make sure a zygote holds this process's guard table, before a fork or exec child starts.
+
+    The zygote found alive is trusted for :data:`GUARD_CHECK_S` (a check per child would cost
+    the fork style much of its speed); one that died meanwhile (someone killed it) leaves the
+    children started in that time guarded only by their own death with this process.
+
+    Returns:
+      None, or why no zygote could be reached or started (even after one restart), in which
+      case the caller must not start the child: nothing would kill its process group if this
+      process died.
     """
+    global _guarded_until
+    now = time.monotonic()
+    if now < _guarded_until:
+        return None
     failure = None
     for _ in range(2):
         try:
-            found = connection()
-            ident = found.watch(capture)
-        except (OSError, ZygoteFailure) as exc:
-            failure = f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc)
-            with _lock:
-                if _connections.get(_preload) is not None:
-                    _connections.pop(_preload).close()
+            connection()
+        except ZygoteFailure as exc:
+            failure = str(exc)
             continue
-        try:
-            yield None
-        finally:
-            found.unwatch(ident)
-        return
-    yield (
+        _guarded_until = now + GUARD_CHECK_S
+        return None
+    return (
         "no zygote to guard the child (the process that kills the child's process group if "
         f"this one dies) could be reached or started: {failure}"
     )
@@ -440,14 +438,20 @@ def _shutdown_at_exit() -> None:
 
 
 def _forget_in_child() -> None:
-    """After a fork: the connections are the parent's; close our copies, touch nothing else."""
-    global _lock
+    """After a fork: the connections are the parent's. Close our copies of their descriptors
+    (raw: their objects are kept aside, never used nor finalized), touch nothing else."""
+    global _connections, _lock, _guarded_until
+    _guarded_until = 0.0
     for found in _connections.values():
-        found.close()
-        if found.popen is not None:
-            _abandoned.append(found.popen)
-            found.popen = None
-    _connections.clear()
+        for fd in (found.sock.fileno(), found.stderr_fd):
+            if fd is not None and fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+    if _connections:
+        _abandoned.append(_connections)
+        _connections = {}
     _lock = threading.Lock()
 
 

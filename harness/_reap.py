@@ -310,6 +310,7 @@ def wait_direct(pid: int, capture: Capture, deadline: Deadline) -> Ending:
             capture.stderr,
         )
         kill_group(pid, signal.SIGKILL)  # leftovers in its group; pid not reusable until reaped
+        capture.disown()
         _, status = os.waitpid(pid, 0)
         reaped = True
         capture.finish()
@@ -318,6 +319,7 @@ def wait_direct(pid: int, capture: Capture, deadline: Deadline) -> Ending:
         watch.close()
         if not reaped:
             kill_group(pid, signal.SIGKILL)
+            capture.disown()
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:

@@ -25,7 +25,6 @@ class ChildRequest:
       args: positional arguments (JSON plain data).
       overrides: env overrides, config's first, then the call's (None = unset).
       config_id: the config's id, or None.
-      environ: the child's whole environment (the parent's, with the overrides and the flag).
       sys_path: the parent's ``sys.path`` when the request was made.
       cwd: the parent's working directory when the request was made.
       timeout_s: the deadline, in seconds from the start of the child; None for none.
@@ -35,7 +34,6 @@ class ChildRequest:
     args: list[Any]
     overrides: dict[str, str | None]
     config_id: str | None
-    environ: dict[str, str]
     sys_path: list[str]
     cwd: str
     timeout_s: float | None
@@ -65,7 +63,12 @@ class ChildRequest:
         """
         if forked_from_parent:
             return {**self.portable(), "env": self.overrides}
-        return {**self.portable(), "environ": self.environ, "invalidate_caches": True}
+        return {**self.portable(), "environ": self.environ(), "invalidate_caches": True}
+
+    def environ(self) -> dict[str, str]:
+        """The child's whole environment: this process's now, with the overrides and the flag
+        (a fork-style child needs only the overrides, so it is built only when asked)."""
+        return child_environ(os.environ, self.overrides)
 
 
 def make_request(
@@ -96,7 +99,6 @@ def make_request(
         args=list(args),
         overrides=overrides,
         config_id=config.id if config is not None else None,
-        environ=child_environ(os.environ, overrides),
         sys_path=list(sys.path),
         cwd=os.getcwd(),
         timeout_s=timeout_s,

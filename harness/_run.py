@@ -13,6 +13,7 @@ from harness._env import startup_variables
 from harness._exec import launch_exec
 from harness._fork import launch_fork
 from harness._forkserver import launch_forkserver
+from harness._guard import table
 from harness._outcome import Outcome
 from harness._protocol import Seal, Status, decode_seal, decode_status
 from harness._reap import Ending
@@ -104,7 +105,7 @@ def run_child(
         startup=startup_variables(request.overrides),
     )
     started = time.monotonic()
-    with Capture() as capture:
+    with Capture(table()) as capture:
         ending = _LAUNCHERS[chosen](request, capture)
         duration_s = time.monotonic() - (ending.started_at or started)
         status = decode_status(capture.status())

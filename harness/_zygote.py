@@ -9,10 +9,11 @@ jobs, for every *client* (a test process connected to it):
 - **forkserver**: it forks one death-test child per ``run`` request, reports the child's pid,
   and once the child has ended kills whatever is left in the child's process group, reaps the
   child and reports its wait status;
-- **guard**: a client also registers here each child it starts itself (fork and exec styles:
-  ``watch``, then ``unwatch`` once it has reaped it). When a client process ends, however it
-  ends (SIGKILL included: its socket closes and its pidfd fires), the zygote kills the process
-  group of each of that client's children still registered, and of each child it forked for
+- **guard**: a client hands over its guard table (``harness._guard``) when it says hello; each
+  of its children, whatever its style, writes its pid into its page of the table before
+  anything else, and the client wipes it once the child has ended. When a client process
+  ends, however it ends (SIGKILL included: its socket closes and its pidfd fires), the zygote
+  kills the process group of every pid left in its table, and of each child it forked for
   that client. So nothing of a child's process group outlives the test process.
 
 Its clients are the process that started it (descriptor ``FD``), and any process of the same
@@ -27,25 +28,27 @@ Protocol: one JSON object per message on ``SOCK_SEQPACKET`` unix sockets.
 
 Client to zygote:
 
-- ``{"op": "hello"}``: first message; reply ``{"event": "ready", "pid": int}``.
+- ``{"op": "hello"}`` with the client's guard table attached: first message; reply
+  ``{"event": "ready", "pid": int}``.
 - ``{"op": "run", "id": int}`` with four descriptors attached (request JSON, stdout, stderr,
   status): reply ``{"event": "forked", "id", "pid"}``, then, once the child has ended,
   ``{"event": "reaped", "id", "pid", "status"}`` (a raw wait status). A request it cannot
   serve gets ``{"event": "error", "id", "message"}`` instead. The request carries the child's
   request (see ``_child.run_child``) plus ``preload``, the modules to import before the first
-  fork.
-- ``{"op": "watch", "id": int}`` with the child's status file attached: guard that child (its
-  pid is in the file's seal, written by the child before it does anything else). No reply.
-- ``{"op": "unwatch", "id": int}``: stop guarding it (the client reaped it). No reply.
+  fork, and ``seal_offset``, the child's page in the client's table. The zygote keeps its
+  copies of the child's stdout and stderr until it has sent ``reaped``, so that the client
+  wakes once per child.
 - ``{"op": "goodbye"}``: from the root, at its exit: leave once no client is left.
 - end of file: the client is gone.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import json
+import mmap
 import os
 import select
 import signal
@@ -54,6 +57,7 @@ import struct
 import sys
 
 _MAX_MESSAGE = 1 << 16
+_MAX_FD = os.sysconf("SC_OPEN_MAX")
 _CHILD_FDS = 4  # request, stdout, stderr, status
 
 
@@ -83,6 +87,23 @@ def _kill_group(pgid: int) -> None:
             return
 
 
+def _pids_in(table_fd: int) -> list[int]:
+    """The pids written in the pages of a client's guard table (see ``harness._guard``)."""
+    page = 4096
+    try:
+        size = os.fstat(table_fd).st_size
+        view = mmap.mmap(table_fd, size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return []
+    pids = []
+    with view:
+        for offset in range(0, size - size % page, page):
+            line = view[offset : offset + 32].split(b"\n", 1)[0]
+            if line.isdigit():
+                pids.append(int(line))
+    return pids
+
+
 def _op(message: bytes) -> tuple[object, object]:
     """``(op, id)`` of a client's message; ``(None, None)`` if it is not one."""
     try:
@@ -98,7 +119,8 @@ class _Client:
         self.pid = pid
         self.pidfd = _pidfd(pid) if pid else None
         self.children: dict[int, int] = {}  # pid -> request id, of the children we forked for it
-        self.watched: dict[int, int] = {}  # request id -> status file descriptor
+        self.table: int | None = None  # its guard table's descriptor
+        self.table_map: mmap.mmap | None = None  # the table, mapped (a child writes its page)
 
     def send(self, **message: object) -> None:
         try:
@@ -107,19 +129,31 @@ class _Client:
             pass  # it is gone: its end of file comes next
 
 
+class _Child:
+    """A child this zygote forked: its pidfd (or -1), client, page offset, kept pipe ends."""
+
+    def __init__(self, pidfd: int, client: _Client | None, offset: object, pipes: tuple) -> None:
+        self.pidfd = pidfd
+        self.client = client
+        self.offset = offset if isinstance(offset, int) else None
+        self.pipes = pipes
+
+
 class Zygote:
     """The event loop (module docstring)."""
 
     def __init__(self, sock: socket.socket, root_pid: int, root_start: str, name: str | None):
         self.child = _load_child()
+        self.child.prepare()  # libc's prctl, loaded once: every child inherits it
         self.clients: dict[int, _Client] = {}  # socket fd -> client
         self.by_pidfd: dict[int, _Client] = {}
-        self.children: dict[int, tuple[int, int | None]] = {}  # pid -> (pidfd or -1, client fd)
+        self.children: dict[int, _Child] = {}
         self.root_pid = root_pid
         self.root_fd = _pidfd(root_pid)
         self.root_gone = self.child.start_ticks(root_pid) != root_start
         self.goodbye = False
         self.preloaded: dict[str, str] | None = None  # module -> error, once preloaded
+        self.poller = select.poll()
         self.listener: socket.socket | None = None
         if name:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -127,8 +161,11 @@ class Zygote:
                 listener.bind("\0" + name)
                 listener.listen(16)
                 self.listener = listener
+                self._watch(listener.fileno())
             except OSError:  # another zygote won the race for this name: serve privately
                 listener.close()
+        if not self.root_gone:
+            self._watch(self.root_fd)
         self._add_client(sock)
 
     def _add_client(self, sock: socket.socket) -> None:
@@ -139,8 +176,10 @@ class Zygote:
             return
         client = _Client(sock, pid)
         self.clients[sock.fileno()] = client
+        self._watch(sock.fileno())
         if client.pidfd is not None:
             self.by_pidfd[client.pidfd] = client
+            self._watch(client.pidfd)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -153,20 +192,21 @@ class Zygote:
         if self.listener is not None:
             self.listener.close()
 
+    def _watch(self, fd: int | None) -> None:
+        if fd is not None and fd >= 0:
+            self.poller.register(fd, select.POLLIN)
+
+    def _unwatch(self, fd: int | None) -> None:
+        if fd is not None and fd >= 0:
+            try:
+                self.poller.unregister(fd)
+            except KeyError:
+                pass
+
     def _step(self) -> None:
-        poller = select.poll()
-        watched_fds = []
-        if self.listener is not None:
-            watched_fds.append(self.listener.fileno())
-        watched_fds += list(self.clients)
-        watched_fds += list(self.by_pidfd)
-        watched_fds += [fd for fd, _ in self.children.values() if fd >= 0]
-        if self.root_fd is not None and not self.root_gone:
-            watched_fds.append(self.root_fd)
-        for fd in watched_fds:
-            poller.register(fd, select.POLLIN)
-        fallback = self.root_fd is None or any(fd < 0 for fd, _ in self.children.values())
-        events = poller.poll(50 if fallback else None)
+        fallback = self.root_fd is None or any(c.pidfd < 0 for c in self.children.values())
+        events = self.poller.poll(50 if fallback else None)
+        ready = set()
         for fd, _ in events:
             if self.listener is not None and fd == self.listener.fileno():
                 self._accept()
@@ -176,9 +216,11 @@ class Zygote:
                 self._gone(self.by_pidfd[fd])
             elif fd == self.root_fd:
                 self.root_gone = True
-        ready = {fd for fd, _ in events}
-        for pid, (fd, _) in list(self.children.items()):
-            if fd in ready or (fd < 0 and self._ended(pid)):
+                self._unwatch(fd)
+            else:
+                ready.add(fd)
+        for pid, child in list(self.children.items()):
+            if child.pidfd in ready or (child.pidfd < 0 and self._ended(pid)):
                 self._reap(pid)
         if fallback and not self.root_gone and self.root_fd is None:
             self.root_gone = self.child.start_ticks(self.root_pid) is None
@@ -203,19 +245,16 @@ class Zygote:
     def _handle(self, client: _Client, message: bytes, fds: list[int]) -> None:
         op, ident = _op(message)
         if op == "hello":
+            if len(fds) == 1 and client.table is None:
+                client.table = fds.pop()
+                try:
+                    client.table_map = mmap.mmap(client.table, os.fstat(client.table).st_size)
+                except (OSError, ValueError):
+                    client.table_map = None
             client.send(event="ready", pid=os.getpid())
         elif op == "run":
             self._run(client, ident, fds)
             return
-        elif op == "watch" and len(fds) == 1 and isinstance(ident, int):
-            old = client.watched.pop(ident, None)
-            if old is not None:
-                os.close(old)
-            client.watched[ident] = fds.pop()
-        elif op == "unwatch" and isinstance(ident, int):
-            fd = client.watched.pop(ident, None)
-            if fd is not None:
-                os.close(fd)
         elif op == "goodbye":
             self.goodbye = self.goodbye or client.pid == self.root_pid
         else:
@@ -240,27 +279,24 @@ class Zygote:
             self._handle(client, message, fds)
         for pid in client.children:
             _kill_group(pid)
-        for fd in client.watched.values():
-            pid = self._sealed_pid(fd)
-            if pid is not None:
+        if client.table is not None:
+            for pid in _pids_in(client.table):
                 _kill_group(pid)
-            os.close(fd)
-        client.watched.clear()
+            os.close(client.table)
+            client.table = None
+        if client.table_map is not None:
+            client.table_map.close()
+            client.table_map = None
         self.clients.pop(client.sock.fileno(), None)
+        self._unwatch(client.sock.fileno())
         if client.pidfd is not None:
             self.by_pidfd.pop(client.pidfd, None)
+            self._unwatch(client.pidfd)
             os.close(client.pidfd)
         client.sock.close()
-        for pid, (fd, owner) in self.children.items():
-            if owner is client:
-                self.children[pid] = (fd, None)
-
-    def _sealed_pid(self, fd: int) -> int | None:
-        try:
-            line = os.pread(fd, 32, 0).split(b"\n", 1)[0]
-        except OSError:
-            return None
-        return int(line) if line.isdigit() else None
+        for child in self.children.values():
+            if child.client is client:
+                child.client = None
 
     # -- forkserver ----------------------------------------------------------------------------
 
@@ -293,6 +329,10 @@ class Zygote:
             )
             return
         zygote_pid = os.getpid()
+        offset = request.get("seal_offset")
+        table_map = client.table_map
+        fits = isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - 4096
+        seal = (table_map, offset) if table_map is not None and fits else None
         try:
             pid = os.fork()
         except OSError as exc:
@@ -309,19 +349,21 @@ class Zygote:
                     stderr_fd=stderr_fd,
                     status_fd=status_fd,
                     parent_pid=zygote_pid,
+                    seal=seal,
                 )
             finally:
                 os._exit(self.child.EXIT_HARNESS_ERROR)
-        for fd in (stdout_fd, stderr_fd, status_fd):
-            os.close(fd)
         try:
             os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
         except OSError:
             pass
-        pidfd = _pidfd(pid)
-        self.children[pid] = (pidfd if pidfd is not None else -1, client)
-        client.children[pid] = ident  # type: ignore[assignment]
         client.send(event="forked", id=ident, pid=pid)
+        os.close(status_fd)
+        pidfd = _pidfd(pid)  # a child that has ended already makes it readable at once
+        pipes = (stdout_fd, stderr_fd)  # kept until "reaped" is sent: one wake-up for the client
+        self.children[pid] = _Child(pidfd if pidfd is not None else -1, client, offset, pipes)
+        self._watch(pidfd)
+        client.children[pid] = ident  # type: ignore[assignment]
 
     def _preload(self, request: dict) -> dict[str, str]:
         if self.preloaded is None:
@@ -333,24 +375,23 @@ class Zygote:
                     importlib.import_module(name)
                 except BaseException as exc:
                     self.preloaded[name] = f"{type(exc).__name__}: {exc}"
+            # What the zygote holds now stays: out of the collector's sight, so that a child's
+            # collections never touch (and copy) it. CPython's advice for a fork server.
+            gc.collect()
+            gc.freeze()
         return self.preloaded
 
-    def _close_all_but(self, keep: tuple[int, ...]) -> None:
-        """In a forked child: close the zygote's sockets, pidfds and watched files."""
-        fds = set(self.by_pidfd)
-        fds |= {fd for fd, _ in self.children.values() if fd >= 0}
-        for client in self.clients.values():
-            fds |= set(client.watched.values())
-            fds.add(client.sock.detach())
-        if self.listener is not None:
-            fds.add(self.listener.detach())
-        if self.root_fd is not None:
-            fds.add(self.root_fd)
-        for fd in fds - set(keep):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    @staticmethod
+    def _close_all_but(keep: tuple[int, ...]) -> None:
+        """In a forked child: close every descriptor above 2 but ``keep`` (the zygote's sockets,
+        pidfds and tables among them), a range at a time: no zygote object is touched (each
+        would cost the child a copy-on-write fault), and none is finalized (the child leaves
+        by os._exit)."""
+        low = 3
+        for fd in sorted(keep):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, _MAX_FD)
 
     def _ended(self, pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
@@ -358,14 +399,21 @@ class Zygote:
     def _reap(self, pid: int) -> None:
         """A child of ours ended (not yet reaped: its pid is still ours): kill what is left in
         its group, reap it, report its wait status."""
-        fd, client = self.children.pop(pid)
+        child = self.children.pop(pid)
         _kill_group(pid)
+        client = child.client
+        if client is not None and client.table_map is not None and child.offset is not None:
+            end = child.offset + self.child.SEAL_FINAL_AT  # wipe its pid: reusable once reaped
+            client.table_map[child.offset : end] = bytes(self.child.SEAL_FINAL_AT)
         _, wait_status = os.waitpid(pid, 0)
-        if fd >= 0:
-            os.close(fd)
         if client is not None:
             ident = client.children.pop(pid, None)
             client.send(event="reaped", id=ident, pid=pid, status=wait_status)
+        if child.pidfd >= 0:
+            self._unwatch(child.pidfd)
+            os.close(child.pidfd)
+        for fd in child.pipes:
+            os.close(fd)
 
 
 def main(argv: list[str]) -> None:

@@ -147,6 +147,7 @@ def test_forkserver_children_from_short_lived_threads_share_one_zygote():
 
 def test_a_zygote_that_cannot_start_is_a_harness_error_in_every_style(monkeypatch, style):
     monkeypatch.setattr(_forkserver, "_connections", {})  # no zygote yet, in this process
+    monkeypatch.setattr(_forkserver, "_guarded_until", 0.0)  # and none trusted
     monkeypatch.setattr(_forkserver, "ZYGOTE_PATH", "/nonexistent/_zygote.py")
 
     outcome = harness.run_child(_targets.give_back, style=style)
