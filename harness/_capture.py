@@ -25,9 +25,6 @@ HEAD_BYTES = 64 * 1024
 TAIL_BYTES = 1024 * 1024
 """Bytes kept from the end of a long stream (1 MiB)."""
 
-PIPE_BYTES = 1024 * 1024
-"""Capacity asked of each output pipe (Linux ``F_SETPIPE_SZ``; the system may give less)."""
-
 READ_BYTES = 64 * 1024
 """Bytes read from a pipe per call (below malloc's mmap threshold); :meth:`Stream.drain` reads
 at most :data:`DRAIN_READS` times per call, so a child that writes without pause cannot keep
@@ -35,8 +32,6 @@ the parent from checking its deadline."""
 
 DRAIN_READS = 64
 """Reads per :meth:`Stream.drain` call at most (4 MiB)."""
-
-_F_SETPIPE_SZ = 1031  # Linux; fcntl.F_SETPIPE_SZ from Python 3.10 on
 
 
 def anonymous_fd() -> int:
@@ -142,12 +137,6 @@ class Stream:
         self.read_fd, write_fd = os.pipe()
         self.write_fd: int | None = write_fd
         os.set_blocking(self.read_fd, False)
-        try:
-            import fcntl
-
-            fcntl.fcntl(self.read_fd, _F_SETPIPE_SZ, PIPE_BYTES)
-        except (ImportError, OSError):
-            pass  # the default capacity only means more wake-ups
         self.head = b""  # bytearrays once data comes
         self.tail = b""
         self.total = 0

@@ -512,7 +512,7 @@ def _leave(code: int):
     # atexit would have (os._exit runs no atexit handler, and an orphan is never reaped where
     # init does not reap). Looked up, not imported: this module stands alone.
     forkserver = sys.modules.get("harness._forkserver")
-    if forkserver is not None:
+    if forkserver is not None and forkserver._owner == os.getpid():
         try:
             forkserver._shutdown_at_exit()
         except Exception:

@@ -237,6 +237,9 @@ class Connection:
         """Drop the connection (the zygote stays for its other clients)."""
         if not self.closed:
             self.closed = True
+            for fd in (self.sock.fileno(), self.stderr_fd):
+                if fd in _child_closes:  # its number may be reused: a child must not close it
+                    _child_closes.remove(fd)
             self.sock.close()
             if self.stderr_fd is not None:
                 os.close(self.stderr_fd)
@@ -291,6 +294,7 @@ def connection(key: tuple[str, ...] | None = None) -> Connection:
       ZygoteFailure: no zygote could be reached or started.
     """
     key = _preload if key is None else key
+    _adopt_after_fork()
     with _lock:
         found = _connections.get(key)
         if found is not None and found.alive():
@@ -299,11 +303,13 @@ def connection(key: tuple[str, ...] | None = None) -> Connection:
             found.close()
         made = _connect(key) or _start(key)
         _connections[key] = made
+        _child_closes.extend(fd for fd in (made.sock.fileno(), made.stderr_fd) if fd is not None)
         return made
 
 
 def current() -> Connection | None:
     """The connection for the current preload list, if one is open (no zygote is started)."""
+    _adopt_after_fork()
     found = _connections.get(_preload)
     return found if found is not None and not found.closed else None
 
@@ -413,7 +419,7 @@ def guard() -> str | None:
     """
     global _guarded_until
     now = time.monotonic()
-    if now < _guarded_until:
+    if now < _guarded_until and _owner == os.getpid():
         return None
     failure = None
     for _ in range(2):
@@ -431,29 +437,37 @@ def guard() -> str | None:
 
 
 def _shutdown_at_exit() -> None:
+    """At this process's exit (atexit, or a death-test child's ``_leave``): shut down the
+    connections it opened (the root says goodbye and reaps its zygotes)."""
+    if _owner != os.getpid():
+        return
     for found in list(_connections.values()):
-        if found.owner == os.getpid():
-            found.shut_down()
+        found.shut_down()
     _connections.clear()
 
 
-def _forget_in_child() -> None:
-    """After a fork: the connections are the parent's. Close our copies of their descriptors
-    (raw: their objects are kept aside, never used nor finalized), touch nothing else."""
-    global _connections, _lock, _guarded_until
-    _guarded_until = 0.0
-    for found in _connections.values():
-        for fd in (found.sock.fileno(), found.stderr_fd):
-            if fd is not None and fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-    if _connections:
+_owner = os.getpid()  # whose connections (and descriptors in _child_closes) these are
+_child_closes: list[int] = []  # descriptors a forked child closes at once (the hook's only job)
+
+
+def _close_in_child() -> None:
+    """After a fork: close our copies of the connections' descriptors, raw (their objects
+    are the parent's; a fork-style child must touch as little of its memory as it can)."""
+    for fd in _child_closes:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _adopt_after_fork() -> None:
+    """In a forked process, on first use: the connections are the parent's; forget them."""
+    global _connections, _lock, _owner, _guarded_until, _child_closes
+    if _owner != os.getpid():
         _abandoned.append(_connections)
-        _connections = {}
-    _lock = threading.Lock()
+        _connections, _lock, _owner = {}, threading.Lock(), os.getpid()
+        _guarded_until, _child_closes = 0.0, []
 
 
 atexit.register(_shutdown_at_exit)
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(after_in_child=_close_in_child)

@@ -27,6 +27,9 @@ from harness._errors import HarnessError
 SLOTS = 1024
 """Pages in a guard table: the most children one process may run at the same time."""
 
+_ZERO_PID = bytes(SEAL_FINAL_AT)
+_ZERO_PAGE = bytes(SEAL_BYTES)
+
 
 class GuardTable:
     """This process's guard table (see the module docstring).
@@ -70,11 +73,11 @@ class GuardTable:
     def disown(self, offset: int) -> None:
         """Wipe the pid of the page at ``offset``: the child has ended and is about to be
         reaped, so the zygote must not kill its group any more."""
-        self.map[offset : offset + SEAL_FINAL_AT] = bytes(SEAL_FINAL_AT)
+        self.map[offset : offset + SEAL_FINAL_AT] = _ZERO_PID
 
     def release(self, offset: int) -> None:
         """Zero the page at ``offset`` and free it."""
-        self.map[offset : offset + SEAL_BYTES] = bytes(SEAL_BYTES)
+        self.map[offset : offset + SEAL_BYTES] = _ZERO_PAGE
         with self.lock:
             self.free.append(offset)
 
@@ -85,22 +88,22 @@ _abandoned: list[GuardTable] = []  # a forked process's inherited table: never t
 
 
 def table() -> GuardTable:
-    """This process's guard table (made on first use)."""
-    global _table
+    """This process's guard table (made on first use).
+
+    A forked process makes its own: the table it inherits is its parent's (a fork-style child
+    writes its page through the inherited mapping, so that table is kept alive, never closed,
+    but never used for new children): the owner's pid says whose it is.
+    """
+    global _table, _table_lock
+    found = _table
+    if found is not None and found.owner == os.getpid():
+        return found
+    if found is not None:  # a forked process: the lock too may be the parent's, held
+        _table_lock = threading.Lock()
     with _table_lock:
+        if _table is not None and _table.owner != os.getpid():
+            _abandoned.append(_table)
+            _table = None
         if _table is None:
             _table = GuardTable()
         return _table
-
-
-def _forget_in_child() -> None:
-    """After a fork: the table is the parent's. A fork-style child writes its page through the
-    inherited mapping, so it is kept alive (never closed), but never used for new children."""
-    global _table, _table_lock
-    if _table is not None:
-        _abandoned.append(_table)
-        _table = None
-    _table_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
