@@ -87,9 +87,9 @@ def _kill_group(pgid: int) -> None:
             return
 
 
-def _pids_in(table_fd: int) -> list[int]:
-    """The pids written in the pages of a client's guard table (see ``harness._guard``)."""
-    page = 4096
+def _pids_in(table_fd: int, page: int) -> list[int]:
+    """The pids written in the ``page``-byte pages of a client's guard table (see
+    ``harness._guard``)."""
     try:
         size = os.fstat(table_fd).st_size
         view = mmap.mmap(table_fd, size, access=mmap.ACCESS_READ)
@@ -280,7 +280,7 @@ class Zygote:
         for pid in client.children:
             _kill_group(pid)
         if client.table is not None:
-            for pid in _pids_in(client.table):
+            for pid in _pids_in(client.table, self.child.SEAL_BYTES):
                 _kill_group(pid)
             os.close(client.table)
             client.table = None
@@ -331,7 +331,9 @@ class Zygote:
         zygote_pid = os.getpid()
         offset = request.get("seal_offset")
         table_map = client.table_map
-        fits = isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - 4096
+        fits = (
+            isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - self.child.SEAL_BYTES
+        )
         seal = (table_map, offset) if table_map is not None and fits else None
         try:
             pid = os.fork()

@@ -74,6 +74,6 @@ def test_any_finite_timeout_or_none(run, timeout):
     assert outcome.returned["flag"] == "1"
 
 
-def test_no_deadline_still_stops_nothing_that_ends(run):
+def test_a_child_without_a_deadline_ends_as_it_ends(run):
     outcome = run(_targets.abort_with, "no deadline", timeout=None).assert_aborted("no deadline")
     assert "devmem-harness" not in outcome.stderr  # no deadline, so no dump
