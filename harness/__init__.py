@@ -18,7 +18,7 @@ lives in :mod:`harness.plugin`; this package itself never imports pytest (nor ``
 """
 
 from harness._config import Config, matrix
-from harness._errors import DeathTestFailure, HarnessError
+from harness._errors import DeathTestFailure, HarnessError, HarnessWarning
 from harness._forkserver import set_forkserver_preload
 from harness._gpus import list_gpus
 from harness._outcome import Outcome
@@ -38,6 +38,7 @@ __all__ = [
     "DeathRunner",
     "DeathTestFailure",
     "HarnessError",
+    "HarnessWarning",
     "Outcome",
     "Raised",
     "add_fork_safety_check",

@@ -1,14 +1,23 @@
-"""The child's stdout, stderr and status channel: anonymous temp files, read back with limits.
+"""The child's stdout, stderr and status channel, and reading them back with bounds.
 
-Files, not pipes: a child that writes 20 MB never blocks on a parent that is not reading, and
-what it wrote survives a SIGKILL. Reading keeps the first :data:`HEAD_BYTES` and the last
-:data:`TAIL_BYTES` of a stream and says in between how much was cut.
+stdout and stderr are pipes that the parent reads *while it waits* for the child (see
+:func:`harness._reap.pump`), keeping the first :data:`HEAD_BYTES` and the last
+:data:`TAIL_BYTES` of each in memory: a child that writes gigabytes never blocks on a parent
+that is not reading, puts nothing on disk, and costs the parent at most a few MiB, however
+much it writes (what it wrote before a SIGKILL is still in the pipe). The status channel is an
+unnamed temp file; the child's seal (see ``harness._child``) is a page of this process's guard
+table (``harness._guard``).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness._guard import GuardTable
 
 HEAD_BYTES = 64 * 1024
 """Bytes kept from the start of a long stream."""
@@ -16,13 +25,26 @@ HEAD_BYTES = 64 * 1024
 TAIL_BYTES = 1024 * 1024
 """Bytes kept from the end of a long stream (1 MiB)."""
 
+READ_BYTES = 64 * 1024
+"""Bytes read from a pipe per call (below malloc's mmap threshold); :meth:`Stream.drain` reads
+at most :data:`DRAIN_READS` times per call, so a child that writes without pause cannot keep
+the parent from checking its deadline."""
+
+DRAIN_READS = 64
+"""Reads per :meth:`Stream.drain` call at most (4 MiB)."""
+
 
 def anonymous_fd() -> int:
-    """A read-write descriptor of an unnamed temp file (not inherited across exec).
+    """A read-write descriptor of an unnamed file (not inherited across exec).
 
-    ``O_TMPFILE`` where the temp directory supports it, else a file unlinked at once: either
-    way nothing is left on disk, whatever happens to parent or child.
+    A memory file (Linux ``memfd_create``: no disk, no journal, cheap to map) where there is
+    one; else ``O_TMPFILE`` in the temp directory, else a file unlinked at once: either way
+    nothing is left behind, whatever happens to parent or child.
     """
+    try:
+        return os.memfd_create("devmem-death", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        pass
     directory = tempfile.gettempdir()
     try:
         return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
@@ -32,27 +54,40 @@ def anonymous_fd() -> int:
         return fd
 
 
-def read_kept(fd: int, name: str, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> str:
-    """Read a capture file: all of it, or its head and tail with a line saying what was cut.
+def kept_text(head: bytes, tail: bytes, total: int, name: str) -> str:
+    """A stream's text from its kept head and tail, with a line saying what was cut.
 
     Args:
-      fd: the file's descriptor (read with ``pread``; its offset is not used).
-      name: the stream's name for the cut notice (``"stderr"``).
-      head, tail: bytes to keep from each end when the file is longer than both together.
+      head: the first bytes kept.
+      tail: the last bytes kept (``head + tail`` is the whole stream when nothing was cut).
+      total: bytes the stream had in all.
+      name: the stream's name for the notice (``"stderr"``).
 
     Returns:
       The text, decoded as UTF-8 with undecodable bytes replaced.
     """
+    cut = total - len(head) - len(tail)
+    if cut <= 0:
+        return (head + tail).decode("utf-8", "replace")
+    notice = (
+        f"\n[... devmem-harness cut {cut} bytes ({cut / 2**20:.1f} MiB) of {name} here: "
+        f"it wrote {total} bytes; kept the first {len(head)} and the last {len(tail)} ...]\n"
+    )
+    return (head + notice.encode() + tail).decode("utf-8", "replace")
+
+
+def read_kept(fd: int, name: str, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> str:
+    """Read a file: all of it, or its head and tail with a line saying what was cut.
+
+    Args:
+      fd: the file's descriptor (read with ``pread``; its offset is not used).
+      name: the stream's name for the cut notice.
+      head, tail: bytes to keep from each end when the file is longer than both together.
+    """
     size = os.fstat(fd).st_size
     if size <= head + tail:
         return _pread_all(fd, size, 0).decode("utf-8", "replace")
-    cut = size - head - tail
-    notice = (
-        f"\n[... devmem-harness cut {cut} bytes ({cut / 2**20:.1f} MiB) of {name} here: "
-        f"it wrote {size} bytes; kept the first {head} and the last {tail} ...]\n"
-    )
-    text = _pread_all(fd, head, 0) + notice.encode() + _pread_all(fd, tail, size - tail)
-    return text.decode("utf-8", "replace")
+    return kept_text(_pread_all(fd, head, 0), _pread_all(fd, tail, size - tail), size, name)
 
 
 def _pread_all(fd: int, size: int, offset: int) -> bytes:
@@ -67,19 +102,132 @@ def _pread_all(fd: int, size: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
-class Capture:
-    """The files of one child: stdout, stderr, status, and (optionally) the request.
+class Stream:
+    """One output stream of a child: a pipe it writes, which the parent drains into memory.
 
-    Use as a context manager; the descriptors are closed on exit. The files have no name, so
-    nothing is left on disk whatever happens.
+    Keeps the first ``head`` bytes and the last ``tail`` bytes; never holds more than
+    ``head + 2 * tail + READ_BYTES`` bytes however much goes through.
+
+    Attributes:
+      name: ``"stdout"`` or ``"stderr"``.
+      read_fd: the parent's end (non-blocking; not inherited across exec).
+      write_fd: the child's end, or None once the parent has closed its copy.
+      total: bytes seen so far.
+      eof: every writer has closed its end.
+      last_data_at: ``time.monotonic()`` of the last read that got bytes, or None.
     """
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "eof",
+        "head",
+        "head_limit",
+        "last_data_at",
+        "name",
+        "read_fd",
+        "tail",
+        "tail_limit",
+        "total",
+        "write_fd",
+    )
+
+    def __init__(self, name: str, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> None:
+        self.name = name
+        self.head_limit = head
+        self.tail_limit = tail
+        self.read_fd, write_fd = os.pipe()
+        self.write_fd: int | None = write_fd
+        os.set_blocking(self.read_fd, False)
+        self.head = b""  # bytearrays once data comes
+        self.tail = b""
+        self.total = 0
+        self.eof = False
+        self.last_data_at: float | None = None
+
+    def feed(self, data: bytes) -> None:
+        """Append ``data`` to what was kept (the parent's own notes come in this way too)."""
+        self.total += len(data)
+        room = self.head_limit - len(self.head)
+        if room > 0:
+            if not self.head:
+                self.head = bytearray()
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            if not self.tail:
+                self.tail = bytearray()
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_limit:
+                del self.tail[: len(self.tail) - self.tail_limit]
+
+    def drain(self) -> None:
+        """Read what the pipe holds now (:data:`DRAIN_READS` reads at most); set :attr:`eof`
+        at end of file."""
+        for _ in range(DRAIN_READS):
+            try:
+                data = os.read(self.read_fd, READ_BYTES)
+            except BlockingIOError:
+                return
+            except InterruptedError:
+                continue
+            if not data:
+                self.eof = True
+                return
+            self.last_data_at = time.monotonic()
+            self.feed(data)
+
+    def close_write(self) -> None:
+        """Close the parent's copy of the child's end (once the child has its own)."""
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+    @property
+    def cut_bytes(self) -> int:
+        """Bytes dropped from the middle of the stream (0 when it was kept whole)."""
+        return max(self.total - len(self.head) - min(len(self.tail), self.tail_limit), 0)
+
+    def text(self) -> str:
+        """The kept text, with a line where bytes were cut (see :func:`kept_text`)."""
+        tail = bytes(self.tail[-self.tail_limit :]) if self.tail_limit else b""
+        return kept_text(bytes(self.head), tail, self.total, self.name)
+
+    def close(self) -> None:
+        """Close both ends (idempotent)."""
+        self.close_write()
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+
+class Capture:
+    """The channels of one child: stdout and stderr pipes, the status file, its page of the
+    guard table (its seal), and (optionally) the request file.
+
+    Use as a context manager; every descriptor is closed and the page freed on exit.
+
+    Args:
+      table: this process's guard table, from which the child's page is taken.
+
+    Raises:
+      HarnessError: the guard table has no free page.
+    """
+
+    def __init__(self, table: GuardTable) -> None:
+        self.table = table
+        self._open()
+
+    def _open(self) -> None:
         self.fds: list[int] = []
-        self.stdout_fd = self._new()
-        self.stderr_fd = self._new()
+        self.seal_offset: int | None = self.table.allocate()
+        self.stdout = Stream("stdout")
+        self.stderr = Stream("stderr")
         self.status_fd = self._new()
         self.request_fd: int | None = None
+
+    @property
+    def streams(self) -> tuple[Stream, Stream]:
+        """``(stdout, stderr)``."""
+        return self.stdout, self.stderr
 
     def write_request(self, data: bytes) -> int:
         """Store ``data`` in a new request file; return its descriptor (also ``request_fd``)."""
@@ -94,22 +242,51 @@ class Capture:
         self.fds.append(fd)
         return fd
 
-    def stdout(self) -> str:
-        """The child's stdout, head and tail kept (see :func:`read_kept`)."""
-        return read_kept(self.stdout_fd, "stdout")
+    def handed_over(self) -> None:
+        """The child (or the zygote) has its own copies of the pipes' ends: close ours."""
+        for stream in self.streams:
+            stream.close_write()
 
-    def stderr(self) -> str:
-        """The child's stderr, head and tail kept (see :func:`read_kept`)."""
-        return read_kept(self.stderr_fd, "stderr")
+    def finish(self, within_s: float = 0.1) -> None:
+        """Read what is left in the pipes once the child is gone (at most ``within_s``).
+
+        A grandchild that escaped the group kill and still holds a pipe cannot stall this.
+        """
+        self.handed_over()
+        until = time.monotonic() + within_s
+        for stream in self.streams:
+            while not stream.eof and time.monotonic() < until:
+                before = stream.total
+                stream.drain()
+                if stream.total == before:
+                    break
 
     def status(self) -> bytes:
         """Everything the child wrote on its status channel."""
         return _pread_all(self.status_fd, os.fstat(self.status_fd).st_size, 0)
 
+    def seal(self) -> bytes:
+        """The child's seal, as it left it (see ``harness._child``)."""
+        return self.table.seal(self.seal_offset)  # type: ignore[arg-type]
+
+    def disown(self) -> None:
+        """Wipe the child's pid from its page: it has ended and is about to be reaped."""
+        self.table.disown(self.seal_offset)  # type: ignore[arg-type]
+
+    def renew(self) -> None:
+        """Close every channel and open fresh ones (to try a launch again from scratch)."""
+        self.close()
+        self._open()
+
     def close(self) -> None:
-        """Close every descriptor (idempotent)."""
+        """Close every descriptor and free the page (idempotent)."""
+        for stream in self.streams:
+            stream.close()
         while self.fds:
             os.close(self.fds.pop())
+        if self.seal_offset is not None:
+            self.table.release(self.seal_offset)
+            self.seal_offset = None
 
     def __enter__(self) -> Capture:
         return self

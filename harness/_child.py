@@ -7,25 +7,37 @@ not need the package to be importable), so a child starts fast and drags nothing
 
 Order of operations in :func:`run_child` (each step relies on the ones before it):
 
+0. the child's pid into its seal (see below), before anything else, so that the zygote, which
+   guards the child, can find its process group from the first instant it could start another;
 1. own process group, killed when the parent dies (Linux), core dumps off, signal handlers and
    mask reset to what a fresh interpreter has;
 2. stdin from ``/dev/null``, stdout and stderr onto the parent's capture files (file-descriptor
    level), fresh ``sys.stdout``/``sys.stderr`` over them;
 3. ``faulthandler`` on the child's own stderr, also on :data:`DUMP_SIGNAL`, which the parent
-   sends shortly before its deadline to get every thread's Python stack (no watchdog thread:
+   sends once the deadline has passed to get every thread's Python stack (no watchdog thread:
    the harness adds no thread to the child);
 4. the environment, ``sys.path`` and working directory of the request (before the target's
    module is imported, so module-level reads see them), with ``DEVMEM_DEATH_CHILD=1``;
 5. a ``started`` record; import and call the target; one final record; ``os._exit``.
 
-Status channel: one JSON object per line on ``status_fd``; the ``event`` key names it:
+Status channel: a file of records, one JSON object per line; the ``event`` key names it:
 
 - ``{"event": "started", "pid": int}``: the child is set up and about to import the target.
 - ``{"event": "returned", "value": <plain data>}``: the target returned; exit status 0.
-- ``{"event": "raised", "type", "message", "traceback"}``: the target raised; exit status 1.
+- ``{"event": "raised", "type", "bases", "message", "traceback"}``: the target raised; exit
+  status 1. ``bases`` names the exception type's base classes, nearest first (not ``object``).
 - ``{"event": "exit", "code": int}``: the target raised ``SystemExit``; exit status ``code``.
 - ``{"event": "harness_error", "message", "traceback"}``: the harness failed in the child
   (bad request, target module failed to import, returned value not plain data).
+
+The *seal* is the child's page (:data:`SEAL_BYTES`) of its parent's guard table (see
+``harness._guard``), mapped into the child's memory before anything else happens. It holds the
+child's pid (at offset 0, ASCII digits and a newline) and, at :data:`SEAL_FINAL_AT`, whether
+the final record (``returned``, ``raised``, ``exit`` or ``harness_error``) was delivered:
+``{"event": ..., "delivered": bool, "error": str|null}``, NUL-padded. It is written through
+memory, so a target that closed the channel's descriptor, reused its number, or set
+``RLIMIT_FSIZE`` to 0 cannot stop it: a status that could not be delivered is then known to the
+parent, which reports a harness error instead of a silent None.
 
 The parent decodes these in ``harness._protocol``; the two must agree.
 """
@@ -34,8 +46,10 @@ from __future__ import annotations
 
 import faulthandler
 import importlib
+import importlib.util
 import io
 import json
+import mmap
 import os
 import signal
 import sys
@@ -59,6 +73,15 @@ EXIT_HARNESS_ERROR = 121
 """Exit status of a child that could not run its target; the status record says why."""
 
 PLAIN_TYPES = "None, bool, int, float, str, list, dict with str keys"
+
+SEAL_BYTES = 4096
+"""Size of a child's seal: one page of the guard table."""
+
+SEAL_FINAL_AT = 64
+"""Offset in the seal of the final-record verdict (the pid line comes before it)."""
+
+FINAL_EVENTS = ("returned", "raised", "exit", "harness_error")
+"""Events that end a child's status: the seal says whether the one sent was delivered."""
 
 _PR_SET_PDEATHSIG = 1
 _prctl = None  # libc's prctl, loaded by prepare() (in the parent, so a forked child need not)
@@ -112,7 +135,7 @@ def _find_problem(value: object, path_ids: set[int]) -> tuple[list[str], str] | 
     if value is None or kind in (bool, int, float, str):
         return None
     if kind is not list and kind is not dict:
-        return [], f"has type {_type_name(kind)}, which is not JSON plain data ({PLAIN_TYPES})"
+        return [], f"has type {type_name(kind)}, which is not JSON plain data ({PLAIN_TYPES})"
     if id(value) in path_ids:
         return [], "contains itself (a reference cycle)"
     path_ids.add(id(value))
@@ -126,7 +149,7 @@ def _find_problem(value: object, path_ids: set[int]) -> tuple[list[str], str] | 
             return None
         for key, item in value.items():  # type: ignore[union-attr]
             if type(key) is not str:
-                return [], f"has a key {key!r} of type {_type_name(type(key))}; keys must be str"
+                return [], f"has a key {key!r} of type {type_name(type(key))}; keys must be str"
             found = _find_problem(item, path_ids)
             if found is not None:
                 found[0].append(f"[{key!r}]")
@@ -136,18 +159,49 @@ def _find_problem(value: object, path_ids: set[int]) -> tuple[list[str], str] | 
         path_ids.discard(id(value))
 
 
-def _type_name(kind: type) -> str:
+def type_name(kind: type) -> str:
+    """A type's name as the status records give it: ``ValueError``, ``pkg.mod.MyError``."""
     module = getattr(kind, "__module__", "builtins")
     name = getattr(kind, "__qualname__", kind.__name__)
     return name if module == "builtins" else f"{module}.{name}"
 
 
-class _Status:
-    """Writes status records to the parent's channel (or, for a repro run, a line to stderr)."""
+def _map_page(fd: int, offset: int) -> mmap.mmap:
+    """Map the page at ``offset`` of the guard table open on ``fd`` into this process."""
+    return mmap.mmap(fd, SEAL_BYTES, offset=offset)
 
-    def __init__(self, fd: int | None, *, echo: bool) -> None:
+
+class _Status:
+    """Writes status records to the parent's channel (or, for a repro run, a line to stderr).
+
+    With a channel, the seal at its start is mapped first and the child's pid written into it;
+    each final record is then checked (the write succeeded, on the file it was written to at
+    the start) and the verdict written into the seal through memory.
+    """
+
+    def __init__(self, fd: int | None, seal: object, *, echo: bool) -> None:
         self.fd = fd
         self.echo = echo  # may harness errors go to sys.stderr (is it ours yet)?
+        self.seal = None
+        self.identity: tuple[int, int] | None = None
+        self.seal_at = 0
+        if seal is not None:
+            try:
+                where, offset = seal  # type: ignore[misc]
+                if isinstance(where, int):  # a descriptor of the table
+                    self.seal = _map_page(where, offset)
+                else:  # the table mapped already, inherited through fork
+                    self.seal, self.seal_at = where, offset
+                line = b"%d\n" % os.getpid()
+                self.seal[self.seal_at : self.seal_at + len(line)] = line
+            except (OSError, ValueError, TypeError):
+                self.seal = None  # the parent then finds no seal
+        if fd is not None:
+            try:
+                info = os.fstat(fd)
+                self.identity = (info.st_dev, info.st_ino)
+            except OSError:
+                pass
 
     def emit(self, event: str, **fields: object) -> None:
         if self.fd is None:
@@ -156,11 +210,27 @@ class _Status:
                 print(f"devmem-death: {event} {detail}", file=sys.stderr, flush=True)
             return
         data = (json.dumps({"event": event, **fields}, default=repr) + "\n").encode()
+        final = event in FINAL_EVENTS
+        error = None
         try:
+            if final:  # the target ran since we looked: is the descriptor still the channel?
+                info = os.fstat(self.fd)
+                if (info.st_dev, info.st_ino) != self.identity:
+                    raise OSError(f"descriptor {self.fd} is no longer the status channel")
             while data:
                 data = data[os.write(self.fd, data) :]
-        except OSError:  # the target closed the channel: the exit status must do
-            pass
+        except OSError as exc:  # the target closed the channel, or limited file sizes
+            error = f"{type(exc).__name__}: {exc}"
+        if final:
+            self._seal_final(event, error)
+
+    def _seal_final(self, event: str, error: str | None) -> None:
+        if self.seal is None:
+            return
+        verdict = json.dumps({"event": event, "delivered": error is None, "error": error})
+        data = verdict.encode()[: SEAL_BYTES - SEAL_FINAL_AT - 1] + b"\0"
+        start = self.seal_at + SEAL_FINAL_AT
+        self.seal[start : start + len(data)] = data
 
     def harness_error(self, message: str, exc: BaseException | None = None) -> None:
         text = "".join(traceback.format_exception(exc)) if exc is not None else ""
@@ -182,6 +252,7 @@ def run_child(
     parent_pid: int | None,
     new_group: bool = True,
     target: object = None,
+    seal: object = None,
 ):
     """Run one death-test child in this (freshly forked or exec'd) process. Never returns.
 
@@ -189,16 +260,20 @@ def run_child(
       request: the decoded request: ``target`` ("module:qualname"), ``args`` (list),
         ``environ`` (the child's whole environment, or None to keep this one), ``env``
         (overrides applied after it; None unsets), ``sys_path``, ``cwd``, ``main_path`` (file
-        to load as ``__main__`` for a ``__main__:`` target, or None) and
-        ``invalidate_caches`` (refresh the import system's directory caches, for a long-lived
-        zygote).
+        to load as ``__main__`` for a ``__main__:`` target, or None), ``module_path`` (the
+        file of the target's module, loaded by path when the module cannot be imported by
+        name, or is found elsewhere; None for a str target) and ``invalidate_caches``
+        (refresh the import system's directory caches, for a long-lived zygote).
       stdout_fd, stderr_fd: descriptors to move onto 1 and 2; None leaves 1 and 2 as they are.
       status_fd: descriptor of the status channel; None (a repro run) reports on stderr.
       parent_pid: the pid this child must die with; None skips the parent-death setup.
       new_group: put the child in its own process group (False when already done by exec).
       target: the callable itself (fork style), instead of importing ``request["target"]``.
+      seal: the child's page of its parent's guard table: ``(fd, offset)`` of the table's
+        file, or ``(mapping, offset)`` of the table already mapped (an ``mmap`` or memoryview
+        inherited through fork); None for a repro run.
     """
-    status = _Status(status_fd, echo=stderr_fd is None)
+    status = _Status(status_fd, seal, echo=stderr_fd is None)
     try:
         _isolate(parent_pid, new_group)
         _redirect(stdout_fd, stderr_fd)
@@ -213,7 +288,7 @@ def run_child(
     spec = request.get("target", "?")
     if target is None:
         try:
-            target = _resolve(spec, request.get("main_path"))
+            target = _resolve(spec, request.get("main_path"), request.get("module_path"))
         except BaseException as exc:
             status.harness_error(
                 f"could not import the target {spec!r} in the child: {type(exc).__name__}: {exc}",
@@ -236,7 +311,8 @@ def run_child(
             pass
         status.emit(
             "raised",
-            type=_type_name(type(exc)),
+            type=type_name(type(exc)),
+            bases=[type_name(base) for base in type(exc).__mro__[1:] if base is not object],
             message=_safe_str(exc),
             traceback=text,
         )
@@ -247,7 +323,17 @@ def run_child(
         status.harness_error(problem)
         _leave(EXIT_HARNESS_ERROR)
     status.emit("returned", value=value)
-    _leave(0)
+    _leave(0)  # an undelivered record is in the seal: the parent reports it, whatever the code
+
+
+def start_ticks(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22),
+    as a str: with the pid it names one process for good. None if it is gone (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -332,13 +418,15 @@ def _apply_request(request: dict) -> None:
         importlib.invalidate_caches()
 
 
-def _resolve(spec: str, main_path: str | None) -> object:
+def _resolve(spec: str, main_path: str | None, module_path: str | None = None) -> object:
     module_name, sep, qualname = spec.partition(":")
     if not sep or not module_name or not qualname:
         raise ValueError(f"target must be 'module:qualname', got {spec!r}")
     main = sys.modules.get("__main__")
     if module_name == "__main__" and main_path and getattr(main, "__file__", None) != main_path:
         module = _load_main(main_path)  # a fresh interpreter: its __main__ is our runner
+    elif module_path and not _importable_as(module_name, module_path):
+        module = _load_by_path(module_name, module_path)
     else:
         module = importlib.import_module(module_name)
     obj: object = module
@@ -347,10 +435,49 @@ def _resolve(spec: str, main_path: str | None) -> object:
     return obj
 
 
+def _importable_as(module_name: str, path: str) -> bool:
+    """Whether importing ``module_name`` here gives the module of file ``path``.
+
+    Not when the name cannot be found (pytest's ``--import-mode=importlib`` names test modules
+    ``tests.test_x`` without putting their directory on ``sys.path``), nor when it is found
+    in another file.
+    """
+    module = sys.modules.get(module_name)
+    if module is not None:
+        found = getattr(module, "__file__", None)
+    else:
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError):
+            return False
+        found = spec.origin if spec is not None else None
+    return isinstance(found, str) and _same_file(found, path)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _load_by_path(module_name: str, path: str) -> object:
+    """Load the file ``path`` as module ``module_name`` (what pytest's importlib mode does)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load module {module_name!r} from {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
 def _load_main(path: str) -> object:
     """Load the parent's ``__main__`` script as ``__mp_main__`` (what multiprocessing does)."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("__mp_main__", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the parent's __main__ from {path!r}")
@@ -381,6 +508,15 @@ def _safe_str(exc: BaseException) -> str:
 
 
 def _leave(code: int):
+    # A target that ran death tests of its own started a zygote: say goodbye and reap it, as
+    # atexit would have (os._exit runs no atexit handler, and an orphan is never reaped where
+    # init does not reap). Looked up, not imported: this module stands alone.
+    forkserver = sys.modules.get("harness._forkserver")
+    if forkserver is not None and forkserver._owner == os.getpid():
+        try:
+            forkserver._shutdown_at_exit()
+        except Exception:
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

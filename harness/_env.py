@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from harness._child import ENV_FLAG
 from harness._errors import HarnessError
+
+STARTUP_NAMES = frozenset(
+    {
+        "GLIBC_TUNABLES",
+        "PYTHONCOERCECLOCALE",
+        "PYTHONDEBUG",
+        "PYTHONDEVMODE",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONFAULTHANDLER",
+        "PYTHONHASHSEED",
+        "PYTHONINTMAXSTRDIGITS",
+        "PYTHONMALLOC",
+        "PYTHONMALLOCSTATS",
+        "PYTHONNODEBUGRANGES",
+        "PYTHONNOUSERSITE",
+        "PYTHONOPTIMIZE",
+        "PYTHONPERFSUPPORT",
+        "PYTHONPROFILEIMPORTTIME",
+        "PYTHONPYCACHEPREFIX",
+        "PYTHONSAFEPATH",
+        "PYTHONTRACEMALLOC",
+        "PYTHONUSERBASE",
+        "PYTHONUTF8",
+        "PYTHONVERBOSE",
+        "PYTHONWARNDEFAULTENCODING",
+        "PYTHONWARNINGS",
+        "PYTHON_CPU_COUNT",
+        "PYTHON_GIL",
+    }
+)
+"""Variables that act only when an interpreter (or the C library) starts: CPython's start-up
+variables, ``GLIBC_TUNABLES``, and every ``LD_*`` and ``MALLOC_*`` name (see
+:func:`startup_variables`). A forked child, or a zygote's, started long before they were set."""
+
+STARTUP_PREFIXES = ("LD_", "MALLOC_")
+"""Name prefixes of variables read by the dynamic loader and glibc's malloc at start-up."""
 
 
 def check_env(env: object, what: str) -> dict[str, str | None]:
@@ -19,6 +55,7 @@ def check_env(env: object, what: str) -> dict[str, str | None]:
       HarnessError: ``env`` is not a mapping, a name is not a non-empty str without ``=`` or
         NUL, or a value is neither a str (without NUL) nor None.
     """
+    __tracebackhide__ = True
     if env is None:
         return {}
     if not isinstance(env, Mapping):
@@ -62,3 +99,12 @@ def describe_env(overrides: Mapping[str, str | None]) -> str:
     return ", ".join(
         f"{name} unset" if value is None else f"{name}={value}" for name, value in overrides.items()
     )
+
+
+def startup_variables(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` that act only at interpreter or C-library start-up.
+
+    Setting (or unsetting) one of them for a child only works in the ``exec`` style: a fork,
+    or a fork of the zygote, runs in an interpreter that started before they were set.
+    """
+    return [name for name in names if name in STARTUP_NAMES or name.startswith(STARTUP_PREFIXES)]

@@ -1,4 +1,4 @@
-"""The two exceptions of the harness: whose fault it is decides which one you get."""
+"""The exceptions and the warning of the harness: whose fault it is decides which you get."""
 
 from __future__ import annotations
 
@@ -21,4 +21,16 @@ class DeathTestFailure(AssertionError):
     target, the config id and env, the expected and the actual ending, the child's stderr
     (its first 20 and last 50 lines when longer, each prefixed ``[  DEATH   ] ``) and a shell
     command that reruns the child.
+    """
+
+
+class HarnessWarning(UserWarning):
+    """Something will not work as the call reads, though the child can run.
+
+    Warned by :func:`harness.run_child` when ``env`` sets a variable that acts only at
+    interpreter start-up (``PYTHONWARNINGS``, ``PYTHONDEVMODE``, ``PYTHONMALLOC``,
+    ``LD_PRELOAD``, ``MALLOC_*``, ...) and the style asked for forks a running interpreter
+    (``fork``, ``forkserver``): the child would not see its effect. ``style="auto"`` picks
+    ``exec`` for such an env instead. Make it an error with
+    ``-W error::harness.HarnessWarning``.
     """

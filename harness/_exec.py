@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from harness._capture import Capture
+from harness._forkserver import guard
 from harness._reap import Deadline, Ending, wait_direct
 from harness._repro import RUNNER_PATH
 from harness._request import ChildRequest
@@ -21,9 +22,13 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
     The slowest style (a whole interpreter starts, then imports the target's module) and the
     most faithful: nothing of this process is inherited but the environment and ``sys.path``.
     The argv is the repro command's, plus the options that tie the child to this parent; a
-    request longer than :data:`MAX_ARGUMENT_BYTES` goes through a descriptor instead.
+    request longer than :data:`MAX_ARGUMENT_BYTES` goes through a descriptor instead. The
+    child writes its pid into its page of the guard table before it runs anything of ours
+    (see :func:`harness._forkserver.guard`).
     """
-    deadline = Deadline.start(request.timeout_s)
+    unguarded = guard()
+    if unguarded is not None:
+        return Ending(None, error=unguarded)
     text = request.portable_json()
     data = text.encode()
     argv = [
@@ -33,26 +38,30 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
         str(capture.status_fd),
         "--parent-pid",
         str(os.getpid()),
+        "--seal",
+        f"{capture.table.fd}:{capture.seal_offset}",
     ]
-    pass_fds = [capture.status_fd]
+    pass_fds = [capture.status_fd, capture.table.fd]
     if len(data) <= MAX_ARGUMENT_BYTES:
         argv += ["--request", text]
     else:
         request_fd = capture.write_request(data)
         argv += ["--request-fd", str(request_fd)]
         pass_fds.append(request_fd)
+    deadline = Deadline.start(request.timeout_s)
     try:
         popen = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=capture.stdout_fd,
-            stderr=capture.stderr_fd,
+            stdout=capture.stdout.write_fd,
+            stderr=capture.stderr.write_fd,
             pass_fds=pass_fds,
             start_new_session=True,
-            env=request.environ,
+            env=request.environ(),
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return Ending(None, error=f"could not start {sys.executable!r}: {exc}")
+    capture.handed_over()
     try:
         ending = wait_direct(popen.pid, capture, deadline)
     finally:

@@ -8,11 +8,13 @@ Usage::
 
     python .../harness/_exec_runner.py --request JSON
     python .../harness/_exec_runner.py --request-fd FD --status-fd FD --parent-pid PID
+        --seal FD:OFFSET
 
 ``--request`` carries the request as JSON (``target``, ``args``, ``sys_path``, ``cwd``,
-``main_path``); ``--request-fd`` reads the same JSON from a descriptor instead (used when it is
-too long for one argument). The other options bind the child to its parent; a repro command
-leaves them out, and the runner then reports the outcome on stderr.
+``main_path``, ``module_path``); ``--request-fd`` reads the same JSON from a descriptor instead
+(used when it is too long for one argument). The other options bind the child to its parent
+(``--seal``: its page of the parent's guard table); a repro command leaves them out, and the
+runner then reports the outcome on stderr.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _load_child():
 
 def _parse(argv: list[str]) -> dict[str, str]:
     options: dict[str, str] = {}
-    known = ("--request", "--request-fd", "--status-fd", "--parent-pid")
+    known = ("--request", "--request-fd", "--status-fd", "--parent-pid", "--seal")
     it = iter(argv)
     for arg in it:
         if arg not in known:
@@ -59,6 +61,10 @@ def main(argv: list[str]) -> None:
         os.close(request_fd)
     status_fd = int(options["--status-fd"]) if "--status-fd" in options else None
     parent_pid = int(options["--parent-pid"]) if "--parent-pid" in options else None
+    seal = None
+    if "--seal" in options:
+        fd, _, offset = options["--seal"].partition(":")
+        seal = (int(fd), int(offset))
     child.run_child(
         request,
         stdout_fd=None,
@@ -66,6 +72,7 @@ def main(argv: list[str]) -> None:
         status_fd=status_fd,
         parent_pid=parent_pid,
         new_group=False,  # the parent started a new session; a repro stays in the shell's job
+        seal=seal,
     )
 
 

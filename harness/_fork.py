@@ -6,6 +6,7 @@ import os
 
 from harness import _child
 from harness._capture import Capture
+from harness._forkserver import guard
 from harness._reap import Deadline, Ending, wait_direct
 from harness._request import ChildRequest
 
@@ -15,11 +16,17 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
 
     The fastest style, and the only one that runs closures: the child is a copy of this
     process, target included. It is also the one that inherits everything, so it is refused
-    after :func:`harness.mark_fork_unsafe` (checked by the caller).
+    after :func:`harness.mark_fork_unsafe` (checked by the caller). The child writes its pid
+    into its page of the guard table, through the mapping it inherits, before anything else
+    (see :func:`harness._forkserver.guard`).
     """
+    unguarded = guard()
+    if unguarded is not None:
+        return Ending(None, error=unguarded)
     _child.prepare()
     parent_pid = os.getpid()
     wire = request.wire(forked_from_parent=True)
+    seal = (capture.table.map, capture.seal_offset)
     deadline = Deadline.start(request.timeout_s)
     try:
         pid = os.fork()
@@ -29,14 +36,16 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
         try:
             _child.run_child(
                 wire,
-                stdout_fd=capture.stdout_fd,
-                stderr_fd=capture.stderr_fd,
+                stdout_fd=capture.stdout.write_fd,
+                stderr_fd=capture.stderr.write_fd,
                 status_fd=capture.status_fd,
                 parent_pid=parent_pid,
                 target=request.target.function,
+                seal=seal,
             )
         finally:
             os._exit(_child.EXIT_HARNESS_ERROR)
+    capture.handed_over()
     try:
         os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
     except OSError:

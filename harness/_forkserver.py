@@ -1,45 +1,63 @@
-"""The forkserver style: one clean zygote per process forks the children.
+"""This process's connection to its zygote: the forkserver style, and the guard of every child.
 
-The zygote (``_zygote.py``) is exec'd lazily on the first request, restarted if it died or if
-the preload list changed, shut down at interpreter exit, and dies with this process (Linux).
-It has imported only the standard library and its preload list, so its children start clean
-(no pytest, no threads of ours, never CUDA) yet cost little more than a fork.
+The zygote (``_zygote.py``) forks the forkserver style's children, and guards the children of
+every style: this process hands it its guard table (``harness._guard``) when it connects, each
+child writes its pid there before anything else, and if this process dies, however it dies,
+the zygote kills the process group of every child still in the table. A fork or exec child is
+started only once a zygote holds the table (:func:`guard`).
 
-A process that forks (pytest-forked, a fork-style child) forgets its parent's zygote and
-starts its own if it needs one. Requests are serialized by a lock.
+One zygote serves a whole *root* process and every process forked from it (pytest-forked's
+test processes, a fork-style child that runs death tests of its own): it listens on an
+abstract unix socket named after the root's pid and start time, the preload list and the
+interpreter, and a forked process connects to it there instead of starting its own. It is
+started lazily, by whichever process and thread needs it first, and lives until the root is
+gone (or says goodbye at its exit) and no client is left; the thread that started it may end
+at once. A zygote found dead is restarted once; any failure becomes an outcome of kind
+``harness_error``, never a raw exception. A different preload list means a different zygote.
+
+Runs on one connection are serialized by a lock (the replies are read by the running thread).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import itertools
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from typing import Any
 
 from harness._capture import Capture, anonymous_fd, read_kept
+from harness._child import start_ticks
 from harness._errors import HarnessError
+from harness._guard import table
 from harness._reap import (
     Deadline,
     Ending,
     dump_stacks,
     ending_from_wait_status,
     kill_group,
+    pump,
     wait_out,
 )
 from harness._request import ChildRequest
 
 ZYGOTE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
 STARTUP_S = 60.0
-"""Seconds the zygote may take to start and import its preload list."""
+"""Seconds the zygote may take to start, and to import its preload list at its first child."""
 REPLY_S = 10.0
-"""Seconds the zygote may take to answer a request it is not blocked on."""
+"""Seconds the zygote may take to reap a child it was told is dead (SIGKILLed)."""
+
+ROOT = (os.getpid(), start_ticks(os.getpid()) or "0")
+"""``(pid, start ticks)`` of the root process: the one that first imported the harness in this
+fork lineage (a forked process inherits the value, so it names its parent's root)."""
 
 _preload: tuple[str, ...] = ()
 
@@ -48,8 +66,8 @@ def set_forkserver_preload(modules: list[str]) -> None:
     """Name the modules the forkserver zygote imports before it forks any child.
 
     A module the children would import anyway (NumPy, say) then costs nothing per child. A
-    zygote already running with a different list is replaced at its next request. Preload
-    nothing that initializes CUDA or starts threads at import.
+    different list means a different zygote, started at the next child that needs one.
+    Preload nothing that initializes CUDA or starts threads at import.
 
     Args:
       modules: importable module names; an empty list preloads nothing.
@@ -58,6 +76,7 @@ def set_forkserver_preload(modules: list[str]) -> None:
       HarnessError: ``modules`` is not a list (or tuple) of non-empty str.
     """
     global _preload
+    __tracebackhide__ = True
     if isinstance(modules, str) or not isinstance(modules, (list, tuple)):
         raise HarnessError(f"set_forkserver_preload(modules) takes a list of str, not {modules!r}")
     for name in modules:
@@ -71,151 +90,136 @@ def forkserver_preload() -> tuple[str, ...]:
     return _preload
 
 
-class _ZygoteFailure(Exception):
+class ZygoteFailure(Exception):
     """The zygote died, hung, or broke the protocol."""
 
 
-class ForkServer:
-    """This process's connection to its zygote."""
+class NotForked(ZygoteFailure):
+    """The zygote failed before it forked the child: trying again cannot run the target twice."""
 
-    def __init__(self) -> None:
+
+class Refused(Exception):
+    """The zygote is well but would not run the child (a preload failed, say)."""
+
+
+class Connection:
+    """This process's connection to one zygote.
+
+    Attributes:
+      key: the preload list it serves.
+      pid: the zygote's pid.
+      popen: the zygote's process, if this process started it (else None).
+    """
+
+    def __init__(
+        self,
+        key: tuple[str, ...],
+        sock: socket.socket,
+        pid: int,
+        popen: subprocess.Popen[bytes] | None,
+        stderr_fd: int | None,
+    ) -> None:
+        self.key = key
+        self.sock = sock
+        self.pid = pid
+        self.popen = popen
+        self.stderr_fd = stderr_fd
         self.owner = os.getpid()
         self.lock = threading.Lock()
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.sock: socket.socket | None = None
-        self.stderr_fd: int | None = None
-        self.preload: tuple[str, ...] = ()
+        self.ids = itertools.count(1)
+        self.closed = False
 
-    @property
-    def pid(self) -> int | None:
-        """The zygote's pid, or None when none is running."""
-        return self.popen.pid if self.popen is not None else None
+    # -- forkserver ----------------------------------------------------------------------------
 
     def run(self, request: ChildRequest, capture: Capture) -> Ending:
-        """Have the zygote fork a child for ``request``; wait until its deadline; see it reaped."""
+        """Have the zygote fork a child for ``request``; wait until its deadline; see it reaped.
+
+        Raises:
+          NotForked: the zygote failed before forking (the connection is closed).
+          Refused: the zygote would not run it.
+        """
         with self.lock:
-            try:
-                self._ensure_started()
-            except _ZygoteFailure as exc:
-                return Ending(None, error=f"the forkserver zygote could not start: {exc}")
-            capture.write_request(json.dumps(request.wire(forked_from_parent=False)).encode())
+            wire = {
+                **request.wire(forked_from_parent=False),
+                "preload": list(self.key),
+                "seal_offset": capture.seal_offset,
+            }
+            capture.write_request(json.dumps(wire).encode())
+            ident = next(self.ids)
+            fds = [capture.request_fd, capture.stdout.write_fd, capture.stderr.write_fd]
             deadline = Deadline.start(request.timeout_s)
-            pid = None
             try:
-                pid = self._fork(capture)
-                return self._wait(pid, capture, deadline)
-            except BaseException as exc:  # the zygote's protocol state is unknown now
-                if pid is not None:
-                    kill_group(pid, signal.SIGKILL)
-                self.stop()
-                if isinstance(exc, _ZygoteFailure):
-                    return Ending(pid, error=f"the forkserver zygote failed: {exc}")
+                message = json.dumps({"op": "run", "id": ident}).encode()
+                socket.send_fds(self.sock, [message], [*fds, capture.status_fd])  # type: ignore[list-item]
+                capture.handed_over()
+                reply = self._receive(capture, time.monotonic() + STARTUP_S, "forked", ident)
+                if reply is None:
+                    raise ZygoteFailure(f"it did not fork a child within {STARTUP_S:g} s")
+            except (OSError, ZygoteFailure) as exc:
+                self.close()
+                raise NotForked(str(exc) or type(exc).__name__) from exc
+            pid = int(reply["pid"])
+            try:
+                return self._wait(pid, ident, capture, deadline)
+            except (OSError, ZygoteFailure) as exc:
+                kill_group(pid, signal.SIGKILL)
+                self.close()
+                return Ending(
+                    pid,
+                    error=f"the forkserver zygote failed: {exc}",
+                    started_at=deadline.started_at,
+                )
+            except BaseException:  # KeyboardInterrupt: the protocol's state is unknown now
+                kill_group(pid, signal.SIGKILL)
+                self.close()
                 raise
 
-    def _fork(self, capture: Capture) -> int:
-        fds = [capture.request_fd, capture.stdout_fd, capture.stderr_fd, capture.status_fd]
-        try:
-            socket.send_fds(self.sock, [b'{"op": "run"}'], fds)  # type: ignore[arg-type]
-        except OSError as exc:  # died since the liveness check: one restart
-            self.stop()
-            self._ensure_started()
-            try:
-                socket.send_fds(self.sock, [b'{"op": "run"}'], fds)  # type: ignore[arg-type]
-            except OSError:
-                raise _ZygoteFailure(f"cannot send it a request: {exc}") from exc
-        reply = self._receive(time.monotonic() + REPLY_S, "forked")
-        if reply is None:
-            raise _ZygoteFailure(f"it did not fork a child within {REPLY_S:g} s")
-        return int(reply["pid"])
-
-    def _wait(self, pid: int, capture: Capture, deadline: Deadline) -> Ending:
+    def _wait(self, pid: int, ident: int, capture: Capture, deadline: Deadline) -> Ending:
         replies: list[dict[str, Any]] = []
+        killed_at: list[float] = []
 
         def wait(until: float | None) -> bool:
-            # until=None comes after SIGKILL: the zygote reaps at once unless it is broken
-            reply = self._receive(time.monotonic() + REPLY_S if until is None else until, "reaped")
-            if reply is None and until is None:
-                raise _ZygoteFailure(f"it did not reap child {pid} within {REPLY_S:g} s")
+            if until is None and killed_at:  # after SIGKILL the zygote reaps at once, or is broken
+                until = killed_at[0] + REPLY_S
+                reply = self._receive(capture, until, "reaped", ident)
+                if reply is None:
+                    raise ZygoteFailure(f"it did not reap child {pid} within {REPLY_S:g} s")
+            else:
+                reply = self._receive(capture, until, "reaped", ident)
             if reply is not None:
                 replies.append(reply)
             return reply is not None
 
+        def stop(sig: int) -> None:
+            if sig == signal.SIGKILL:
+                killed_at.append(time.monotonic())
+            kill_group(pid, sig)
+
         ended = wait_out(
-            wait,
-            deadline,
-            lambda: dump_stacks(pid, capture, deadline),
-            lambda sig: kill_group(pid, sig),
+            wait, deadline, lambda: dump_stacks(pid, capture, deadline), stop, capture.stderr
         )
+        capture.finish()
         return ending_from_wait_status(pid, int(replies[-1]["status"]), not ended, deadline)
 
-    def _receive(self, deadline: float, expected: str) -> dict[str, Any] | None:
-        """The zygote's next message, which must be ``expected``; None at the deadline."""
-        assert self.sock is not None
-        poller = select.poll()
-        poller.register(self.sock, select.POLLIN)
-        while not poller.poll(max(deadline - time.monotonic(), 0.0) * 1000):
-            if time.monotonic() >= deadline:
-                return None
+    def _receive(
+        self, capture: Capture | None, until: float | None, expected: str, ident: int | None
+    ) -> dict[str, Any] | None:
+        """The zygote's next message, which must be ``expected``; None once ``until`` passes."""
+        streams = capture.streams if capture is not None else ()
+        if not pump(streams, until, ready_fd=self.sock.fileno()):
+            return None
         data = self.sock.recv(1 << 16)
         if not data:
-            raise _ZygoteFailure(f"it exited unexpectedly{self._stderr_tail()}")
+            raise ZygoteFailure(f"it exited unexpectedly{self._stderr_tail()}")
         try:
             message = json.loads(data)
         except ValueError as exc:
-            raise _ZygoteFailure(f"unreadable message {data[:200]!r}") from exc
+            raise ZygoteFailure(f"unreadable message {data[:200]!r}") from exc
         if message.get("event") == "error":
-            raise _ZygoteFailure(str(message.get("message")))
-        if message.get("event") != expected:
-            raise _ZygoteFailure(f"expected a {expected!r} message, got {message!r}")
+            raise Refused(str(message.get("message")))
+        if message.get("event") != expected or message.get("id") != ident:
+            raise ZygoteFailure(f"expected a {expected!r} message, got {message!r}")
         return message
-
-    def _ensure_started(self) -> None:
-        if self.popen is not None:
-            if self.popen.poll() is None and self.preload == _preload:
-                return
-            self.stop()
-        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.stderr_fd = anonymous_fd()
-        try:
-            self.popen = subprocess.Popen(
-                [
-                    sys.executable,
-                    ZYGOTE_PATH,
-                    "--fd",
-                    str(child_sock.fileno()),
-                    "--parent-pid",
-                    str(os.getpid()),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=self.stderr_fd,
-                pass_fds=[child_sock.fileno()],
-                start_new_session=True,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            parent_sock.close()
-            self.stop()
-            raise _ZygoteFailure(f"cannot start {sys.executable!r}: {exc}") from exc
-        finally:
-            child_sock.close()
-        self.sock = parent_sock
-        self.preload = _preload
-        init = {"op": "init", "sys_path": list(sys.path), "preload": list(self.preload)}
-        try:
-            self.sock.send(json.dumps(init).encode())
-            ready = self._receive(time.monotonic() + STARTUP_S, "ready")
-        except (OSError, _ZygoteFailure) as exc:
-            self.stop()
-            raise _ZygoteFailure(str(exc)) from exc
-        if ready is None:
-            self.stop()
-            raise _ZygoteFailure(f"it was not ready within {STARTUP_S:g} s")
-        if ready.get("errors"):
-            errors = "; ".join(f"{name}: {error}" for name, error in ready["errors"].items())
-            self.stop()
-            raise _ZygoteFailure(
-                f"preloading failed ({errors}); see harness.set_forkserver_preload"
-            )
 
     def _stderr_tail(self) -> str:
         if self.stderr_fd is None:
@@ -223,57 +227,247 @@ class ForkServer:
         text = read_kept(self.stderr_fd, "zygote stderr", head=0, tail=2000).strip()
         return f"; its stderr: {text}" if text else ""
 
-    def stop(self) -> None:
-        """Shut the zygote down (it exits on end of file) and reap it."""
-        if self.sock is not None:
+    def alive(self) -> bool:
+        """Whether the zygote may still be there (its end of the socket is not closed)."""
+        if self.closed:
+            return False
+        return not socket_closed(self.sock)
+
+    def close(self) -> None:
+        """Drop the connection (the zygote stays for its other clients)."""
+        if not self.closed:
+            self.closed = True
+            for fd in (self.sock.fileno(), self.stderr_fd):
+                if fd in _child_closes:  # its number may be reused: a child must not close it
+                    _child_closes.remove(fd)
             self.sock.close()
-            self.sock = None
+            if self.stderr_fd is not None:
+                os.close(self.stderr_fd)
+                self.stderr_fd = None
+
+    def shut_down(self, wait_s: float = 2.0) -> None:
+        """At the root's exit: say goodbye, close, and reap the zygote if this process started
+        it and it leaves within ``wait_s``. Elsewhere: close (the zygote serves the root on)."""
+        root = os.getpid() == ROOT[0]
+        if not self.closed and root:
+            with contextlib.suppress(OSError):
+                self.sock.send(b'{"op": "goodbye"}')
+        self.close()
+        if self.popen is not None and not root:
+            _abandoned.append(self.popen)
+            self.popen = None
         if self.popen is not None:
             try:
-                self.popen.wait(timeout=2.0)
+                self.popen.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+                _abandoned.append(self.popen)
             self.popen = None
-        if self.stderr_fd is not None:
-            os.close(self.stderr_fd)
-            self.stderr_fd = None
 
 
-_server: ForkServer | None = None
-_server_lock = threading.Lock()
+def socket_closed(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` has closed its end (the zygote is gone): a peek that
+    neither waits nor takes anything (a reply waiting for another thread stays there)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+_connections: dict[tuple[str, ...], Connection] = {}
+_lock = threading.Lock()
 _abandoned: list[object] = []  # inherited zygote handles of a forked process: never touched
 
 
-def server() -> ForkServer:
-    """This process's :class:`ForkServer` (created on first use; its zygote starts lazily)."""
-    global _server
-    with _server_lock:
-        if _server is None or _server.owner != os.getpid():
-            _server = ForkServer()
-        return _server
+def zygote_name(key: tuple[str, ...]) -> str:
+    """The abstract socket name of the zygote of this root for preload list ``key``."""
+    digest = zlib.crc32(json.dumps([key, sys.executable, ZYGOTE_PATH]).encode())
+    return f"devmem-harness-{os.getuid()}-{ROOT[0]}-{ROOT[1]}-{digest:08x}"
+
+
+def connection(key: tuple[str, ...] | None = None) -> Connection:
+    """This process's connection to the zygote for preload list ``key`` (default: the
+    current list), connecting to the root's or starting one if need be.
+
+    Raises:
+      ZygoteFailure: no zygote could be reached or started.
+    """
+    key = _preload if key is None else key
+    _adopt_after_fork()
+    with _lock:
+        found = _connections.get(key)
+        if found is not None and found.alive():
+            return found
+        if found is not None:
+            found.close()
+        made = _connect(key) or _start(key)
+        _connections[key] = made
+        _child_closes.extend(fd for fd in (made.sock.fileno(), made.stderr_fd) if fd is not None)
+        return made
+
+
+def current() -> Connection | None:
+    """The connection for the current preload list, if one is open (no zygote is started)."""
+    _adopt_after_fork()
+    found = _connections.get(_preload)
+    return found if found is not None and not found.closed else None
+
+
+def _hello(sock: socket.socket, until: float) -> int:
+    """Greet a zygote, handing it this process's guard table; return the zygote's pid."""
+    try:
+        socket.send_fds(sock, [b'{"op": "hello"}'], [table().fd])
+        if not pump((), until, ready_fd=sock.fileno()):
+            raise ZygoteFailure(f"it was not ready within {STARTUP_S:g} s")
+        data = sock.recv(1 << 16)
+    except OSError as exc:
+        raise ZygoteFailure(f"it exited before it was ready ({exc.strerror})") from exc
+    if not data:
+        raise ZygoteFailure("it exited before it was ready")
+    reply = json.loads(data)
+    if reply.get("event") != "ready":
+        raise ZygoteFailure(f"expected a 'ready' message, got {reply!r}")
+    return int(reply["pid"])
+
+
+def _connect(key: tuple[str, ...]) -> Connection | None:
+    """Connect to the root's zygote for ``key``, if one is listening."""
+    if not sys.platform.startswith("linux"):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect("\0" + zygote_name(key))
+        pid = _hello(sock, time.monotonic() + REPLY_S)
+    except (OSError, ValueError, ZygoteFailure):
+        sock.close()
+        return None
+    return Connection(key, sock, pid, None, None)
+
+
+def _start(key: tuple[str, ...]) -> Connection:
+    """Start a zygote for ``key`` (named for the root, so forked processes find it)."""
+    parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stderr_fd = anonymous_fd()
+    argv = [sys.executable, ZYGOTE_PATH, "--fd", str(child_sock.fileno())]
+    argv += ["--root-pid", str(ROOT[0]), "--root-start", ROOT[1], "--name", zygote_name(key)]
+    try:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_fd,
+            pass_fds=[child_sock.fileno()],
+            start_new_session=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        parent_sock.close()
+        os.close(stderr_fd)
+        raise ZygoteFailure(f"cannot start {sys.executable!r}: {exc}") from exc
+    finally:
+        child_sock.close()
+    made = Connection(key, parent_sock, popen.pid, popen, stderr_fd)
+    try:
+        _hello(parent_sock, time.monotonic() + STARTUP_S)
+    except (OSError, ValueError, ZygoteFailure) as exc:
+        tail = made._stderr_tail()
+        made.shut_down(wait_s=0.0)
+        popen.kill()
+        popen.wait()
+        raise ZygoteFailure(f"{exc}{tail}") from exc
+    return made
 
 
 def launch_forkserver(request: ChildRequest, capture: Capture) -> Ending:
-    """Run ``request`` in a child forked by this process's zygote."""
-    return server().run(request, capture)
+    """Run ``request`` in a child forked by this process's zygote.
+
+    A zygote found dead (before it forked the child) is restarted once, with fresh capture
+    channels; any other failure is an :class:`Ending` with an ``error``.
+    """
+    failure = None
+    for attempt in range(2):
+        if attempt:
+            capture.renew()
+        try:
+            return connection().run(request, capture)
+        except Refused as exc:
+            return Ending(None, error=f"the forkserver zygote could not run the child: {exc}")
+        except NotForked as exc:
+            failure = f"the forkserver zygote failed: {exc}"
+        except ZygoteFailure as exc:
+            failure = f"the forkserver zygote could not start: {exc}"
+    return Ending(None, error=f"{failure} (after one restart)")
+
+
+GUARD_CHECK_S = 0.25
+"""How long :func:`guard` trusts the zygote it last found alive, before it looks again."""
+
+_guarded_until = 0.0
+
+
+def guard() -> str | None:
+    """Make sure a zygote holds this process's guard table, before a fork or exec child starts.
+
+    The zygote found alive is trusted for :data:`GUARD_CHECK_S` (a check per child would cost
+    the fork style much of its speed); one that died meanwhile (someone killed it) leaves the
+    children started in that time guarded only by their own death with this process.
+
+    Returns:
+      None, or why no zygote could be reached or started (even after one restart), in which
+      case the caller must not start the child: nothing would kill its process group if this
+      process died.
+    """
+    global _guarded_until
+    now = time.monotonic()
+    if now < _guarded_until and _owner == os.getpid():
+        return None
+    failure = None
+    for _ in range(2):
+        try:
+            connection()
+        except ZygoteFailure as exc:
+            failure = str(exc)
+            continue
+        _guarded_until = now + GUARD_CHECK_S
+        return None
+    return (
+        "no zygote to guard the child (the process that kills the child's process group if "
+        f"this one dies) could be reached or started: {failure}"
+    )
 
 
 def _shutdown_at_exit() -> None:
-    if _server is not None and _server.owner == os.getpid():
-        _server.stop()
+    """At this process's exit (atexit, or a death-test child's ``_leave``): shut down the
+    connections it opened (the root says goodbye and reaps its zygotes)."""
+    if _owner != os.getpid():
+        return
+    for found in list(_connections.values()):
+        found.shut_down()
+    _connections.clear()
 
 
-def _forget_in_child() -> None:
-    """After a fork: the zygote is the parent's; drop our copy of the socket, touch nothing."""
-    global _server, _server_lock
-    if _server is not None:
-        if _server.sock is not None:
-            _server.sock.close()
-        _abandoned.append(_server)
-        _server = None
-    _server_lock = threading.Lock()
+_owner = os.getpid()  # whose connections (and descriptors in _child_closes) these are
+_child_closes: list[int] = []  # descriptors a forked child closes at once (the hook's only job)
+
+
+def _close_in_child() -> None:
+    """After a fork: close our copies of the connections' descriptors, raw (their objects
+    are the parent's; a fork-style child must touch as little of its memory as it can)."""
+    for fd in _child_closes:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _adopt_after_fork() -> None:
+    """In a forked process, on first use: the connections are the parent's; forget them."""
+    global _connections, _lock, _owner, _guarded_until, _child_closes
+    if _owner != os.getpid():
+        _abandoned.append(_connections)
+        _connections, _lock, _owner = {}, threading.Lock(), os.getpid()
+        _guarded_until, _child_closes = 0.0, []
 
 
 atexit.register(_shutdown_at_exit)
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(after_in_child=_close_in_child)

@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import re
 import signal as signal_module
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness._child import type_name
 from harness._errors import DeathTestFailure, HarnessError
 from harness._protocol import Raised
-from harness._report import describe_ending, failure_message, seconds, signal_name
+from harness._report import (
+    STDERR_HEAD_LINES,
+    STDERR_TAIL_LINES,
+    describe_ending,
+    failure_message,
+    seconds,
+    signal_name,
+)
+
+Pattern = str | re.Pattern[str] | None
+ExceptionSpec = type[BaseException] | str | tuple[type[BaseException] | str, ...] | None
+
+RETURNED_SHOWN = 200
+"""Characters of a returned value's repr shown in a failure message (longer: cut, `` [...]``)."""
+
+TRACEBACK_LINES = 30
+"""Last lines of a raised exception's traceback shown in a failure message (when the stderr
+shown there does not already hold it whole)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -18,12 +36,16 @@ class Outcome:
     """How one death-test child ended, and what it left behind.
 
     Returned by :func:`harness.run_child` and ``death.run``; check it with the ``assert_*``
-    methods, which return the outcome so they chain, or read the fields.
+    methods, which return the outcome so they chain, or read the fields. As in GoogleTest, a
+    target that raised did not die (``assert_died``, ``assert_aborted`` and ``assert_exit``
+    fail on it, saying so; ``assert_raised`` expects it), and a child that timed out never
+    satisfies a death assertion, whatever signal ended it.
 
     Attributes:
       kind: ``"exited"`` (it called exit, or returned, or raised), ``"signaled"`` (a signal
-        killed it), ``"timed_out"`` (the harness killed it at the deadline) or
-        ``"harness_error"`` (the harness failed; never a verdict on the code under test).
+        killed it), ``"timed_out"`` (it was still running at its deadline; the harness then
+        stopped it) or ``"harness_error"`` (the harness failed; never a verdict on the code
+        under test).
       exit_code: the exit status, or None if a signal ended it.
       signal: the :class:`signal.Signals` that killed it (SIGABRT, not 6), or None (a plain
         int for a signal without a name, such as a real-time one).
@@ -39,8 +61,10 @@ class Outcome:
       target: the target as ``"module:qualname"``.
       config_id: the id of the :class:`~harness.Config` it ran under, or None.
       env: the env overrides it ran with (config's, then the call's; None = unset).
-      timeout_s: its deadline, in seconds.
+      timeout_s: its deadline, in seconds, or None for none.
       error: what went wrong, for a ``"harness_error"``; else None.
+      stderr_cut_bytes: bytes cut from the middle of ``stderr`` (0 when it is whole): a
+        ``match`` runs on the kept head and tail only, and a failure says so.
     """
 
     kind: str
@@ -57,13 +81,16 @@ class Outcome:
     target: str
     config_id: str | None = None
     env: Mapping[str, str | None] = field(default_factory=dict)
-    timeout_s: float = 60.0
+    timeout_s: float | None = 60.0
     error: str | None = None
+    stderr_cut_bytes: int = 0
 
     @property
     def ending(self) -> str:
         """How it ended, in words: ``killed by SIGABRT``, ``exited with status 3``, ..."""
-        return describe_ending(self.kind, self.exit_code, self.signal, self.timeout_s, self.error)
+        return describe_ending(
+            self.kind, self.exit_code, self.signal, self.timeout_s, self.error, self.raised
+        )
 
     def __repr__(self) -> str:
         config = f", config {self.config_id!r}" if self.config_id is not None else ""
@@ -72,7 +99,7 @@ class Outcome:
             f"(style {self.style}{config}, {seconds(self.duration_s)})>"
         )
 
-    def assert_aborted(self, match: str | re.Pattern[str] | None = None) -> Outcome:
+    def assert_aborted(self, match: Pattern = None) -> Outcome:
         """Assert the child was killed by SIGABRT (``abort()``, a failed C assert, ...).
 
         Args:
@@ -82,7 +109,8 @@ class Outcome:
           This outcome.
 
         Raises:
-          DeathTestFailure: it ended otherwise, or its stderr does not match.
+          DeathTestFailure: it ended otherwise (its target raised, it timed out, ...), or its
+            stderr does not match.
           HarnessError: ``match`` is not a valid regex.
         """
         __tracebackhide__ = True
@@ -91,12 +119,13 @@ class Outcome:
 
     def assert_died(
         self,
-        match: str | re.Pattern[str] | None = None,
+        match: Pattern = None,
         signal: signal_module.Signals | int | str | None = None,
     ) -> Outcome:
         """Assert the child died: killed by a signal, or exited with a non-zero status.
 
-        A timeout is not a death (the harness killed it), nor is a harness error.
+        A raise is not a death (the target failed in Python: use :meth:`assert_raised`), nor
+        is a timeout (the harness killed it), nor a harness error.
 
         Args:
           match: a regex that must be found (``re.search``) in the child's stderr.
@@ -120,11 +149,49 @@ class Outcome:
             expected = f"killed by {signal_name(wanted)}"
         return self._check(expected, ok, match, death=True)
 
-    def assert_exited(self, code: int = 0, match: str | re.Pattern[str] | None = None) -> Outcome:
+    def assert_exit(self, predicate: Callable[[Outcome], object], match: Pattern = None) -> Outcome:
+        """Assert the child ended (exited or was killed) in a way ``predicate`` accepts.
+
+        GoogleTest's ``EXPECT_EXIT(statement, predicate, regex)``: ``predicate(outcome)`` sees
+        this outcome and returns whether its ending is the expected one, e.g.
+        ``lambda o: o.exit_code in (3, 4)``. As for the other death assertions, a target
+        that raised, a timeout and a harness error fail before the predicate is asked; any
+        exit status, 0 included, and any signal are the predicate's to judge.
+
+        Args:
+          predicate: a callable taking the outcome and returning a truth value; its name
+            (``__name__``) is shown in a failure.
+          match: a regex that must be found (``re.search``) in the child's stderr.
+
+        Returns:
+          This outcome.
+
+        Raises:
+          DeathTestFailure: it did not end by itself, or the predicate returned false, or its
+            stderr does not match.
+          HarnessError: ``predicate`` is not callable, or ``match`` is not a valid regex.
+          Exception: whatever ``predicate`` raises, unchanged.
+        """
+        __tracebackhide__ = True
+        if not callable(predicate):
+            raise HarnessError(f"assert_exit(predicate) needs a callable, not {predicate!r}")
+        name = getattr(predicate, "__name__", None) or repr(predicate)
+        ended = self.kind in ("exited", "signaled") and self.raised is None
+        ok = ended and bool(predicate(self))
+        return self._check(
+            f"an ending for which {name}(outcome) is true",
+            ok,
+            match,
+            death=True,
+            why=f"{name}(outcome) is false: the child " if ended else None,
+        )
+
+    def assert_exited(self, code: int = 0, match: Pattern = None) -> Outcome:
         """Assert the child exited with status ``code`` (not killed, not timed out).
 
         Args:
-          code: the expected exit status, 0 to 255 (a target that raises exits with 1).
+          code: the expected exit status, 0 to 255 (a target that raises exits with 1;
+            :meth:`assert_raised` says more).
           match: a regex that must be found (``re.search``) in the child's stderr.
 
         Returns:
@@ -138,7 +205,7 @@ class Outcome:
         if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
             raise HarnessError(f"assert_exited(code=...) takes an int from 0 to 255, not {code!r}")
         ok = self.kind == "exited" and self.exit_code == code
-        return self._check(f"exited with status {code}", ok, match, death=code != 0)
+        return self._check(f"exited with status {code}", ok, match, death=code != 0, raise_ok=True)
 
     def assert_clean(self) -> Outcome:
         """Assert the child exited with status 0 and its target raised nothing.
@@ -151,26 +218,77 @@ class Outcome:
         """
         __tracebackhide__ = True
         ok = self.kind == "exited" and self.exit_code == 0 and self.raised is None
-        return self._check("exited with status 0, nothing raised", ok, None, death=False)
+        return self._check("exited with status 0, nothing raised", ok, None)
+
+    def assert_raised(self, exc_type: ExceptionSpec = None, match: Pattern = None) -> Outcome:
+        """Assert the target raised an exception (of type ``exc_type``, if given).
+
+        The child then exited with status 1, its traceback in its stderr and
+        :attr:`raised`. Types are compared by their qualified names (``"ValueError"``,
+        ``"pkg.mod.MyError"``) against the raised type and its bases, so a subclass counts,
+        as with ``except``.
+
+        Args:
+          exc_type: an exception class, its qualified name, or a tuple of those (any one
+            will do); None accepts any exception.
+          match: a regex that must be found (``re.search``) in the child's stderr, where the
+            traceback ends with ``Type: message``.
+
+        Returns:
+          This outcome.
+
+        Raises:
+          DeathTestFailure: the target did not raise, or raised another type, or the stderr
+            does not match.
+          HarnessError: ``exc_type`` is not an exception class, a str, a tuple of those or
+            None, or ``match`` is not a valid regex.
+        """
+        __tracebackhide__ = True
+        names = _exception_names(exc_type)
+        raised = self.raised
+        wanted = "an exception" if names is None else " or ".join(names)
+        ok = raised is not None and (names is None or any(raised.is_a(name) for name in names))
+        why = (
+            "the target did not raise: the child "
+            if raised is None
+            else f"the target raised {raised.type}, not {wanted}: the child "
+        )
+        return self._check(f"its target raised {wanted}", ok, match, why=why)
 
     def _check(
         self,
         expected: str,
         ok: bool,
-        match: str | re.Pattern[str] | None,
+        match: Pattern,
         *,
-        death: bool,
+        death: bool = False,
+        raise_ok: bool = False,
+        why: str | None = None,
     ) -> Outcome:
+        """Raise :class:`DeathTestFailure` unless the ending is ``ok`` and the stderr matches.
+
+        Args:
+          death: the assertion expects a death, so a child that lived (timed out, or exited
+            with status 0) "did not die", and a raise is not a death.
+          raise_ok: for a death assertion, a raise does not fail it by itself
+            (``assert_exited(1)``: a raise gives that exit status).
+          why: the problem's start when the ending is not ok (``"... the child "``; the
+            ending follows), or None for the usual words.
+        """
         __tracebackhide__ = True
         pattern = _compile(match)
         if pattern is not None:
             expected += f", with stderr matching {pattern.pattern!r}"
+        verb = "was " if self.kind == "signaled" else ""
         if self.kind == "harness_error":
             problem = f"the harness failed, so how the child ends is unknown: {self.error}"
+        elif death and self.raised is not None and not raise_ok:
+            problem = f"the child did not die: its target raised {self.raised}"
         elif not ok:
             lived = self.kind == "timed_out" or (self.kind == "exited" and self.exit_code == 0)
-            verb = "was " if self.kind == "signaled" else ""
-            if death and lived:
+            if why is not None:
+                problem = f"{why}{verb}{self.ending}"
+            elif death and lived:
                 problem = f"the child did not die: it {self.ending}"
             else:
                 problem = f"the child {verb}{self.ending}"
@@ -178,6 +296,11 @@ class Outcome:
             problem = (
                 f"the child ended as expected, but its stderr does not match {pattern.pattern!r}"
             )
+            if self.stderr_cut_bytes:
+                problem += (
+                    f" (the match ran on a cut stream: {self.stderr_cut_bytes} bytes in the "
+                    "middle of its stderr were not kept)"
+                )
         else:
             return self
         raise DeathTestFailure(
@@ -201,13 +324,19 @@ class Outcome:
         lines = []
         if self.raised is not None:
             lines.append(f"raised:   {self.raised}")
+            shown = len(self.stderr.splitlines()) <= STDERR_HEAD_LINES + STDERR_TAIL_LINES
+            if not (shown and self.raised.traceback in self.stderr):
+                traceback = self.raised.traceback.splitlines()[-TRACEBACK_LINES:]
+                lines += [f"  {line}" for line in traceback]
         if self.returned is not None:
             text = repr(self.returned)
-            lines.append(f"returned: {text if len(text) <= 200 else text[:200] + ' [...]'}")
+            cut = text if len(text) <= RETURNED_SHOWN else text[:RETURNED_SHOWN] + " [...]"
+            lines.append(f"returned: {cut}")
         return lines
 
 
-def _compile(match: str | re.Pattern[str] | None) -> re.Pattern[str] | None:
+def _compile(match: Pattern) -> re.Pattern[str] | None:
+    __tracebackhide__ = True
     if match is None or isinstance(match, re.Pattern):
         return match
     if not isinstance(match, str):
@@ -215,10 +344,11 @@ def _compile(match: str | re.Pattern[str] | None) -> re.Pattern[str] | None:
     try:
         return re.compile(match)
     except re.error as exc:
-        raise HarnessError(f"match={match!r} is not a valid regex: {exc}") from exc
+        raise HarnessError(f"match={match!r} is not a valid regex: {exc}") from None
 
 
 def _as_signal(value: object) -> signal_module.Signals:
+    __tracebackhide__ = True
     try:
         if isinstance(value, str):
             name = value.upper()
@@ -228,3 +358,25 @@ def _as_signal(value: object) -> signal_module.Signals:
     except (KeyError, ValueError):
         pass
     raise HarnessError(f"signal={value!r} is not a signal (use e.g. signal.SIGSEGV)")
+
+
+def _exception_names(exc_type: ExceptionSpec) -> list[str] | None:
+    """The qualified type names ``exc_type`` stands for; None for any exception."""
+    __tracebackhide__ = True
+    if exc_type is None:
+        return None
+    specs = exc_type if isinstance(exc_type, tuple) else (exc_type,)
+    names = []
+    for spec in specs:
+        if isinstance(spec, str) and spec:
+            names.append(spec)
+        elif isinstance(spec, type) and issubclass(spec, BaseException):
+            names.append(type_name(spec))
+        else:
+            raise HarnessError(
+                "assert_raised(exc_type=...) takes an exception class, its qualified name, a "
+                f"tuple of those, or None, not {exc_type!r}"
+            )
+    if not names:
+        raise HarnessError("assert_raised(exc_type=()) names no exception type")
+    return names

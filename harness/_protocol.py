@@ -1,10 +1,12 @@
-"""Decoding a child's status records (the encoder is the standalone ``_child.py``)."""
+"""Decoding a child's status records and seal (the encoder is the standalone ``_child.py``)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from harness._child import FINAL_EVENTS, SEAL_FINAL_AT
 
 
 @dataclass(frozen=True)
@@ -16,11 +18,19 @@ class Raised:
         (``"ValueError"``, ``"allocator.UseAfterFreeError"``).
       message: ``str()`` of the exception.
       traceback: the formatted traceback, as the child printed it to its stderr.
+      bases: the names of the type's base classes, nearest first, without ``object``
+        (``("Exception", "BaseException")`` for a ``ValueError``).
     """
 
     type: str
     message: str
     traceback: str
+    bases: tuple[str, ...] = ()
+
+    def is_a(self, name: str) -> bool:
+        """Whether the exception is an instance of the type named ``name`` (qualified as
+        :attr:`type` is), judged by the names of its type and its bases."""
+        return name == self.type or name in self.bases
 
     def __str__(self) -> str:
         return f"{self.type}: {self.message}" if self.message else self.type
@@ -36,15 +46,18 @@ class Status:
       raised: the target's exception, or None.
       harness_error: a harness failure the child reported, or None (its traceback, if any,
         is in the child's stderr).
+      final: the last final event read (``returned``, ``raised``, ``exit``,
+        ``harness_error``), or None.
 
-    An ``exit`` record (the target raised ``SystemExit``) adds nothing: the wait status has
-    the code.
+    An ``exit`` record (the target raised ``SystemExit``) adds nothing else: the wait status
+    has the code.
     """
 
     started: bool = False
     returned: Any = None
     raised: Raised | None = None
     harness_error: str | None = None
+    final: str | None = None
 
 
 def decode_status(data: bytes) -> Status:
@@ -61,18 +74,60 @@ def decode_status(data: bytes) -> Status:
             event = record["event"]
         except (ValueError, KeyError, TypeError):
             return Status(harness_error=f"unreadable status record from the child: {line[:200]!r}")
+        if event in FINAL_EVENTS:
+            fields["final"] = event
         if event == "started":
             fields["started"] = True
         elif event == "returned":
             fields["returned"] = record.get("value")
         elif event == "raised":
+            bases = record.get("bases")
             fields["raised"] = Raised(
                 str(record.get("type", "?")),
                 str(record.get("message", "")),
                 str(record.get("traceback", "")),
+                tuple(map(str, bases)) if isinstance(bases, list) else (),
             )
         elif event == "harness_error":
             fields["harness_error"] = str(record.get("message", "unknown harness error"))
         elif event != "exit":
             return Status(harness_error=f"unknown status event {event!r} from the child")
     return Status(**fields)
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What the child left in the seal of its status file.
+
+    Attributes:
+      pid: the child's pid, written before anything else it did (None: it never got that far).
+      final: the final event it sent (``returned``, ``raised``, ``exit``, ``harness_error``),
+        or None if it sent none (it died, or left through ``os._exit``).
+      delivered: whether that final record reached the status file.
+      error: why it did not (``OSError: [Errno 9] Bad file descriptor``), or None.
+    """
+
+    pid: int | None = None
+    final: str | None = None
+    delivered: bool = True
+    error: str | None = None
+
+
+def decode_seal(data: bytes) -> Seal:
+    """Decode a seal (see ``harness._child``); a torn or foreign one reads as empty parts."""
+    line = data[:SEAL_FINAL_AT].split(b"\n", 1)[0].strip(b"\0")
+    pid = int(line) if line.isdigit() else None
+    verdict = data[SEAL_FINAL_AT:].split(b"\0", 1)[0]
+    try:
+        record = json.loads(verdict) if verdict else {}
+    except ValueError:
+        record = {"event": "?", "delivered": False, "error": f"unreadable seal {verdict[:100]!r}"}
+    if not isinstance(record, dict):
+        record = {"event": "?", "delivered": False, "error": f"unreadable seal {verdict[:100]!r}"}
+    final = record.get("event")
+    return Seal(
+        pid=pid,
+        final=str(final) if final is not None else None,
+        delivered=record.get("delivered") is not False,
+        error=str(record["error"]) if record.get("error") is not None else None,
+    )

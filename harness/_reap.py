@@ -1,30 +1,43 @@
 """Waiting for a child with a deadline, killing its process group, and always reaping it.
 
-Order: shortly before the deadline (:attr:`Deadline.dump_at`) a child that is still running,
-and has finished its setup, is sent :data:`~harness._child.DUMP_SIGNAL`, on which its
-faulthandler writes every thread's Python stack into its stderr (after one harness line saying
-so). At the deadline its whole process group gets SIGTERM; after :data:`GRACE_S`, SIGKILL.
-Once the child has ended, and before it is reaped (so its pid, which is also its group id,
-cannot be reused yet), whatever is left in its group gets SIGKILL.
+While it waits, the parent reads the child's stdout and stderr pipes (:func:`pump`), so the
+child never blocks on them. Order at the deadline (none if the timeout is None; any finite
+length otherwise): the child is *timed out* from that instant, whatever happens next. If it
+handles :data:`~harness._child.DUMP_SIGNAL` (the kernel says so: ``SigCgt`` in
+``/proc/<pid>/status``), it is sent that signal, on which its faulthandler writes every
+thread's Python stack into its stderr (after one harness line saying so), and given up to
+:data:`DUMP_WAIT_S` to write it; a child that reset the signal is not sent it (its default
+action would kill it), and the harness says so instead. Then its whole process group gets
+SIGTERM; after :data:`GRACE_S`, SIGKILL. Once the child has ended, and before it is reaped (so
+its pid, which is also its group id, cannot be reused yet), whatever is left in its group gets
+SIGKILL. Since the verdict is fixed at the deadline, no signal the child receives afterwards,
+nor the way it reacts, can turn a hang into a death.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from harness._capture import Capture
+from harness._capture import Capture, Stream
 from harness._child import DUMP_SIGNAL
 
 GRACE_S = 0.5
 """Seconds between SIGTERM and SIGKILL for a child past its deadline."""
 
-DUMP_MARGIN_MAX_S = 0.5
-"""The child's stacks are dumped at most this long before its deadline (seconds)."""
+DUMP_WAIT_S = 0.5
+"""At most this long, after the deadline, for a child to write its Python stacks (seconds)."""
+
+DUMP_QUIET_S = 0.02
+"""The stacks are taken as written once the child's stderr has been quiet this long."""
+
+MAX_POLL_S = 3600.0
+"""``poll()`` takes an int of milliseconds: a long wait is made of waits of at most this."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +48,7 @@ class Ending:
       pid: the child's pid, or None if it never started.
       exit_code: its exit status if it exited, else None.
       signal: the number of the signal that killed it, else None.
-      timed_out: the parent killed it at the deadline.
+      timed_out: it was still running at its deadline (the parent then stopped it).
       error: a harness failure that prevented knowing how it ended (None if all went well).
       started_at: ``time.monotonic()`` just before it was launched (None if it was not).
     """
@@ -50,25 +63,23 @@ class Ending:
 
 @dataclass(frozen=True)
 class Deadline:
-    """When a child must be done, and when to dump its stacks (``time.monotonic()`` seconds)."""
+    """When a child must be done (``time.monotonic()`` seconds; None: no deadline)."""
 
-    timeout_s: float
+    timeout_s: float | None
     started_at: float
-    end: float
-    dump_at: float
+    end: float | None
 
     @classmethod
-    def start(cls, timeout_s: float) -> Deadline:
-        """A deadline ``timeout_s`` seconds from now (call it just before the launch)."""
+    def start(cls, timeout_s: float | None) -> Deadline:
+        """A deadline ``timeout_s`` seconds from now, or none (call it just before the launch)."""
         now = time.monotonic()
-        end = now + timeout_s
-        return cls(timeout_s, now, end, end - min(DUMP_MARGIN_MAX_S, timeout_s / 4))
+        return cls(timeout_s, now, None if timeout_s is None else now + timeout_s)
 
 
 def ending_from_wait_status(pid: int, status: int, timed_out: bool, deadline: Deadline) -> Ending:
     """Decode the raw ``waitpid`` status of child ``pid`` into an :class:`Ending`.
 
-    ``timed_out`` says whether the parent stopped it at the deadline; ``started_at`` is taken
+    ``timed_out`` says whether it was still running at its deadline; ``started_at`` is taken
     from ``deadline`` (the launch time the duration is measured from).
     """
     if os.WIFSIGNALED(status):
@@ -99,48 +110,151 @@ def kill_group(pid: int, sig: int) -> None:
         pass
 
 
-def dump_stacks(pid: int, capture: Capture, deadline: Deadline) -> None:
-    """Have a running child dump its Python stacks into its stderr, if it got that far.
+def poll_ms(until: float | None, cap_s: float = MAX_POLL_S) -> int:
+    """Milliseconds for ``poll()`` until the monotonic time ``until`` (None: ``cap_s``), at most
+    ``cap_s``, rounded up so that a wait never returns just before ``until``."""
+    left = cap_s if until is None else min(max(until - time.monotonic(), 0.0), cap_s)
+    return math.ceil(left * 1000)
 
-    A child that has not yet written its ``started`` record has no handler for the signal
-    (its default action would kill it), so it is left alone.
+
+def pump(
+    streams: Iterable[Stream],
+    until: float | None,
+    ready_fd: int | None = None,
+    ended: Callable[[], bool] | None = None,
+    step_s: float = MAX_POLL_S,
+) -> bool:
+    """Read ``streams`` until ``ready_fd`` is readable or ``ended()`` is true (True), or until
+    the monotonic time ``until`` passes (False; None waits for as long as it takes).
+
+    Args:
+      streams: the child's output streams; each is drained when it has data, and left alone
+        once at its end of file.
+      until: when to give up.
+      ready_fd: a descriptor that becomes readable when the wait is over (a pidfd, or the
+        zygote's socket), or None.
+      ended: checked before each wait, for when there is no such descriptor.
+      step_s: the longest single wait (what makes ``ended`` be checked again).
     """
-    if os.fstat(capture.status_fd).st_size == 0:
-        return
-    note = (
-        f"devmem-harness: the child's {deadline.timeout_s:g} s timeout is near; "
-        "its Python stacks follow\n"
+    poller = select.poll()
+    by_fd = {}
+    for stream in streams:
+        if not stream.eof:
+            by_fd[stream.read_fd] = stream
+            poller.register(stream.read_fd, select.POLLIN)
+    if ready_fd is not None:
+        poller.register(ready_fd, select.POLLIN)
+    while True:
+        if ended is not None and ended():
+            return True
+        ready = False
+        for fd, _events in poller.poll(poll_ms(until, step_s)):
+            if fd == ready_fd:
+                ready = True
+                continue
+            stream = by_fd[fd]
+            stream.drain()
+            if stream.eof:
+                poller.unregister(fd)
+        if ready:
+            return True
+        if until is not None and time.monotonic() >= until:
+            return False
+
+
+def handles_signal(pid: int, signum: int) -> bool | None:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` in its
+    ``/proc/<pid>/status``); None when that cannot be read (no /proc, or it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def dump_stacks(pid: int, capture: Capture, deadline: Deadline) -> bool:
+    """Past the deadline: have the child dump its Python stacks into its stderr, if it can.
+
+    A child with no handler for :data:`~harness._child.DUMP_SIGNAL` (it reset the signal, or
+    has not finished its set-up) is not sent it, since the default action would kill it; a
+    line in its stderr says so. Where the kernel cannot be asked, a child that wrote its
+    ``started`` record is taken to have the handler.
+
+    Returns:
+      Whether the signal was sent.
+    """
+    name = signal.Signals(DUMP_SIGNAL).name
+    handled = handles_signal(pid, DUMP_SIGNAL)
+    if handled is None:
+        handled = len(capture.status()) > 0
+    capture.stderr.drain()
+    if not handled:
+        capture.stderr.feed(
+            f"devmem-harness: the child's {deadline.timeout_s:g} s timeout has passed; it does "
+            f"not handle {name} (did the target reset it?), so its Python stacks cannot be "
+            "shown\n".encode()
+        )
+        return False
+    capture.stderr.feed(
+        f"devmem-harness: the child's {deadline.timeout_s:g} s timeout has passed; its Python "
+        "stacks follow\n".encode()
     )
-    os.write(capture.stderr_fd, note.encode())  # shares the child's file offset: appends
     try:
         os.kill(pid, DUMP_SIGNAL)
     except OSError:
-        pass
+        return False
+    return True
+
+
+def wait_for_dump(wait: Callable[[float | None], bool], stderr: Stream) -> bool:
+    """Give a child that was sent the dump signal up to :data:`DUMP_WAIT_S` to write its
+    stacks: until its stderr grew and then stayed quiet :data:`DUMP_QUIET_S`, or it ended.
+
+    Returns:
+      Whether it ended meanwhile (its end was then consumed: do not wait for it again).
+    """
+    before = stderr.total
+    end = time.monotonic() + DUMP_WAIT_S
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            return False
+        if wait(min(end, now + DUMP_QUIET_S)):
+            return True
+        quiet_since = stderr.last_data_at
+        grew = stderr.total > before and quiet_since is not None
+        if grew and time.monotonic() - quiet_since >= DUMP_QUIET_S:  # type: ignore[operator]
+            return False
 
 
 def wait_out(
     wait: Callable[[float | None], bool],
     deadline: Deadline,
-    dump: Callable[[], None],
+    dump: Callable[[], bool],
     stop: Callable[[int], None],
+    stderr: Stream,
 ) -> bool:
     """Wait for a child to end; past the deadline, stop it. The order of the module docstring.
 
     Args:
-      wait: ``wait(until)`` waits until the child ends (True) or the monotonic time ``until``
-        passes (False); ``until=None`` waits for as long as it takes.
+      wait: ``wait(until)`` waits (reading the child's streams) until the child ends (True) or
+        the monotonic time ``until`` passes (False); ``until=None`` waits as long as it takes.
       deadline: the child's deadline.
-      dump: makes the child dump its stacks (:func:`dump_stacks`).
+      dump: asks the child for its stacks (:func:`dump_stacks`); True if the signal was sent.
       stop: ``stop(sig)`` signals the child's process group.
+      stderr: the child's stderr stream (to see its stacks arrive).
 
     Returns:
-      True if the child ended by itself, False if it was stopped at the deadline.
+      True if the child ended by itself before its deadline, False if it was timed out.
+      Either way it has ended: ``wait`` returned True once, and is not called again.
     """
-    if wait(deadline.dump_at):
-        return True
-    dump()
     if wait(deadline.end):
         return True
+    if dump() and wait_for_dump(wait, stderr):
+        return False  # it ended of the dump signal, or by itself: timed out all the same
     stop(signal.SIGTERM)
     if not wait(time.monotonic() + GRACE_S):
         stop(signal.SIGKILL)
@@ -159,25 +273,16 @@ class _ExitWatch:
         except (AttributeError, OSError):
             self.pidfd = None
 
-    def wait(self, until: float | None) -> bool:
+    def ended(self) -> bool:
+        """Whether the child has ended (it is not reaped)."""
+        found = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return found is not None
+
+    def wait(self, until: float | None, streams: Iterable[Stream]) -> bool:
         """Wait until the child ends or ``until`` (monotonic) passes; True if it ended."""
         if self.pidfd is not None:
-            poller = select.poll()
-            poller.register(self.pidfd, select.POLLIN)
-            while True:
-                left = None if until is None else max(until - time.monotonic(), 0.0)
-                if poller.poll(None if left is None else left * 1000):
-                    return True
-                if left is not None and left <= 0:
-                    return False
-        delay = 0.0001
-        while True:
-            if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-            if until is not None and time.monotonic() >= until:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            return pump(streams, until, ready_fd=self.pidfd)
+        return pump(streams, until, ended=self.ended, step_s=0.01)
 
     def close(self) -> None:
         if self.pidfd is not None:
@@ -198,19 +303,23 @@ def wait_direct(pid: int, capture: Capture, deadline: Deadline) -> Ending:
     reaped = False
     try:
         ended = wait_out(
-            watch.wait,
+            lambda until: watch.wait(until, capture.streams),
             deadline,
             lambda: dump_stacks(pid, capture, deadline),
             lambda sig: kill_group(pid, sig),
+            capture.stderr,
         )
         kill_group(pid, signal.SIGKILL)  # leftovers in its group; pid not reusable until reaped
+        capture.disown()
         _, status = os.waitpid(pid, 0)
         reaped = True
+        capture.finish()
         return ending_from_wait_status(pid, status, not ended, deadline)
     finally:
         watch.close()
         if not reaped:
             kill_group(pid, signal.SIGKILL)
+            capture.disown()
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:

@@ -42,17 +42,26 @@ def describe_ending(
     kind: str,
     exit_code: int | None,
     signum: int | None,
-    timeout_s: float,
+    timeout_s: float | None,
     error: str | None,
+    raised: object = None,
 ) -> str:
-    """How a child ended, in words: ``killed by SIGABRT``, ``exited with status 3``, ..."""
+    """How a child ended, in words: ``killed by SIGABRT``, ``exited with status 3``,
+    ``exited with status 1 after its target raised ValueError: bad size``, ``timed out after
+    2 s, then killed by SIGTERM``, ``harness error (not a crash): ...``.
+
+    Args:
+      raised: the exception the target raised (its str is shown), or None.
+    """
     if kind == "exited":
-        return f"exited with status {exit_code}"
+        after = f" after its target raised {raised}" if raised is not None else ""
+        return f"exited with status {exit_code}{after}"
     if kind == "signaled":
         return f"killed by {signal_name(signum)}"
     if kind == "timed_out":
         how = f"killed by {signal_name(signum)}" if signum else f"exited with status {exit_code}"
-        return f"timed out after {timeout_s:g} s, then {how}"
+        after = f" after {timeout_s:g} s" if timeout_s is not None else ""
+        return f"timed out{after}, then {how}"
     return f"harness error (not a crash): {error}"
 
 

@@ -25,20 +25,18 @@ class ChildRequest:
       args: positional arguments (JSON plain data).
       overrides: env overrides, config's first, then the call's (None = unset).
       config_id: the config's id, or None.
-      environ: the child's whole environment (the parent's, with the overrides and the flag).
       sys_path: the parent's ``sys.path`` when the request was made.
       cwd: the parent's working directory when the request was made.
-      timeout_s: the deadline, in seconds from the start of the child.
+      timeout_s: the deadline, in seconds from the start of the child; None for none.
     """
 
     target: Target
     args: list[Any]
     overrides: dict[str, str | None]
     config_id: str | None
-    environ: dict[str, str]
     sys_path: list[str]
     cwd: str
-    timeout_s: float
+    timeout_s: float | None
 
     def portable(self) -> dict[str, Any]:
         """The request as the exec runner takes it: no environment, no deadline."""
@@ -48,6 +46,7 @@ class ChildRequest:
             "sys_path": self.sys_path,
             "cwd": self.cwd,
             "main_path": self.target.main_path,
+            "module_path": self.target.module_path,
         }
 
     def portable_json(self) -> str:
@@ -64,7 +63,12 @@ class ChildRequest:
         """
         if forked_from_parent:
             return {**self.portable(), "env": self.overrides}
-        return {**self.portable(), "environ": self.environ, "invalidate_caches": True}
+        return {**self.portable(), "environ": self.environ(), "invalidate_caches": True}
+
+    def environ(self) -> dict[str, str]:
+        """The child's whole environment: this process's now, with the overrides and the flag
+        (a fork-style child needs only the overrides, so it is built only when asked)."""
+        return child_environ(os.environ, self.overrides)
 
 
 def make_request(
@@ -80,6 +84,7 @@ def make_request(
     Raises:
       HarnessError: naming the bad argument (see :func:`harness.run_child`).
     """
+    __tracebackhide__ = True
     checked_target = resolve_target(target)
     problem = plain_problem(list(args), "the arguments")
     if problem:
@@ -94,20 +99,29 @@ def make_request(
         args=list(args),
         overrides=overrides,
         config_id=config.id if config is not None else None,
-        environ=child_environ(os.environ, overrides),
         sys_path=list(sys.path),
         cwd=os.getcwd(),
         timeout_s=timeout_s,
     )
 
 
-def check_timeout(timeout: object, what: str = "run_child(timeout=...)") -> float:
-    """Return ``timeout`` as float seconds; HarnessError unless positive and finite."""
+def check_timeout(timeout: object, what: str = "run_child(timeout=...)") -> float | None:
+    """Return ``timeout`` as float seconds, or None (no deadline).
+
+    Raises:
+      HarnessError: ``timeout`` is neither None nor a positive finite number of seconds.
+    """
+    __tracebackhide__ = True
+    if timeout is None:
+        return None
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
         or not math.isfinite(timeout)
         or timeout <= 0
     ):
-        raise HarnessError(f"{what} must be a positive finite number of seconds, not {timeout!r}")
+        raise HarnessError(
+            f"{what} must be a positive finite number of seconds, or None for no deadline, "
+            f"not {timeout!r}"
+        )
     return float(timeout)

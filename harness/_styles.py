@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import warnings
+from collections.abc import Sequence
 
 from harness._child import ENV_FLAG
-from harness._errors import HarnessError
+from harness._errors import HarnessError, HarnessWarning
 
 STYLES = ("auto", "fork", "forkserver", "exec")
-"""The values of ``style``; ``auto`` picks ``fork`` when it is safe, else ``forkserver``."""
+"""The values of ``style``; ``auto`` picks ``fork`` when it is safe, else ``forkserver``, and
+``exec`` when the env sets a variable that acts only at interpreter start-up."""
+
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _fork_unsafe_reasons: list[str] = []
 _fork_safety_checks: list = []
@@ -113,27 +119,36 @@ def thread_count() -> int:
 
 def check_style(style: object, what: str = "style") -> str:
     """Return ``style`` if it is one of :data:`STYLES`; else raise HarnessError naming ``what``."""
+    __tracebackhide__ = True
     if style not in STYLES:
         raise HarnessError(f"{what} must be one of {', '.join(map(repr, STYLES))}, not {style!r}")
     return style  # type: ignore[return-value]
 
 
-def choose_style(style: object, *, importable: bool) -> str:
+def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()) -> str:
     """Resolve ``style`` to the one that will run the child.
 
     Args:
       style: one of :data:`STYLES`.
       importable: whether the target can be imported in a fresh interpreter (a closure
         cannot, so it needs ``fork``).
+      startup: the child's env overrides that act only at interpreter start-up (see
+        :func:`harness._env.startup_variables`).
 
     Returns:
-      ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives fork when fork is not marked
-      unsafe and this process has no other thread (see :func:`thread_count`), else forkserver.
+      ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives exec when ``startup`` names a
+      variable; else fork when fork is not marked unsafe and
+      this process has no other thread (see :func:`thread_count`); else forkserver.
 
     Raises:
       HarnessError: unknown style; fork asked for after :func:`mark_fork_unsafe`; or a target
         that is not importable with a style other than fork.
+
+    Warns:
+      HarnessWarning: ``startup`` names a variable and the style asked for is fork or
+        forkserver: the child will not see it act.
     """
+    __tracebackhide__ = True
     style = check_style(style)
     unsafe = fork_unsafe_reason()
     if style == "fork" and unsafe:
@@ -149,5 +164,26 @@ def choose_style(style: object, *, importable: bool) -> str:
             "level, or pass style='fork' explicitly"
         )
     if style == "auto":
-        return "fork" if unsafe is None and thread_count() == 1 else "forkserver"
+        if startup:
+            return "exec"
+        style = "fork" if unsafe is None and thread_count() == 1 else "forkserver"
+    if startup and style != "exec":
+        names = ", ".join(startup)
+        warnings.warn(
+            f"env sets {names}, which acts only when an interpreter starts, but style={style!r} "
+            "forks one that has started already: the child will not see it act. Use "
+            "style='exec' (or 'auto', which picks exec for such an env).",
+            HarnessWarning,
+            stacklevel=_user_stacklevel(),
+        )
     return style
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning that points at the first caller outside the harness."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _HARNESS_DIR:
+        frame = frame.f_back
+        level += 1
+    return level

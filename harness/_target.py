@@ -23,12 +23,17 @@ class Target:
       importable: whether a fresh interpreter can find it from ``spec``.
       main_path: the script to load as ``__main__`` in a fresh interpreter, for a target
         defined in the parent's ``__main__``; else None.
+      module_path: the file of the target's module, for a function target (None for a str,
+        or a module without a file): a child that cannot import the module by name, or finds
+        that name in another file, loads this file instead (pytest's ``--import-mode=importlib``
+        imports test modules under names that a fresh interpreter cannot find).
     """
 
     spec: str
     function: Callable[..., object] | None
     importable: bool
     main_path: str | None
+    module_path: str | None = None
 
 
 def resolve_target(target: object) -> Target:
@@ -45,6 +50,7 @@ def resolve_target(target: object) -> Target:
     Raises:
       HarnessError: ``target`` is neither callable nor a well-formed ``"module:qualname"`` str.
     """
+    __tracebackhide__ = True
     if isinstance(target, str):
         if not _SPEC.match(target):
             raise HarnessError(
@@ -68,7 +74,11 @@ def resolve_target(target: object) -> Target:
     if importable and module == "__main__":
         main_path = _main_path()
         importable = main_path is not None
-    return Target(spec, target, importable, main_path)
+    module_path = None
+    if importable and module != "__main__":
+        path = getattr(sys.modules.get(module), "__file__", None)
+        module_path = os.path.abspath(path) if isinstance(path, str) else None
+    return Target(spec, target, importable, main_path, module_path)
 
 
 def _lookup(module: str, qualname: str) -> object:

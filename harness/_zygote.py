@@ -1,37 +1,64 @@
-"""Entry point of the forkserver zygote: ``python _zygote.py --fd FD --parent-pid PID``.
+"""Entry point of the zygote: ``python _zygote.py --fd FD --root-pid PID --root-start TICKS
+[--name NAME]``.
 
-The zygote is a clean interpreter, exec'd by the parent, that imports only the standard
-library, ``_child.py`` (by file path, not the ``harness`` package) and the modules of its
-preload list; it never initializes CUDA. It forks one death-test child per request, reports the
-child's pid, reaps it (after killing whatever is left in the child's process group) and reports
-its wait status. It dies with its parent (Linux) and exits when the parent closes the socket.
+The zygote is a clean interpreter, exec'd by a test process, that imports only the standard
+library, ``_child.py`` (by file path, not the ``harness`` package) and, at its first ``run``
+request, the modules of that request's preload list; it never initializes CUDA. It has two
+jobs, for every *client* (a test process connected to it):
 
-Protocol: one JSON object per message on a ``SOCK_SEQPACKET`` unix socket (descriptor ``FD``).
+- **forkserver**: it forks one death-test child per ``run`` request, reports the child's pid,
+  and once the child has ended kills whatever is left in the child's process group, reaps the
+  child and reports its wait status;
+- **guard**: a client hands over its guard table (``harness._guard``) when it says hello; each
+  of its children, whatever its style, writes its pid into its page of the table before
+  anything else, and the client wipes it once the child has ended. When a client process
+  ends, however it ends (SIGKILL included: its socket closes and its pidfd fires), the zygote
+  kills the process group of every pid left in its table, and of each child it forked for
+  that client. So nothing of a child's process group outlives the test process.
 
-Parent to zygote:
+Its clients are the process that started it (descriptor ``FD``), and any process of the same
+user that connects to the abstract unix socket ``NAME``: the processes forked from the same
+*root* process (pytest-forked's test processes, say) share one zygote. It serves them all at
+once (an event loop over sockets and pidfds; one child per ``run`` request, many at a time),
+and exits once no client and no child is left and the root process ``PID`` (whose start time
+in clock ticks is ``TICKS``) is gone or has said goodbye. It does not die with the thread or
+the process that started it: a zygote started from a short-lived thread serves on.
 
-- ``{"op": "init", "sys_path": [...], "preload": [...]}``: first message; the zygote replies
-  ``{"event": "ready", "pid": int, "errors": {module: "Type: message"}}``.
-- ``{"op": "run"}`` with four descriptors attached (request JSON, stdout, stderr, status):
-  the zygote replies ``{"event": "forked", "pid": int}``, then, once the child has ended,
-  ``{"event": "reaped", "pid": int, "status": int}`` (a raw wait status). A request it cannot
-  serve gets ``{"event": "error", "message": str}`` instead.
-- end of file: the zygote exits.
+Protocol: one JSON object per message on ``SOCK_SEQPACKET`` unix sockets.
 
-Requests are served one at a time; the parent serializes them.
+Client to zygote:
+
+- ``{"op": "hello"}`` with the client's guard table attached: first message; reply
+  ``{"event": "ready", "pid": int}``.
+- ``{"op": "run", "id": int}`` with four descriptors attached (request JSON, stdout, stderr,
+  status): reply ``{"event": "forked", "id", "pid"}``, then, once the child has ended,
+  ``{"event": "reaped", "id", "pid", "status"}`` (a raw wait status). A request it cannot
+  serve gets ``{"event": "error", "id", "message"}`` instead. The request carries the child's
+  request (see ``_child.run_child``) plus ``preload``, the modules to import before the first
+  fork, and ``seal_offset``, the child's page in the client's table. The zygote keeps its
+  copies of the child's stdout and stderr until it has sent ``reaped``, so that the client
+  wakes once per child.
+- ``{"op": "goodbye"}``: from the root, at its exit: leave once no client is left.
+- end of file: the client is gone.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import json
+import mmap
 import os
+import select
 import signal
 import socket
+import struct
 import sys
 
 _MAX_MESSAGE = 1 << 16
+_MAX_FD = os.sysconf("SC_OPEN_MAX")
+_CHILD_FDS = 4  # request, stdout, stderr, status
 
 
 def _load_child():
@@ -42,97 +69,363 @@ def _load_child():
     return module
 
 
-def _send(sock: socket.socket, **message: object) -> None:
-    sock.send(json.dumps(message).encode())
-
-
-def _preload(modules: list[str]) -> dict[str, str]:
-    errors = {}
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:
-            errors[name] = f"{type(exc).__name__}: {exc}"
-    return errors
-
-
-def _serve(sock: socket.socket, child, fds: list[int]) -> None:
-    """Fork a child for one request, report its pid, reap it, report its wait status."""
-    if len(fds) != 4:
-        for fd in fds:
-            os.close(fd)
-        _send(sock, event="error", message=f"expected 4 descriptors, got {len(fds)}")
-        return
-    request_fd, stdout_fd, stderr_fd, status_fd = fds
+def _pidfd(pid: int) -> int | None:
     try:
-        request = json.loads(child.read_all(request_fd))
-    except (OSError, ValueError) as exc:
-        for fd in fds:
-            os.close(fd)
-        _send(sock, event="error", message=f"bad request: {type(exc).__name__}: {exc}")
-        return
-    os.close(request_fd)
-    zygote_pid = os.getpid()
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        for fd in (stdout_fd, stderr_fd, status_fd):
-            os.close(fd)
-        _send(sock, event="error", message=f"os.fork() failed in the zygote: {exc}")
-        return
-    if pid == 0:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _kill_group(pgid: int) -> None:
+    for kill in (os.killpg, os.kill):
         try:
+            kill(pgid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            continue
+        except OSError:
+            return
+
+
+def _pids_in(table_fd: int, page: int) -> list[int]:
+    """The pids written in the ``page``-byte pages of a client's guard table (see
+    ``harness._guard``)."""
+    try:
+        size = os.fstat(table_fd).st_size
+        view = mmap.mmap(table_fd, size, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return []
+    pids = []
+    with view:
+        for offset in range(0, size - size % page, page):
+            line = view[offset : offset + 32].split(b"\n", 1)[0]
+            if line.isdigit():
+                pids.append(int(line))
+    return pids
+
+
+def _op(message: bytes) -> tuple[object, object]:
+    """``(op, id)`` of a client's message; ``(None, None)`` if it is not one."""
+    try:
+        request = json.loads(message)
+        return request.get("op"), request.get("id")
+    except (ValueError, AttributeError):
+        return None, None
+
+
+class _Client:
+    def __init__(self, sock: socket.socket, pid: int | None) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.pidfd = _pidfd(pid) if pid else None
+        self.children: dict[int, int] = {}  # pid -> request id, of the children we forked for it
+        self.table: int | None = None  # its guard table's descriptor
+        self.table_map: mmap.mmap | None = None  # the table, mapped (a child writes its page)
+
+    def send(self, **message: object) -> None:
+        try:
+            self.sock.send(json.dumps(message).encode())
+        except OSError:
+            pass  # it is gone: its end of file comes next
+
+
+class _Child:
+    """A child this zygote forked: its pidfd (or -1), client, page offset, kept pipe ends."""
+
+    def __init__(self, pidfd: int, client: _Client | None, offset: object, pipes: tuple) -> None:
+        self.pidfd = pidfd
+        self.client = client
+        self.offset = offset if isinstance(offset, int) else None
+        self.pipes = pipes
+
+
+class Zygote:
+    """The event loop (module docstring)."""
+
+    def __init__(self, sock: socket.socket, root_pid: int, root_start: str, name: str | None):
+        self.child = _load_child()
+        self.child.prepare()  # libc's prctl, loaded once: every child inherits it
+        self.clients: dict[int, _Client] = {}  # socket fd -> client
+        self.by_pidfd: dict[int, _Client] = {}
+        self.children: dict[int, _Child] = {}
+        self.root_pid = root_pid
+        self.root_fd = _pidfd(root_pid)
+        self.root_gone = self.child.start_ticks(root_pid) != root_start
+        self.goodbye = False
+        self.preloaded: dict[str, str] | None = None  # module -> error, once preloaded
+        self.poller = select.poll()
+        self.listener: socket.socket | None = None
+        if name:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                listener.bind("\0" + name)
+                listener.listen(16)
+                self.listener = listener
+                self._watch(listener.fileno())
+            except OSError:  # another zygote won the race for this name: serve privately
+                listener.close()
+        if not self.root_gone:
+            self._watch(self.root_fd)
+        self._add_client(sock)
+
+    def _add_client(self, sock: socket.socket) -> None:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
             sock.close()
-            child.run_child(
-                request,
-                stdout_fd=stdout_fd,
-                stderr_fd=stderr_fd,
-                status_fd=status_fd,
-                parent_pid=zygote_pid,
+            return
+        client = _Client(sock, pid)
+        self.clients[sock.fileno()] = client
+        self._watch(sock.fileno())
+        if client.pidfd is not None:
+            self.by_pidfd[client.pidfd] = client
+            self._watch(client.pidfd)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Serve until no client and no child is left and the root is gone or said goodbye."""
+        while self.clients or self.children or not (self.root_gone or self.goodbye):
+            if self.listener is None and not self.clients and not self.children:
+                return  # private: nobody can reach us any more
+            self._step()
+        if self.listener is not None:
+            self.listener.close()
+
+    def _watch(self, fd: int | None) -> None:
+        if fd is not None and fd >= 0:
+            self.poller.register(fd, select.POLLIN)
+
+    def _unwatch(self, fd: int | None) -> None:
+        if fd is not None and fd >= 0:
+            try:
+                self.poller.unregister(fd)
+            except KeyError:
+                pass
+
+    def _step(self) -> None:
+        fallback = self.root_fd is None or any(c.pidfd < 0 for c in self.children.values())
+        events = self.poller.poll(50 if fallback else None)
+        ready = set()
+        for fd, _ in events:
+            if self.listener is not None and fd == self.listener.fileno():
+                self._accept()
+            elif fd in self.clients:
+                self._read(self.clients[fd])
+            elif fd in self.by_pidfd:
+                self._gone(self.by_pidfd[fd])
+            elif fd == self.root_fd:
+                self.root_gone = True
+                self._unwatch(fd)
+            else:
+                ready.add(fd)
+        for pid, child in list(self.children.items()):
+            if child.pidfd in ready or (child.pidfd < 0 and self._ended(pid)):
+                self._reap(pid)
+        if fallback and not self.root_gone and self.root_fd is None:
+            self.root_gone = self.child.start_ticks(self.root_pid) is None
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()  # type: ignore[union-attr]
+        except OSError:
+            return
+        self._add_client(sock)
+
+    def _read(self, client: _Client) -> None:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(client.sock, _MAX_MESSAGE, 8)
+        except OSError:
+            message, fds = b"", []
+        if not message:
+            self._gone(client)
+            return
+        self._handle(client, message, fds)
+
+    def _handle(self, client: _Client, message: bytes, fds: list[int]) -> None:
+        op, ident = _op(message)
+        if op == "hello":
+            if len(fds) == 1 and client.table is None:
+                client.table = fds.pop()
+                try:
+                    client.table_map = mmap.mmap(client.table, os.fstat(client.table).st_size)
+                except (OSError, ValueError):
+                    client.table_map = None
+            client.send(event="ready", pid=os.getpid())
+        elif op == "run":
+            self._run(client, ident, fds)
+            return
+        elif op == "goodbye":
+            self.goodbye = self.goodbye or client.pid == self.root_pid
+        else:
+            client.send(event="error", id=ident, message=f"unknown message {message[:200]!r}")
+        for fd in fds:
+            os.close(fd)
+
+    def _gone(self, client: _Client) -> None:
+        """The client process ended: drain what it sent, then kill its children's groups."""
+        client.sock.setblocking(False)
+        while True:
+            try:
+                message, fds, _flags, _addr = socket.recv_fds(client.sock, _MAX_MESSAGE, 8)
+            except OSError:
+                break
+            if not message:
+                break
+            if _op(message)[0] == "run":  # never fork for a dead client
+                for fd in fds:
+                    os.close(fd)
+                continue
+            self._handle(client, message, fds)
+        for pid in client.children:
+            _kill_group(pid)
+        if client.table is not None:
+            for pid in _pids_in(client.table, self.child.SEAL_BYTES):
+                _kill_group(pid)
+            os.close(client.table)
+            client.table = None
+        if client.table_map is not None:
+            client.table_map.close()
+            client.table_map = None
+        self.clients.pop(client.sock.fileno(), None)
+        self._unwatch(client.sock.fileno())
+        if client.pidfd is not None:
+            self.by_pidfd.pop(client.pidfd, None)
+            self._unwatch(client.pidfd)
+            os.close(client.pidfd)
+        client.sock.close()
+        for child in self.children.values():
+            if child.client is client:
+                child.client = None
+
+    # -- forkserver ----------------------------------------------------------------------------
+
+    def _run(self, client: _Client, ident: object, fds: list[int]) -> None:
+        if len(fds) != _CHILD_FDS:
+            for fd in fds:
+                os.close(fd)
+            client.send(event="error", id=ident, message=f"expected 4 descriptors, got {len(fds)}")
+            return
+        request_fd, stdout_fd, stderr_fd, status_fd = fds
+        try:
+            request = json.loads(self.child.read_all(request_fd))
+        except (OSError, ValueError) as exc:
+            for fd in fds:
+                os.close(fd)
+            client.send(
+                event="error", id=ident, message=f"bad request: {type(exc).__name__}: {exc}"
             )
-        finally:
-            os._exit(child.EXIT_HARNESS_ERROR)
-    for fd in (stdout_fd, stderr_fd, status_fd):
-        os.close(fd)
-    try:
-        os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
-    except OSError:
-        pass
-    _send(sock, event="forked", pid=pid)
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped: pid still ours
-    try:
-        os.killpg(pid, signal.SIGKILL)  # whatever the child left behind in its group
-    except OSError:
-        pass
-    _, wait_status = os.waitpid(pid, 0)
-    _send(sock, event="reaped", pid=pid, status=wait_status)
+            return
+        os.close(request_fd)
+        errors = self._preload(request)
+        if errors:
+            for fd in (stdout_fd, stderr_fd, status_fd):
+                os.close(fd)
+            detail = "; ".join(f"{name}: {error}" for name, error in errors.items())
+            client.send(
+                event="error",
+                id=ident,
+                message=f"preloading failed ({detail}); see harness.set_forkserver_preload",
+            )
+            return
+        zygote_pid = os.getpid()
+        offset = request.get("seal_offset")
+        table_map = client.table_map
+        fits = (
+            isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - self.child.SEAL_BYTES
+        )
+        seal = (table_map, offset) if table_map is not None and fits else None
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in (stdout_fd, stderr_fd, status_fd):
+                os.close(fd)
+            client.send(event="error", id=ident, message=f"os.fork() failed in the zygote: {exc}")
+            return
+        if pid == 0:
+            try:
+                self._close_all_but((stdout_fd, stderr_fd, status_fd))
+                self.child.run_child(
+                    request,
+                    stdout_fd=stdout_fd,
+                    stderr_fd=stderr_fd,
+                    status_fd=status_fd,
+                    parent_pid=zygote_pid,
+                    seal=seal,
+                )
+            finally:
+                os._exit(self.child.EXIT_HARNESS_ERROR)
+        try:
+            os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
+        except OSError:
+            pass
+        client.send(event="forked", id=ident, pid=pid)
+        os.close(status_fd)
+        pidfd = _pidfd(pid)  # a child that has ended already makes it readable at once
+        pipes = (stdout_fd, stderr_fd)  # kept until "reaped" is sent: one wake-up for the client
+        self.children[pid] = _Child(pidfd if pidfd is not None else -1, client, offset, pipes)
+        self._watch(pidfd)
+        client.children[pid] = ident  # type: ignore[assignment]
+
+    def _preload(self, request: dict) -> dict[str, str]:
+        if self.preloaded is None:
+            if request.get("sys_path") is not None:
+                sys.path[:] = request["sys_path"]
+            self.preloaded = {}
+            for name in request.get("preload") or ():
+                try:
+                    importlib.import_module(name)
+                except BaseException as exc:
+                    self.preloaded[name] = f"{type(exc).__name__}: {exc}"
+            # What the zygote holds now stays: out of the collector's sight, so that a child's
+            # collections never touch (and copy) it. CPython's advice for a fork server.
+            gc.collect()
+            gc.freeze()
+        return self.preloaded
+
+    @staticmethod
+    def _close_all_but(keep: tuple[int, ...]) -> None:
+        """In a forked child: close every descriptor above 2 but ``keep`` (the zygote's sockets,
+        pidfds and tables among them), a range at a time: no zygote object is touched (each
+        would cost the child a copy-on-write fault), and none is finalized (the child leaves
+        by os._exit)."""
+        low = 3
+        for fd in sorted(keep):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, _MAX_FD)
+
+    def _ended(self, pid: int) -> bool:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+    def _reap(self, pid: int) -> None:
+        """A child of ours ended (not yet reaped: its pid is still ours): kill what is left in
+        its group, reap it, report its wait status."""
+        child = self.children.pop(pid)
+        _kill_group(pid)
+        client = child.client
+        if client is not None and client.table_map is not None and child.offset is not None:
+            end = child.offset + self.child.SEAL_FINAL_AT  # wipe its pid: reusable once reaped
+            client.table_map[child.offset : end] = bytes(self.child.SEAL_FINAL_AT)
+        _, wait_status = os.waitpid(pid, 0)
+        if client is not None:
+            ident = client.children.pop(pid, None)
+            client.send(event="reaped", id=ident, pid=pid, status=wait_status)
+        if child.pidfd >= 0:
+            self._unwatch(child.pidfd)
+            os.close(child.pidfd)
+        for fd in child.pipes:
+            os.close(fd)
 
 
 def main(argv: list[str]) -> None:
-    """Serve fork requests on the socket named by ``--fd`` until the parent goes away."""
+    """Serve the client on ``--fd`` (and those of ``--name``) until the root is gone."""
     options = dict(zip(argv[::2], argv[1::2], strict=True))
-    fd, parent_pid = int(options["--fd"]), int(options["--parent-pid"])
-    child = _load_child()
-    child.die_with_parent(parent_pid)
-    sock = socket.socket(fileno=fd)
-    init = json.loads(sock.recv(_MAX_MESSAGE))
-    sys.path[:] = init["sys_path"]
-    errors = _preload(init["preload"])
-    _send(sock, event="ready", pid=os.getpid(), errors=errors)
-    while True:
-        message, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 8)
-        if not message:
-            return
-        try:
-            op = json.loads(message).get("op")
-        except ValueError:
-            op = None
-        if op == "run":
-            _serve(sock, child, fds)
-        else:
-            for received in fds:
-                os.close(received)
-            _send(sock, event="error", message=f"unknown message {message[:200]!r}")
+    sock = socket.socket(fileno=int(options["--fd"]))
+    zygote = Zygote(
+        sock, int(options["--root-pid"]), options["--root-start"], options.get("--name")
+    )
+    zygote.serve()
 
 
 if __name__ == "__main__":

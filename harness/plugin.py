@@ -1,13 +1,18 @@
 """pytest glue for the death-test harness (entry point ``devmem_death``); the work is elsewhere.
 
-Declares ``--death-style``, ``--death-timeout``, ``--gpus`` and the ini option
-``death_preload``; pins each xdist worker to one GPU when ``--gpus`` is given; provides
-the ``death`` fixture; expands :func:`harness.matrix` into one item per config; and prints one
-summary line of the children run (by style, median and slowest duration).
+Declares ``--death-style``, ``--death-timeout``, ``--gpus``, the ini options ``death_style``,
+``death_timeout`` and ``death_preload`` and the ``death`` marker; pins each xdist worker to one
+GPU when ``--gpus`` is given; provides the ``death`` fixture; expands :func:`harness.matrix`
+into one item per config; and prints one summary line of the children run (by style, median
+and slowest duration).
+
+The ``death`` fixture's defaults, most specific first: the test's ``@pytest.mark.death(...)``
+marker, then the command line, then the ini file, then ``auto`` and 60 s.
 
 The summary works under ``pytest -n`` and ``pytest --forked``: each test's children travel in
-its teardown report's ``user_properties`` (which xdist and pytest-forked both carry to the
-controlling process), and the controlling process sums them up from the reports it logs.
+an attribute of its teardown report (which xdist and pytest-forked both carry to the
+controlling process, and which a JUnit XML report does not show), and the controlling process
+sums them up from the reports it logs.
 """
 
 from __future__ import annotations
@@ -20,27 +25,52 @@ import pytest
 import harness
 from harness._config import MATRIX_ATTR
 from harness._errors import HarnessError
-from harness._forkserver import forkserver_preload
+from harness._forkserver import ZygoteFailure, connection, forkserver_preload
 from harness._gpus import VISIBLE, gpu_for_worker, resolve_gpus
 from harness._report import format_summary
 from harness._request import check_timeout
 from harness._run import add_observer, remove_observer
+from harness._styles import check_style
 
-PROPERTY = "devmem_death_children"
-"""Name of the ``user_properties`` entry that carries a test's children: [[style, seconds]]."""
+REPORT_ATTR = "devmem_death_children"
+"""Attribute of a teardown report that carries its test's children: ``[[style, seconds]]``."""
+
+DEFAULT_STYLE = "auto"
+DEFAULT_TIMEOUT_S = 60.0
+MARKER = (
+    "death(style=None, timeout=None): defaults of the `death` fixture for this test: a style "
+    "(auto, fork, forkserver, exec) and a timeout in seconds (None: no deadline)"
+)
 
 _recorder_key = pytest.StashKey["_Recorder"]()
 _preload_key = pytest.StashKey[tuple]()
+_defaults_key = pytest.StashKey[tuple]()
 
 
-def _seconds(text: str) -> float:
-    """Parse ``--death-timeout``: the same rule as ``run_child(timeout=...)``."""
+def parse_timeout(text: str) -> float | None:
+    """Parse a ``--death-timeout`` or ``death_timeout`` value: seconds, or ``0``/``none``
+    for no deadline.
+
+    Raises:
+      ValueError: anything else (the message says what is accepted).
+    """
+    word = text.strip().lower()
+    if word in ("none", "0", "0.0"):
+        return None
     try:
-        return check_timeout(float(text))
+        return check_timeout(float(word))
     except (ValueError, HarnessError):
-        raise argparse.ArgumentTypeError(
-            f"expected a positive finite number of seconds, got {text!r}"
+        raise ValueError(
+            f"expected a positive finite number of seconds, or 0 or 'none' for no deadline, "
+            f"got {text!r}"
         ) from None
+
+
+def _timeout_option(text: str) -> float | None:
+    try:
+        return parse_timeout(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,16 +78,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--death-style",
         choices=harness.STYLES,
-        default="auto",
+        default=None,
         help="how the `death` fixture starts children: fork, forkserver, exec, or auto (fork "
-        "when safe, else forkserver). Default: auto.",
+        "when safe, else forkserver). Default: the death_style ini option, else auto.",
     )
     group.addoption(
         "--death-timeout",
-        type=_seconds,
-        default=60.0,
+        type=_timeout_option,
+        default=False,  # not given (None means no deadline)
         metavar="SECONDS",
-        help="default deadline of a death-test child, in seconds. Default: 60.",
+        help="default deadline of a death-test child, in seconds; 0 or 'none' for no deadline. "
+        "Default: the death_timeout ini option, else 60.",
     )
     group.addoption(
         "--gpus",
@@ -68,6 +99,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "children inherit it. Default: no pinning.",
     )
     parser.addini(
+        "death_style",
+        type="string",
+        default="",
+        help="default style of the `death` fixture (auto, fork, forkserver, exec)",
+    )
+    parser.addini(
+        "death_timeout",
+        type="string",
+        default="",
+        help="default deadline of a death-test child in seconds (0 or 'none': no deadline)",
+    )
+    parser.addini(
         "death_preload",
         type="linelist",
         default=[],
@@ -75,20 +118,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _session_defaults(config: pytest.Config) -> tuple[str, float | None]:
+    """``(style, timeout)`` from the command line, else the ini file, else the defaults."""
+    style = config.getoption("death_style")
+    if style is None:
+        ini = config.getini("death_style").strip()
+        try:
+            style = check_style(ini, "the death_style ini option") if ini else DEFAULT_STYLE
+        except HarnessError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    timeout = config.getoption("death_timeout")
+    if timeout is False:
+        ini = config.getini("death_timeout").strip()
+        try:
+            timeout = parse_timeout(ini) if ini else DEFAULT_TIMEOUT_S
+        except ValueError as exc:
+            raise pytest.UsageError(f"the death_timeout ini option: {exc}") from None
+    return style, timeout
+
+
+def _local_workers(config: pytest.Config) -> bool:
+    """Whether every xdist worker runs on this machine (``-n``, ``--tx popen``)."""
+    specs = [spec.split("*", 1)[-1] for spec in config.getoption("tx", None) or []]
+    return bool(specs) and all(
+        spec.split("//", 1)[0] == "popen" and "via=" not in spec for spec in specs
+    )
+
+
 def _pin_gpu(config: pytest.Config) -> None:
     """Set CUDA_VISIBLE_DEVICES for this process from ``--gpus``, before any test runs.
 
     An xdist worker takes the GPU of its worker id, from the GPUs of its own machine; a run
-    without xdist takes the first; the xdist controller runs no test and pins nothing, so the
-    workers it starts still see every GPU.
+    without xdist takes the first. The xdist controller runs no test and pins nothing (so the
+    workers it starts still see every GPU), but when its workers are local it checks the
+    value first, so that a bad one fails once, with one line, and not once per worker.
     """
     spec = config.getoption("gpus")
     if spec is None:
         return
     workerinput = getattr(config, "workerinput", None)
-    if workerinput is None and config.getoption("dist", "no") != "no":
-        return
+    distributing = config.getoption("dist", "no") != "no" and config.getoption("tx", None)
     try:
+        if workerinput is None and distributing:
+            if _local_workers(config):
+                resolve_gpus(spec)
+            return
         gpus = resolve_gpus(spec)
         worker = None if workerinput is None else workerinput["workerid"]
         os.environ[VISIBLE] = gpu_for_worker(worker, gpus)
@@ -97,7 +171,9 @@ def _pin_gpu(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER)
     _pin_gpu(config)
+    config.stash[_defaults_key] = _session_defaults(config)
     config.stash[_preload_key] = forkserver_preload()
     preload = config.getini("death_preload")
     if preload:
@@ -123,16 +199,47 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("config", configs, ids=[config.id for config in configs])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-forked, start the zygote in this process before any test forks from it,
+    so that every forked test shares it (and it is this process's to reap)."""
+    forked = config.getoption("forked", False) or any(
+        item.get_closest_marker("forked") for item in items
+    )
+    if forked:
+        try:
+            connection()
+        except ZygoteFailure:
+            pass  # the first child that needs it says why, as a harness error
+
+
+def _marker_defaults(item: pytest.Item, style: str, timeout: float | None):
+    marker = item.get_closest_marker("death")
+    if marker is None:
+        return style, timeout
+    unknown = set(marker.kwargs) - {"style", "timeout"}
+    if marker.args or unknown:
+        raise HarnessError(
+            "@pytest.mark.death takes the keyword arguments style= and timeout= only, got "
+            f"{marker.args!r} {sorted(unknown)}"
+        )
+    if "style" in marker.kwargs:
+        style = check_style(marker.kwargs["style"], "@pytest.mark.death(style=...)")
+    if "timeout" in marker.kwargs:
+        timeout = check_timeout(marker.kwargs["timeout"], "@pytest.mark.death(timeout=...)")
+    return style, timeout
+
+
 @pytest.fixture
-def death(pytestconfig: pytest.Config) -> harness.DeathRunner:
+def death(request: pytest.FixtureRequest) -> harness.DeathRunner:
     """Runs death-test children: ``death.run(target, *args, env=, config=, timeout=, style=)``.
 
-    Bound to ``--death-style`` and ``--death-timeout``; returns a :class:`harness.Outcome`.
+    Its defaults: the test's ``@pytest.mark.death(style=..., timeout=...)``, else
+    ``--death-style``/``--death-timeout``, else the ``death_style``/``death_timeout`` ini
+    options, else ``auto`` and 60 s. Returns a :class:`harness.Outcome` per child.
     """
-    return harness.DeathRunner(
-        style=pytestconfig.getoption("death_style"),
-        timeout=pytestconfig.getoption("death_timeout"),
-    )
+    __tracebackhide__ = True
+    style, timeout = _marker_defaults(request.node, *request.config.stash[_defaults_key])
+    return harness.DeathRunner(style=style, timeout=timeout)
 
 
 class _Recorder:
@@ -145,21 +252,20 @@ class _Recorder:
     def observe(self, outcome: harness.Outcome) -> None:
         self.pending.append([outcome.style, round(outcome.duration_s, 6)])
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> None:
-        """Before the teardown report is made: attach the test's children to it."""
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
+        """Attach the test's children to its teardown report."""
+        report = yield
         if call.when == "teardown" and self.pending:
-            item.user_properties.append((PROPERTY, list(self.pending)))
+            setattr(report, REPORT_ATTR, list(self.pending))
             self.pending.clear()
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "teardown":
             return
-        for name, value in report.user_properties:
-            if name == PROPERTY:
-                self.children.extend(
-                    (str(style), float(seconds), report.nodeid) for style, seconds in value
-                )
+        for style, seconds in getattr(report, REPORT_ATTR, None) or ():
+            self.children.append((str(style), float(seconds), report.nodeid))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         line = format_summary(self.children)

@@ -37,3 +37,28 @@ def wait_until_dead(pid: int, within_s: float = 5.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
+
+
+def live_members(pgids: set[int]) -> list[int]:
+    """Pids of processes, zombies aside, whose process group is in ``pgids``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) in pgids:
+            found.append(int(entry))
+    return found
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (``VmRSS``), in bytes."""
+    with open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")

@@ -209,3 +209,84 @@ def checked_styles() -> dict:
     except harness.HarnessError as exc:
         broken = str(exc)
     return {"before": before, "after": after, "refused": refused, "broken": broken}
+
+
+def parent_pid() -> int:
+    """This child's parent: the test process (fork, exec) or the zygote (forkserver)."""
+    return os.getppid()
+
+
+def reset_dump_signal_and_hang() -> None:
+    """Give SIGUSR2 (the stack-dump signal) its default action, which kills, then hang."""
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    hang_forever()
+
+
+def abort_on_dump_signal_and_hang() -> None:
+    """Abort (SIGABRT) when SIGUSR2 comes, then hang: a timeout must not pass as an abort."""
+    signal.signal(signal.SIGUSR2, lambda *_: os.abort())
+    hang_forever()
+
+
+def typo() -> object:
+    """Return a name that does not exist: NameError, a bug in Python, not a death."""
+    return undefined_name  # type: ignore[name-defined]  # noqa: F821
+
+
+class ArenaError(RuntimeError):
+    """Stands in for the allocator's UseAfterFreeError (``DEVMEM_ARENA_DEBUG=raise``)."""
+
+
+def raise_use_after_free() -> None:
+    """Raise with the detector's line, as the allocator does in ``raise`` mode."""
+    raise ArenaError("use-after-arena-free: buffer_add lhs was reclaimed by arena_exit at depth 0")
+
+
+def limit_file_size_and_return() -> int:
+    """Set RLIMIT_FSIZE to 0 (no file may grow), then return 42."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    return 42
+
+
+def close_descriptors_and_return() -> int:
+    """Close descriptors 3 to 4095, then return 42."""
+    os.closerange(3, 4096)
+    return 42
+
+
+def reuse_descriptors_and_return() -> int:
+    """Close descriptors 3 to 4095 and open /dev/null into the freed numbers, then return 42:
+    the status channel's number now names a file that swallows whatever is written to it."""
+    os.closerange(3, 4096)
+    for _ in range(32):
+        os.open(os.devnull, os.O_WRONLY)
+    return 42
+
+
+def flood(pid_file: str, megabytes: int) -> None:
+    """Write this child's pid to ``pid_file``, then ``megabytes`` MiB to stdout, and a last
+    line."""
+    with open(pid_file, "w") as out:
+        out.write(str(os.getpid()))
+    write_lots("stdout", megabytes, "THE LAST LINE")
+
+
+def spawn_sleepers_and_hang(pid_file: str, count: int) -> None:
+    """Start ``count`` ``sleep`` grandchildren, write this child's pid, its parent's and theirs
+    to ``pid_file`` (as JSON), then hang."""
+    import json
+    import subprocess
+
+    sleepers = [subprocess.Popen(["sleep", "600"]).pid for _ in range(count)]
+    with open(pid_file + ".tmp", "w") as out:
+        json.dump({"child": os.getpid(), "parent": os.getppid(), "sleepers": sleepers}, out)
+    os.rename(pid_file + ".tmp", pid_file)
+    hang_forever()
+
+
+def interpreter_flags() -> dict:
+    """What the interpreter was started with: dev mode, warning options."""
+    return {"dev_mode": sys.flags.dev_mode, "warnoptions": list(sys.warnoptions)}

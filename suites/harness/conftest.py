@@ -24,3 +24,18 @@ def run(style: str):
         return harness.run_child(target, *args, style=style, **kwargs)
 
     return run
+
+
+QUIET_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+"""Plugins a pytest subprocess of the self-tests does without (hypothesis costs ~0.6 s to load)."""
+
+
+@pytest.fixture
+def runpytest(pytester: pytest.Pytester):
+    """``runpytest(*args)``: pytest in a subprocess of ``pytester``, without the plugins of
+    :data:`QUIET_PLUGINS` (also in its xdist workers, which get the same arguments)."""
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(*QUIET_PLUGINS, *args)
+
+    return run

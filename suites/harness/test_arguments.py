@@ -66,7 +66,8 @@ def test_bad_env(env, message):
 
 @pytest.mark.parametrize("timeout", [0, -1, math.inf, math.nan, "5", True])
 def test_bad_timeout(timeout):
-    with pytest.raises(harness.HarnessError, match=r"timeout=...\) must be a positive finite"):
+    message = r"timeout=...\) must be a positive finite number of seconds, or None for no deadline"
+    with pytest.raises(harness.HarnessError, match=message):
         harness.run_child(_targets.give_back, timeout=timeout)
 
 
@@ -102,6 +103,18 @@ def test_death_runner_validates_its_defaults():
         harness.DeathRunner(style="vfork")
     with pytest.raises(harness.HarnessError, match=r"DeathRunner\(timeout=...\)"):
         harness.DeathRunner(timeout=0)
+
+
+def test_death_runner_timeout_none_means_no_deadline_and_a_left_out_one_the_runners():
+    runner = harness.DeathRunner(style="fork", timeout=None)
+    assert repr(runner) == "DeathRunner(style='fork', timeout=None)"
+    assert runner.run(_targets.give_back).timeout_s is None
+    bounded = harness.DeathRunner(style="fork", timeout=7.5)
+    assert repr(bounded) == "DeathRunner(style='fork', timeout=7.5)"
+    assert bounded.run(_targets.give_back).timeout_s == 7.5
+    assert bounded.run(_targets.give_back, timeout=None).timeout_s is None
+    assert bounded.run(_targets.give_back, timeout=2).timeout_s == 2.0
+    assert [outcome.timeout_s for outcome in bounded.outcomes] == [7.5, None, 2.0]
 
 
 def test_assertion_arguments():

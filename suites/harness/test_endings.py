@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -80,8 +81,66 @@ def test_raised_exception(run):
     assert "in _deeper" in raised.traceback
     assert "_child.py" not in raised.traceback  # the harness frame is left out
     assert raised.traceback in outcome.stderr  # as an uncaught exception would print it
-    outcome.assert_exited(1, match="TargetError: no more arenas")
+    assert raised.bases == ("Exception", "BaseException")
+    assert outcome.ending == (
+        "exited with status 1 after its target raised suites.harness._targets.TargetError: "
+        "no more arenas"
+    )
+    outcome.assert_exited(1, match="TargetError: no more arenas")  # the status a raise gives
+    outcome.assert_raised(_targets.TargetError, match="TargetError: no more arenas")
+    outcome.assert_raised("suites.harness._targets.TargetError").assert_raised(Exception)
     with pytest.raises(harness.DeathTestFailure, match=r"raised:   suites\.harness"):
+        outcome.assert_clean()
+
+
+# Issue 9, case 2: a target that raises is not a death (GoogleTest: "threw an exception").
+RAISERS = [
+    pytest.param(_targets.typo, "NameError: name 'undefined_name' is not defined", id="typo"),
+    pytest.param(
+        _targets.raise_use_after_free,
+        "suites.harness._targets.ArenaError: use-after-arena-free: buffer_add lhs was reclaimed"
+        " by arena_exit at depth 0",
+        id="use-after-free-raise",
+    ),
+]
+
+
+@pytest.mark.parametrize(("target", "raised"), RAISERS)
+def test_a_target_that_raises_did_not_die(run, target, raised):
+    outcome = run(target)
+    assert (outcome.kind, outcome.exit_code) == ("exited", 1)
+
+    for check in (
+        outcome.assert_died,
+        lambda: outcome.assert_died("use-after-arena-free"),
+        outcome.assert_aborted,
+        lambda: outcome.assert_exit(lambda o: True),
+    ):
+        with pytest.raises(harness.DeathTestFailure) as failure:
+            check()
+        lines = str(failure.value).splitlines()
+        assert lines[0] == f"death test failed: the child did not die: its target raised {raised}"
+        assert f"  raised:   {raised}" in lines
+        assert "[  DEATH   ] Traceback (most recent call last):" in lines  # with its traceback
+    outcome.assert_raised(match=re.escape(raised))
+
+
+# Issue 9, case 3: a returned value the child cannot deliver is a harness error, not None.
+@pytest.mark.parametrize(
+    "target",
+    [
+        _targets.limit_file_size_and_return,
+        _targets.close_descriptors_and_return,
+        _targets.reuse_descriptors_and_return,
+    ],
+)
+def test_a_status_the_child_could_not_deliver_is_a_harness_error(run, target):
+    outcome = run(target)
+
+    assert outcome.kind == "harness_error", outcome
+    assert outcome.returned is None
+    assert "could not deliver its status record (returned)" in outcome.error
+    with pytest.raises(harness.DeathTestFailure, match="the harness failed"):
         outcome.assert_clean()
 
 

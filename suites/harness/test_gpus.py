@@ -95,19 +95,34 @@ def test_pinned_{i}(death):
 """
 
 
-def test_each_xdist_worker_is_pinned_and_children_inherit(pytester, monkeypatch):
+def test_each_xdist_worker_is_pinned_and_children_inherit(pytester, runpytest, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     pytester.makepyfile(**{f"test_pin{i}": PINNED.format(i=i) for i in range(4)})
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--tx", "2*popen", "--dist", "loadfile", "--gpus", "2"
-    )
+    result = runpytest("--tx", "2*popen", "--dist", "loadfile", "--gpus", "2")
     result.assert_outcomes(passed=4)
     seen = {(pytester.path / f"pinned-{i}.txt").read_text() for i in range(4)}
     assert seen == {"gw0 0", "gw1 1"}, seen  # both workers ran, each on its own GPU
 
 
-def test_a_bad_gpus_value_is_a_usage_error(pytester):
+def test_a_bad_gpus_value_is_a_usage_error(pytester, runpytest):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gpus", "0")
+    result = runpytest("--gpus", "0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--gpus 0: expected a count >= 1*"])
+
+
+# Issue 9, case 11: with local xdist workers, a --gpus value that finds no GPU fails once, in
+# the controller, with one line (not once per worker, with a traceback each).
+def test_gpus_auto_without_a_gpu_fails_once_under_xdist(pytester, runpytest, tmp_path, monkeypatch):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-driver"))  # no nvidia-smi
+
+    result = runpytest("-n", "2", "--gpus", "auto")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    output = result.stdout.lines + result.stderr.lines
+    errors = [line for line in output if "--gpus auto found no GPU" in line]
+    assert errors == [
+        "ERROR: --gpus auto found no GPU: no NVIDIA driver: nvidia-smi is not on PATH"
+    ]
+    assert not [line for line in output if "node down" in line or "Traceback" in line], output

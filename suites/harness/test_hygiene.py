@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 import pytest
 
@@ -76,6 +77,40 @@ def test_twenty_megabytes_of_output_do_not_block_and_the_tail_is_kept(run, strea
     assert len(text) < HEAD_BYTES + TAIL_BYTES + 500
 
 
+# Issue 9, case 8: however much a child writes, the parent keeps a few MiB, and nothing on disk.
+FLOOD_MIB = 128
+
+
+def test_a_flood_of_output_is_kept_in_a_few_mib_of_memory_and_none_on_disk(run, tmp_path):
+    pid_file = tmp_path / "pid"
+    peak = {"disk": 0, "memory": 0}
+    before = _procs.resident_bytes()
+    done = threading.Event()
+
+    def sample() -> None:  # what the child's stdout holds on disk; what this process holds
+        while not done.wait(0.002):
+            peak["memory"] = max(peak["memory"], _procs.resident_bytes() - before)
+            try:
+                stdout = os.stat(f"/proc/{int(pid_file.read_text())}/fd/1")
+            except (OSError, ValueError):
+                continue
+            peak["disk"] = max(peak["disk"], stdout.st_blocks * 512)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        outcome = run(_targets.flood, str(pid_file), FLOOD_MIB, timeout=120).assert_clean()
+    finally:
+        done.set()
+        sampler.join()
+
+    cut = FLOOD_MIB * 2**20 + len("THE LAST LINE\n") - HEAD_BYTES - TAIL_BYTES
+    assert f"devmem-harness cut {cut} bytes" in outcome.stdout
+    assert outcome.stdout.endswith("THE LAST LINE\n")
+    assert peak["disk"] <= 4 * 2**20, peak
+    assert peak["memory"] <= 32 * 2**20, peak
+
+
 def test_grandchild_left_behind_is_killed_with_the_group(run):
     outcome = run(_targets.leave_grandchild).assert_clean()
     grandchild = outcome.returned
@@ -95,7 +130,7 @@ def test_no_zombies_left(run, style):
     assert [o.kind for o in outcomes] == ["exited", "signaled", "exited", "exited"]
     parents = {os.getpid()}
     if style == "forkserver":
-        zygote = _forkserver.server().pid
+        zygote = _forkserver.current().pid
         assert zygote is not None
         parents.add(zygote)
     assert _procs.zombies_of(parents) == []

@@ -11,8 +11,10 @@ import types
 import pytest
 
 import harness
-from harness._capture import read_kept
-from harness._protocol import Status, decode_status
+from harness._capture import Stream, read_kept
+from harness._child import SEAL_BYTES, SEAL_FINAL_AT
+from harness._env import startup_variables
+from harness._protocol import Raised, Seal, Status, decode_seal, decode_status
 from harness._report import format_summary
 
 
@@ -39,10 +41,79 @@ def test_decode_status():
     )
     for unreadable in (b"not json\n", b"[1]\n", b'"started"\n', b'{"pid": 1}\n'):
         assert "unreadable status record" in decode_status(unreadable).harness_error
-    assert decode_status(b'{"event": "exit", "code": 3}\n') == Status()  # the wait status says 3
+    exit_3 = decode_status(b'{"event": "exit", "code": 3}\n')
+    assert exit_3 == Status(final="exit")  # the wait status says 3
     harness_error = decode_status(b'{"event": "harness_error", "message": "no module"}\n')
-    assert harness_error == Status(harness_error="no module")
-    assert decode_status(b"") == decode_status(b"torn")
+    assert harness_error == Status(harness_error="no module", final="harness_error")
+    assert decode_status(b"") == decode_status(b"torn") == Status()
+    raised = decode_status(
+        b'{"event": "raised", "type": "m.E", "bases": ["ValueError", "Exception"], '
+        b'"message": "x", "traceback": "T"}\n'
+    ).raised
+    assert raised == Raised("m.E", "x", "T", ("ValueError", "Exception"))
+    assert raised.is_a("m.E") and raised.is_a("Exception") and not raised.is_a("KeyError")
+
+
+def _seal(pid: bytes, verdict: bytes) -> bytes:
+    page = bytearray(SEAL_BYTES)
+    page[: len(pid)] = pid
+    page[SEAL_FINAL_AT : SEAL_FINAL_AT + len(verdict)] = verdict
+    return bytes(page)
+
+
+def test_decode_seal():
+    assert decode_seal(bytes(SEAL_BYTES)) == Seal()  # the child never got that far
+    assert decode_seal(_seal(b"123\n", b"")) == Seal(pid=123)
+    delivered = _seal(b"7\n", b'{"event": "returned", "delivered": true, "error": null}')
+    assert decode_seal(delivered) == Seal(pid=7, final="returned")
+    lost = b'{"event": "raised", "delivered": false, "error": "OSError: [Errno 27] File too large"}'
+    assert decode_seal(_seal(b"7\n", lost)) == Seal(
+        pid=7, final="raised", delivered=False, error="OSError: [Errno 27] File too large"
+    )
+    for foreign in (b"not json", b"[1, 2]"):
+        seal = decode_seal(_seal(b"x\n", foreign))
+        assert (seal.pid, seal.delivered) == (None, False)
+        assert seal.error.startswith("unreadable seal")
+
+
+def test_startup_variables():
+    names = ["PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONMALLOC", "LD_PRELOAD", "MALLOC_ARENA_MAX"]
+    names += ["GLIBC_TUNABLES", "PYTHONHASHSEED"]
+    assert startup_variables([*names, "PYTHONBREAKPOINT", "DEVMEM_BACKEND", "OLD_LD_X"]) == names
+
+
+def test_a_stream_keeps_its_head_and_tail_in_bounded_memory():
+    stream = Stream("stderr", head=4, tail=6)
+    try:
+        for chunk in (b"HE", b"AD", b"-middle-" * 50, b"..TAIL"):
+            stream.feed(chunk)
+            assert len(stream.head) + len(stream.tail) <= 4 + 2 * 6 + len(chunk)
+        assert stream.total == 4 + 400 + 6
+        assert stream.cut_bytes == 400
+        assert stream.text() == (
+            "HEAD\n[... devmem-harness cut 400 bytes (0.0 MiB) of stderr here: it wrote 410 "
+            "bytes; kept the first 4 and the last 6 ...]\n..TAIL"
+        )
+        whole = Stream("stdout", head=4, tail=6)
+        whole.feed(b"0123456789")
+        assert (whole.text(), whole.cut_bytes) == ("0123456789", 0)
+        whole.close()
+    finally:
+        stream.close()
+
+
+def test_a_stream_drains_its_pipe_until_end_of_file():
+    stream = Stream("stdout")
+    try:
+        os.write(stream.write_fd, b"one\n")
+        stream.drain()
+        assert (stream.text(), stream.eof) == ("one\n", False)
+        stream.drain()  # nothing there: no wait
+        stream.close_write()
+        stream.drain()
+        assert stream.eof and stream.last_data_at is not None
+    finally:
+        stream.close()
 
 
 def test_format_summary():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 
 import harness
 from harness import _forkserver
-from suites.harness import _procs, _targets
+from suites.harness import _targets
 
 
 def test_auto_forks_when_alone_and_avoids_fork_with_threads_or_when_marked_unsafe():
@@ -93,65 +92,125 @@ def test_a_request_too_long_for_argv_still_reaches_the_child(run):
     assert outcome.returned["args"] == [big]
 
 
+def _scenario(name: str, *args):
+    """Run a scenario of ``_scenarios`` in a fresh interpreter (its own root and zygotes)."""
+    return harness.run_child(f"suites.harness._scenarios:{name}", *args, style="exec", timeout=120)
+
+
 def test_forkserver_zygote_is_restarted_after_it_dies():
-    first = harness.run_child(_targets.give_back, style="forkserver").assert_clean()
-    zygote = _forkserver.server().pid
-    assert zygote is not None and zygote != first.pid
+    seen = _scenario("zygote_killed_then_restarted").assert_clean().returned
 
-    os.kill(zygote, signal.SIGKILL)
-    assert _procs.wait_until_dead(zygote)
-
-    second = harness.run_child(_targets.give_back, style="forkserver").assert_clean()
-    assert _forkserver.server().pid not in (None, zygote)
-    assert second.returned["flag"] == "1"
+    assert seen["first"]["kind"] == "exited"
+    assert seen["first"]["returned"] == seen["zygote"]  # the zygote forked it
+    assert seen["dead"]
+    assert seen["second"]["kind"] == "exited", seen["second"]
+    assert seen["second"]["returned"] == seen["new_zygote"] != seen["zygote"]
 
 
 def test_zygote_dying_mid_request_is_a_harness_error_and_the_next_child_gets_a_new_one():
-    outcome = harness.run_child(_targets.kill_parent_and_hang, style="forkserver", timeout=20)
+    seen = _scenario("zygote_dies_mid_request").assert_clean().returned
 
-    assert outcome.kind == "harness_error"
-    assert "the forkserver zygote failed: it exited unexpectedly" in outcome.error
-    assert outcome.duration_s < 10  # noticed at once, not at the deadline
-    assert _procs.wait_until_dead(outcome.pid)  # the child died with its zygote
-    harness.run_child(_targets.give_back, style="forkserver").assert_clean()
+    assert seen["broken"]["kind"] == "harness_error"
+    assert "the forkserver zygote failed: it exited unexpectedly" in seen["broken"]["error"]
+    assert seen["broken"]["duration_s"] < 10  # noticed at once, not at the deadline
+    assert seen["child_dead"]  # the child died with its zygote
+    assert seen["after"]["kind"] == "exited", seen["after"]
 
 
 def test_forkserver_zygote_is_shut_down_at_exit_and_started_again_lazily():
-    harness.run_child(_targets.give_back, style="forkserver").assert_clean()
-    zygote = _forkserver.server().pid
-    assert zygote is not None
+    seen = _scenario("zygote_shut_down_and_started_again").assert_clean().returned
 
-    _forkserver._shutdown_at_exit()  # what atexit runs
-
-    assert _forkserver.server().pid is None
-    assert _procs.wait_until_dead(zygote)
-    assert _procs.zombies_of({os.getpid()}) == []  # reaped, not left to init
-    harness.run_child(_targets.give_back, style="forkserver").assert_clean()
-    assert _forkserver.server().pid not in (None, zygote)
+    assert seen["gone"] and seen["dead"]
+    assert seen["zombies"] == []  # reaped, not left to init
+    assert seen["again"]["kind"] == "exited"
+    assert seen["new_zygote"] != seen["zygote"]
 
 
 def test_forkserver_preload():
-    try:
-        harness.set_forkserver_preload([])
-        before = harness.run_child(_targets.hygiene, style="forkserver").assert_clean()
-        harness.set_forkserver_preload(["colorsys"])
-        after = harness.run_child(_targets.hygiene, style="forkserver").assert_clean()
-    finally:
-        harness.set_forkserver_preload([])
-    assert "colorsys" not in before.returned["modules"]
-    assert "colorsys" in after.returned["modules"]  # imported by the zygote, inherited
+    seen = _scenario("preloads").assert_clean().returned
+
+    assert "colorsys" not in seen["before"]["returned"]["modules"]
+    assert "colorsys" in seen["after"]["returned"]["modules"]  # imported by the zygote
+    assert seen["failed"]["kind"] == "harness_error"
+    assert "suites.harness._no_such_preload" in seen["failed"]["error"]
+    assert "ModuleNotFoundError" in seen["failed"]["error"]
+    assert seen["recovered"]["kind"] == "exited"
 
 
-def test_forkserver_preload_failure_is_a_harness_error_naming_the_module():
-    try:
-        harness.set_forkserver_preload(["suites.harness._no_such_preload"])
-        outcome = harness.run_child(_targets.give_back, style="forkserver")
-    finally:
-        harness.set_forkserver_preload([])
+# Issue 9, case 5: one zygote serves the process, whichever thread started it.
+def test_forkserver_children_from_short_lived_threads_share_one_zygote():
+    results = _scenario("forkserver_from_short_lived_threads", 6).assert_clean().returned
+
+    assert [kind for kind, _ in results] == ["exited"] * 7, results
+    assert len({zygote for _, zygote in results}) == 1, results  # never restarted
+
+
+def test_a_zygote_that_cannot_start_is_a_harness_error_in_every_style(monkeypatch, style):
+    monkeypatch.setattr(_forkserver, "_connections", {})  # no zygote yet, in this process
+    monkeypatch.setattr(_forkserver, "_guarded_until", 0.0)  # and none trusted
+    monkeypatch.setattr(_forkserver, "ZYGOTE_PATH", "/nonexistent/_zygote.py")
+
+    outcome = harness.run_child(_targets.give_back, style=style)
+
     assert outcome.kind == "harness_error"
-    assert "suites.harness._no_such_preload" in outcome.error
-    assert "ModuleNotFoundError" in outcome.error
-    harness.run_child(_targets.give_back, style="forkserver").assert_clean()  # recovers
+    assert "it exited before it was ready" in outcome.error
+    assert "its stderr: " in outcome.error
+    assert "can't open file '/nonexistent/_zygote.py'" in outcome.error
+    if style == "forkserver":
+        assert outcome.error.startswith("the forkserver zygote could not start: ")
+        assert outcome.error.endswith("(after one restart)")
+    else:  # a child that nothing would kill if this process died is not started
+        assert outcome.error.startswith("no zygote to guard the child")
+        assert outcome.pid is None
+
+
+# Issue 9, case 11: a sys.path over 64 KiB once truncated the zygote's init message.
+def test_a_sys_path_over_64_kib_reaches_the_zygote():
+    seen = _scenario("forkserver_with_a_long_sys_path", 80).assert_clean().returned
+
+    assert seen["sys_path_bytes"] > 64 * 1024
+    assert seen["kind"] == "exited", seen
+    assert seen["returned"]["flag"] == "1"
+
+
+# Issue 9, case 10: interpreter start-up variables act only in a fresh interpreter.
+@pytest.mark.parametrize(
+    ("env", "seen"),
+    [
+        ({"PYTHONDEVMODE": "1"}, {"dev_mode": True}),
+        (
+            {"PYTHONWARNINGS": "error::DeprecationWarning"},
+            {"warnoptions": ["error::DeprecationWarning"]},
+        ),
+    ],
+)
+def test_auto_picks_exec_for_a_start_up_variable(env, seen):
+    outcome = harness.run_child(_targets.interpreter_flags, env=env).assert_clean()
+
+    assert outcome.style == "exec"
+    assert seen.items() <= outcome.returned.items()
+
+
+@pytest.mark.parametrize("style", ["fork", "forkserver"])
+def test_fork_styles_warn_about_a_start_up_variable(style):
+    with pytest.warns(
+        harness.HarnessWarning, match="env sets PYTHONDEVMODE, which acts only"
+    ) as seen:
+        outcome = harness.run_child(
+            _targets.interpreter_flags, env={"PYTHONDEVMODE": "1"}, style=style
+        )
+
+    assert outcome.assert_clean().returned["dev_mode"] is False  # what the warning warns of
+    assert seen[0].filename == __file__  # it points at the call
+
+
+def test_a_closure_with_start_up_variables_warns_naming_them():
+    def closure() -> bool:
+        return True
+
+    env = {"LD_PRELOAD": None, "MALLOC_ARENA_MAX": "2", "DEVMEM_X": "1"}  # unset counts too
+    with pytest.warns(harness.HarnessWarning, match=r"env sets LD_PRELOAD, MALLOC_ARENA_MAX, "):
+        harness.run_child(closure, env=env, style="fork").assert_clean()
 
 
 @pytest.mark.parametrize("bad", ["numpy", [1], ["", "x"], None])

@@ -1,15 +1,19 @@
-"""Deadlines: stacks dumped, SIGTERM then SIGKILL to the whole group, always reaped."""
+"""Deadlines: stacks dumped, SIGTERM then SIGKILL to the whole group, always reaped; a child
+timed out at its deadline stays timed out however it ends; any length, or none."""
 
 from __future__ import annotations
 
 import os
 import signal
 
+import pytest
+
 import harness
 from harness._reap import GRACE_S
 from suites.harness import _procs, _targets
 
 TIMEOUT_S = 1.0
+SHORT_S = 0.3
 
 
 def test_hang_is_timed_out_with_its_stack_and_its_grandchild_killed(run):
@@ -19,8 +23,8 @@ def test_hang_is_timed_out_with_its_stack_and_its_grandchild_killed(run):
     assert TIMEOUT_S <= outcome.duration_s <= TIMEOUT_S + 2.0
     assert outcome.signal is signal.SIGTERM
     assert outcome.ending == "timed out after 1 s, then killed by SIGTERM"
-    # shortly before the deadline, the child's faulthandler dumped its Python stacks
-    assert "devmem-harness: the child's 1 s timeout is near; its Python stacks follow\n" in (
+    # once the deadline passed, the child's faulthandler dumped its Python stacks
+    assert "devmem-harness: the child's 1 s timeout has passed; its Python stacks follow\n" in (
         outcome.stderr
     )
     assert "in hang_forever" in outcome.stderr
@@ -31,9 +35,45 @@ def test_hang_is_timed_out_with_its_stack_and_its_grandchild_killed(run):
 
 
 def test_sigterm_ignored_means_sigkill_after_the_grace_period():
-    outcome = harness.run_child(_targets.ignore_sigterm_and_hang, style="fork", timeout=TIMEOUT_S)
+    outcome = harness.run_child(_targets.ignore_sigterm_and_hang, style="fork", timeout=SHORT_S)
 
     assert outcome.kind == "timed_out"
     assert outcome.signal is signal.SIGKILL
-    assert TIMEOUT_S + GRACE_S <= outcome.duration_s <= TIMEOUT_S + 2.0
+    assert SHORT_S + GRACE_S <= outcome.duration_s <= SHORT_S + 2.0
     assert "in hang_forever" in outcome.stderr
+
+
+# Issue 9, case 1: the stack-dump signal cannot turn a hang into a death.
+def test_a_hang_that_reset_the_dump_signal_is_timed_out_not_killed_by_it(run):
+    outcome = run(_targets.reset_dump_signal_and_hang, timeout=SHORT_S)
+
+    assert outcome.kind == "timed_out", outcome
+    assert outcome.signal is signal.SIGTERM  # never sent SIGUSR2, whose default action kills
+    assert "it does not handle SIGUSR2 (did the target reset it?)" in outcome.stderr
+    with pytest.raises(harness.DeathTestFailure, match="the child did not die: it timed out"):
+        outcome.assert_died()
+
+
+def test_a_hang_that_dies_of_the_dump_signal_is_still_timed_out(run):
+    outcome = run(_targets.abort_on_dump_signal_and_hang, timeout=SHORT_S)
+
+    assert outcome.kind == "timed_out", outcome
+    assert outcome.signal is signal.SIGABRT  # its handler aborted when the dump came
+    assert outcome.ending == "timed out after 0.3 s, then killed by SIGABRT"
+    for check in (outcome.assert_aborted, outcome.assert_died):
+        with pytest.raises(harness.DeathTestFailure, match="the child did not die: it timed out"):
+            check()
+
+
+# Issue 9, case 6: any finite timeout, or none.
+@pytest.mark.parametrize("timeout", [None, 1e10, 3_000_000, 2**40])
+def test_any_finite_timeout_or_none(run, timeout):
+    outcome = run(_targets.give_back, timeout=timeout).assert_clean()
+
+    assert outcome.timeout_s == timeout
+    assert outcome.returned["flag"] == "1"
+
+
+def test_a_child_without_a_deadline_ends_as_it_ends(run):
+    outcome = run(_targets.abort_with, "no deadline", timeout=None).assert_aborted("no deadline")
+    assert "devmem-harness" not in outcome.stderr  # no deadline, so no dump
