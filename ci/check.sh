@@ -8,8 +8,13 @@ usage() {
     cat <<'USAGE'
 usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--no-build] [--no-test] [--no-lint] [-h]
 
-  --ci-all    everything CI runs: build, import every module, lint, all suites on cpu and sim
-              (cuda items skip with the reason where no GPU is visible)
+With no option: build (create .venv if absent, install the project with its test extra), lint
+(ruff), and test (every suite on cpu and sim with pytest -n auto, the harness self-tests under
+-n 2 and --forked, the allocator suites with hostile settings). It ends with "check passed."
+and the command that runs the suites alone: .venv/bin/pytest -n auto
+
+  --ci-all    everything CI runs (what .ci/run calls): the above, plus importing every module
+              of allocator, harness and runtime
   --cuda      also run every suite on the cuda backend, one GPU per xdist worker; fails at
               once when no GPU is visible. Installs the `cuda` extra (cupy-cuda12x) unless
               CuPy already imports; CUDA_EXTRA=cuda13 picks cupy-cuda13x
@@ -157,3 +162,4 @@ fi
 
 echo
 echo "check passed."
+echo "Run the suites again, in any shell: .venv/bin/pytest -n auto"

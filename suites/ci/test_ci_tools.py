@@ -140,3 +140,19 @@ def test_every_project_module_imports(package):
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_help_says_what_a_bare_run_does():
+    result = _check_sh("-h")
+    assert "With no option: build (create .venv if absent" in result.stdout
+    assert 'It ends with "check passed."' in result.stdout
+
+
+def test_a_passing_check_ends_by_printing_the_second_command():
+    # The README's second command, as written, must be what the first one prints last.
+    result = _check_sh("--no-build", "--no-lint", "--no-test")
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.rstrip("\n").splitlines()[-2:]
+    assert last == ["check passed.", "Run the suites again, in any shell: .venv/bin/pytest -n auto"]
+    readme = (ROOT / "README.md").read_text()
+    assert "\n.venv/bin/pytest -n auto  # then, in any shell" in readme

@@ -1,0 +1,1 @@
+"""The docs are tests: every copyable block of README.md and docs/ runs as written."""
