@@ -24,7 +24,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("devmem", "devmem-harness suites")
     group.addoption(
         "--backend",
-        default=os.environ.get("DEVMEM_BACKEND") or ",".join(BACKENDS),
+        default=None,
         help="comma-separated backends to run the suites on (default: DEVMEM_BACKEND, else"
         " cpu,sim,cuda; cuda skips with a reason where no GPU is visible)",
     )
@@ -43,12 +43,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _backends(config: pytest.Config) -> list[str]:
-    names = [name.strip() for name in config.getoption("backend").split(",") if name.strip()]
+    """The backends to run on, from ``--backend``, else ``DEVMEM_BACKEND``, else all.
+
+    Raises:
+        pytest.UsageError: a name that is not a backend, naming the option or the variable it
+            came from.
+    """
+    value = config.getoption("backend")
+    source = "--backend"
+    if value is None:
+        value, source = os.environ.get("DEVMEM_BACKEND") or ",".join(BACKENDS), "DEVMEM_BACKEND"
+    names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in BACKENDS]
     if unknown or not names:
         raise pytest.UsageError(
-            f"--backend {config.getoption('backend')!r}: expected a comma-separated list of"
-            f" {', '.join(BACKENDS)}"
+            f"{source}={value!r}: expected a comma-separated list of {', '.join(BACKENDS)}"
         )
     return names
 
@@ -90,6 +99,7 @@ def backend(request: pytest.FixtureRequest) -> str:
     if reason is not None:
         if request.config.getoption("strict_backends"):
             pytest.fail(f"{name} backend unavailable (--strict-backends): {reason}")
+        request.node.stash[_backend_skip] = True
         pytest.skip(f"{name} backend unavailable: {reason}")
     return name
 
@@ -101,6 +111,7 @@ def stress_scale(request: pytest.FixtureRequest) -> int:
 
 
 _call_failed = pytest.StashKey[bool]()
+_backend_skip = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -108,6 +119,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     if report.when == "call":
         item.stash[_call_failed] = report.failed
+    elif report.skipped and item.stash.get(_backend_skip, False):
+        # One location for every item an unavailable backend skips, so that pytest's short
+        # summary folds them into one line per backend and reason, instead of one per test:
+        # "SKIPPED [106] conftest.py: cuda backend unavailable: CuPy is not installed ..."
+        report.longrepr = (__file__, None, report.longrepr[2])
     return report
 
 
@@ -133,10 +149,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         for name, value in getattr(report, "user_properties", ())
         if name == _NOTE
     ]
-    if lines:
-        terminalreporter.write_sep("=", "devmem notes")
-        for line in sorted(lines):
-            terminalreporter.write_line(line)
+    if not lines:
+        return
+    if config.get_verbosity() < 1:
+        terminalreporter.write_line(
+            f"devmem notes: {len(lines)} (measured values, and checks that held only trivially,"
+            " e.g. a cache cap on cpu, which keeps no cache); -v lists them, as does the JUnit XML"
+        )
+        return
+    terminalreporter.write_sep("=", "devmem notes")
+    for line in sorted(lines):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -87,10 +87,11 @@ if [ "$build" = 1 ]; then
             run "${PYTHON:-python3}" -m venv "$venv"
         fi
     fi
-    run "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    run "$py" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+    run "$py" -m pip install -qq --disable-pip-version-check --upgrade pip
+    # -qq: errors only; setuptools' editable install otherwise prints an 8-line notice each time
+    run "$py" -m pip install -qq --disable-pip-version-check -e ".[test]"
     if [ "$cuda" = 1 ] && ! "$py" -c "import cupy" >/dev/null 2>&1; then
-        run "$py" -m pip install --quiet --disable-pip-version-check -e ".[test,${CUDA_EXTRA:-cuda}]"
+        run "$py" -m pip install -qq --disable-pip-version-check -e ".[test,${CUDA_EXTRA:-cuda}]"
     fi
 fi
 if [ ! -x "$py" ]; then

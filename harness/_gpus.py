@@ -58,7 +58,8 @@ def resolve_gpus(spec: str) -> list[str]:
             a comma-separated list of ids (``0,2`` or GPU UUIDs).
 
     Raises:
-        HarnessError: ``spec`` is empty or a count below 1, or ``auto`` finds no GPU (the
+        HarnessError: ``spec`` is empty, a count below 1, or a list with an entry that is
+            neither an index nor a GPU/MIG UUID (``banana``, ``1.5``), or ``auto`` finds no GPU (the
             message says why).
     """
     spec = spec.strip()
@@ -71,10 +72,19 @@ def resolve_gpus(spec: str) -> list[str]:
         if int(spec) < 1:
             raise HarnessError(f"--gpus {spec}: expected a count >= 1, 'auto' or a list of ids")
         return [str(i) for i in range(int(spec))]
-    ids = [part.strip() for part in spec.split(",") if part.strip()]
-    if not ids:
-        raise HarnessError(f"--gpus {spec!r}: expected 'auto', a count or a list of GPU ids")
+    ids = [part.strip() for part in spec.split(",")]
+    bad = [part for part in ids if not _GPU_ID.fullmatch(part)]
+    if bad:
+        raise HarnessError(
+            f"--gpus {spec!r}: expected 'auto', a count N >= 1, or a comma-separated list of"
+            " GPU indices or UUIDs (e.g. 0,2 or GPU-8e3f...); "
+            + (f"{bad[0]!r} is neither" if any(ids) else "got nothing")
+        )
     return ids
+
+
+_GPU_ID = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*")
+"""What ``CUDA_VISIBLE_DEVICES`` accepts per entry: an index, or a GPU or MIG UUID."""
 
 
 def gpu_for_worker(worker_id: str | None, gpus: list[str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import pytest
@@ -60,10 +61,27 @@ def test_resolve_counts_and_lists(spec, gpus):
     assert resolve_gpus(spec) == gpus
 
 
-@pytest.mark.parametrize("spec", ["0", "", " , "])
-def test_resolve_refuses_bad_specs(spec):
-    with pytest.raises(HarnessError, match="--gpus"):
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("0", "--gpus 0: expected a count >= 1"),
+        ("", "--gpus '': expected 'auto', a count N >= 1, or a comma-separated list of GPU"),
+        (" , ", "got nothing"),
+        ("banana", "'banana' is neither"),
+        ("1.5", "'1.5' is neither"),
+        ("0,,2", "'' is neither"),
+        ("0, GPU-", "'GPU-' is neither"),
+    ],
+)
+def test_resolve_refuses_bad_specs(spec, says):
+    # Issue 14: banana and 1.5 used to pass through as CUDA_VISIBLE_DEVICES, hiding every GPU.
+    with pytest.raises(HarnessError, match=re.escape(says)):
         resolve_gpus(spec)
+
+
+@pytest.mark.parametrize("spec", ["MIG-4f2a-77/1/0", "GPU-8e3f1c2a-0b1d-4c6e-9f00-123456789abc"])
+def test_resolve_takes_uuids(spec):
+    assert resolve_gpus(spec) == [spec]
 
 
 def test_gpu_for_worker():
@@ -104,11 +122,14 @@ def test_each_xdist_worker_is_pinned_and_children_inherit(pytester, runpytest, m
     assert seen == {"gw0 0", "gw1 1"}, seen  # both workers ran, each on its own GPU
 
 
-def test_a_bad_gpus_value_is_a_usage_error(pytester, runpytest):
+@pytest.mark.parametrize(
+    ("value", "line"), [("0", "*--gpus 0: expected a count >= 1*"), ("banana", "*'banana' is*")]
+)
+def test_a_bad_gpus_value_is_a_usage_error(pytester, runpytest, value, line):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
-    result = runpytest("--gpus", "0")
+    result = runpytest("--gpus", value)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--gpus 0: expected a count >= 1*"])
+    result.stderr.fnmatch_lines([line])
 
 
 # Issue 9, case 11: with local xdist workers, a --gpus value that finds no GPU fails once, in

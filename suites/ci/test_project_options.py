@@ -1,0 +1,73 @@
+"""The project's own pytest options and output (root conftest.py), seen from outside."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = "suites/allocator/test_stats.py"
+"""A quick module that runs on every backend."""
+
+
+def _pytest(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("DEVMEM_", "PYTEST_"))
+    }
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        ((), {"DEVMEM_BACKEND": "gpu"}, "DEVMEM_BACKEND='gpu': expected a comma-separated list"),
+        (("--backend", "gpu"), {}, "--backend='gpu': expected a comma-separated list of cpu"),
+        (("--backend", ","), {}, "--backend=',': expected"),
+    ],
+)
+def test_a_bad_backend_is_one_line_naming_where_it_came_from(args, env, line):
+    # Issue 14: DEVMEM_BACKEND=gpu used to be reported as an option the user never passed.
+    result = _pytest("--co", "-q", *args, SMALL, **env)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    assert line in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_an_unavailable_backend_is_one_summary_line(tmp_path):
+    # Issue 14: one line per backend and reason, not one per test. No nvidia-smi on PATH, so
+    # cuda is unavailable here whatever the machine has.
+    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    result = _pytest(
+        "-q", "--backend", "cpu,cuda", SMALL, "suites/allocator/test_config.py", PATH=path
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    skipped = re.findall(r"(?m)^SKIPPED \[(\d+)\] (.*)$", result.stdout)
+    assert len(skipped) == 1, skipped
+    count, where = skipped[0]
+    assert where.startswith("conftest.py: cuda backend unavailable: "), where
+    assert f"{count} skipped" in result.stdout.splitlines()[-1]
+
+
+def test_notes_are_one_line_unless_verbose():
+    result = _pytest("-q", "--backend", "cpu", "suites/allocator/test_cache_cap.py")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"(?m)^devmem notes: \d+ \(measured values", result.stdout)
+    assert "cpu keeps no cache" not in result.stdout
+    verbose = _pytest("-v", "--backend", "cpu", "suites/allocator/test_cache_cap.py")
+    assert "= devmem notes =" in verbose.stdout
+    assert "cpu keeps no cache: cache_bytes == 0, the cap is not exercised" in verbose.stdout
