@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,15 @@ def test_notes_are_one_line_unless_verbose():
     verbose = _pytest("-v", "--backend", "cpu", "suites/allocator/test_cache_cap.py")
     assert "= devmem notes =" in verbose.stdout
     assert "cpu keeps no cache: cache_bytes == 0, the cap is not exercised" in verbose.stdout
+
+
+def test_installing_us_forces_no_test_plugins_on_a_project():
+    # Issue 14: the runtime dependencies used to pull in pytest-xdist and pytest-forked and cap
+    # pytest below 9.2 in every user's environment. The cap exists for pytest-forked only.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = " ".join(project["dependencies"])
+    assert "xdist" not in runtime and "forked" not in runtime and "<" not in runtime
+    test_extra = " ".join(project["optional-dependencies"]["test"])
+    assert "pytest-xdist" in test_extra and "pytest-forked" in test_extra
+    assert "pytest<9.2" in test_extra
+    assert isinstance(project["license"], str)  # the SPDX form; a table is deprecated
