@@ -1,32 +1,49 @@
-"""The reuse cache: an exact-size free list of device blocks, with an optional byte cap.
+"""The caching layer: an exact-size reuse cache of device blocks, a byte cap, flush-and-retry.
 
-What it adds over a device: a block returned by a dead or released storage is kept for the next
-allocation of exactly the same byte size, instead of going back to the device. Source: TorchLean's
-``take_cached_block``/``return_cached_block`` and its cache cap
-(``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``).
+What it adds over its upstream (the :class:`~allocator._device_layer.DeviceLayer`): a block
+freed by a storage is kept for the next allocation of exactly the same byte size instead of
+going back to the device, up to a byte cap; a failed device allocation collects garbage,
+flushes the cache and retries once; and its own counters (hits, misses, evictions, flushes).
+Source: TorchLean's ``take_cached_block``/``return_cached_block`` and its cache cap
+(``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``). The ``cpu`` stub has no caching
+layer: the statistics layer sits on the device layer directly.
 
 Order of operations:
 
-- ``put``: record the block's completion event, then decide. With a cap, a block that would grow
-  the cache past it (``nbytes > cap or cache_bytes > cap - nbytes``) is not cached: ``put``
-  returns it, and the caller frees it after waiting on its event (``cap_evictions`` counts it).
-- ``take``: reuse a cached block of that size only if its event is done; never wait.
-- ``drain``: empty the cache and return every block; the caller waits and frees them.
+- ``allocate(nbytes)``: take a cached block of that size whose completion event is done (never
+  wait) and count a hit; else allocate from the device and count a miss once it succeeded. On a
+  device failure: call ``on_oom`` (the allocator collects cyclic garbage and frees the blocks
+  the collection queued, as CuPy's pool does), count a flush, flush the whole cache (each block
+  waited on, then freed) and retry once; a second failure propagates.
+- ``deallocate(block, cause)``: record the block's completion event, then decide. With a cap, a
+  block that would grow the cache past it (``nbytes > cap or cache_bytes > cap - nbytes``) is
+  not cached: it is freed to the device after waiting on its event (``cap_evictions``, cause
+  ``cap_evict``).
+- ``flush(cause)``: empty the cache, then free every block it held (waiting on each).
 
-The cache has no lock of its own: every method is called under the owning allocator's lock, and
-``bytes`` is the running total the cap decision reads (up on push, down on reuse, zero on drain).
-Device waits and frees happen outside that lock, in the allocator.
+The lock guards the cache and the counters; the device is called with it released.
+``cache_bytes`` is the running total the cap decision reads (up on push, down on reuse, zero on
+flush). Dropping the layer (its allocator) flushes it (cause ``teardown``), except during
+interpreter shutdown.
 """
 
 from __future__ import annotations
 
-from .device.base import Block, Device
+import sys
+from collections.abc import Callable, Iterable
 
-__all__ = ["ReuseCache"]
+from . import _locks
+from ._device_layer import DeviceLayer
+from ._free_cause import CAP_EVICT, EMPTY_CACHE, OOM_FLUSH, TEARDOWN, FreeCause
+from .device.base import Block, Device, DeviceAllocationError
+
+__all__ = ["CachingLayer", "ReuseCache"]
 
 
 class ReuseCache:
     """Exact-size free lists keyed by byte size, bounded by ``cap_bytes`` (0 = unbounded).
+
+    The data structure alone, with no lock: :class:`CachingLayer` calls it under its own.
 
     Attributes:
         bytes: the bytes held now, in bytes.
@@ -88,3 +105,131 @@ class ReuseCache:
     def __len__(self) -> int:
         """The number of blocks cached."""
         return sum(len(blocks) for blocks in self._free.values())
+
+
+class CachingLayer:
+    """The reuse cache over ``upstream``, with a byte cap and flush-and-retry.
+
+    Args:
+        upstream: the device layer it allocates from and frees to.
+        cap_bytes: the cache's byte cap; 0 means unbounded.
+        on_oom: called with no lock held when a device allocation fails, before the flush; the
+            allocator passes a function that collects cyclic garbage and frees what the
+            collection queued.
+
+    Attributes:
+        hits: allocations served from the cache.
+        misses: allocations served by the device (a failed one is neither).
+        oom_flushes: whole-cache flushes done because a device allocation failed.
+        on_oom: see above; may be set after construction.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_cache",
+        "_lock",
+        "_upstream",
+        "hits",
+        "misses",
+        "on_oom",
+        "oom_flushes",
+    )
+
+    def __init__(
+        self,
+        upstream: DeviceLayer,
+        cap_bytes: int = 0,
+        on_oom: Callable[[], None] | None = None,
+    ) -> None:
+        self._upstream = upstream
+        self._cache = ReuseCache(upstream.device, cap_bytes)
+        self._lock = _locks.new_lock(self, _locks.CACHE)
+        self.hits = 0
+        self.misses = 0
+        self.oom_flushes = 0
+        self.on_oom = on_oom
+
+    def allocate(self, nbytes: int) -> Block:
+        """A block of ``nbytes`` bytes, from the cache if one is ready, else from the device.
+
+        Raises:
+            DeviceAllocationError: the device had no room even after the flush.
+        """
+        lock = self._lock
+        with lock:
+            block = self._cache.take(nbytes)
+            if block is not None:
+                self.hits += 1
+                return block
+        block = self._from_device(nbytes)
+        with lock:
+            self.misses += 1
+        return block
+
+    def _from_device(self, nbytes: int) -> Block:
+        upstream = self._upstream
+        try:
+            return upstream.allocate(nbytes)
+        except DeviceAllocationError:
+            pass
+        on_oom = self.on_oom
+        if on_oom is not None:
+            on_oom()
+        with self._lock:
+            self.oom_flushes += 1
+        self.flush(OOM_FLUSH)
+        return upstream.allocate(nbytes)
+
+    def deallocate(self, block: Block, cause: FreeCause) -> None:
+        """Cache ``block``, or free it to the device if the cap refuses it."""
+        with self._lock:
+            evicted = self._cache.put(block)
+        if evicted is not None:
+            self._upstream.deallocate(evicted, CAP_EVICT)
+
+    def deallocate_many(self, blocks: Iterable[Block], cause: FreeCause) -> None:
+        """:meth:`deallocate` each of ``blocks`` under one acquisition of the lock."""
+        evicted = []
+        with self._lock:
+            put = self._cache.put
+            for block in blocks:
+                if put(block) is not None:
+                    evicted.append(block)
+        self._upstream.deallocate_many(evicted, CAP_EVICT)
+
+    def flush(self, cause: FreeCause = EMPTY_CACHE) -> int:
+        """Free every cached block to the device, waiting on each one's completion event.
+
+        Returns:
+            The bytes handed back.
+        """
+        with self._lock:
+            blocks = self._cache.drain()
+        self._upstream.deallocate_many(blocks, cause)
+        return sum(block.nbytes for block in blocks)
+
+    def counters(self) -> tuple[int, int, int, int, int, int]:
+        """``(cache_bytes, cap_bytes, hits, misses, cap_evictions, oom_flushes)``, read
+        together."""
+        with self._lock:
+            cache = self._cache
+            return (
+                cache.bytes,
+                cache.cap_bytes,
+                self.hits,
+                self.misses,
+                cache.evictions,
+                self.oom_flushes,
+            )
+
+    def __len__(self) -> int:
+        """The number of blocks cached."""
+        with self._lock:
+            return len(self._cache)
+
+    def __del__(self) -> None:
+        # The allocator was dropped: hand the cached blocks back to the device. Nothing can hold
+        # this layer's lock now (a thread inside one of its methods would hold a reference), and
+        # during interpreter shutdown the device may be gone (CuPy skips its frees then too).
+        if not sys.is_finalizing():
+            self.flush(TEARDOWN)
