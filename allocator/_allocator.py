@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _free_cause
 from ._arena import ArenaRegistry, Epoch
 from ._buffer import FLOAT32_BYTES, Buffer, Storage, element_count
 from ._cache import CachingLayer
@@ -49,6 +48,7 @@ from ._config import AllocatorConfig, default_config
 from ._detector import Detector
 from ._device_layer import DeviceLayer
 from ._errors import DeviceOutOfMemory
+from ._free_cause import RELEASE
 from ._scope import ArenaScope, run_scoped
 from ._statistics import Statistics
 from ._stats import AllocatorStats, EpochStats
@@ -199,18 +199,17 @@ class Allocator:
     def _run(self, out: Buffer, inputs: tuple, kernel: Callable, *args) -> Buffer:
         """Launch ``kernel(out_array, *input_arrays, *args)``; free ``out`` if it fails."""
         try:
-            blocks = [buf._st.block for buf in inputs]
-            self.device.launch(out._st.block, *blocks)
+            self.device.launch(out._st._cell[0], *[buf._st._cell[0] for buf in inputs])
             kernel(out._array(), *[buf._array() for buf in inputs], *args)
         except BaseException:
-            self._arenas.free(out._st, _free_cause.RELEASE)
+            self._arenas.free(out._st, RELEASE)
             raise
         return out
 
     def _nothing(self) -> Buffer:
         """The result of an op on freed operands with the detector off: a buffer of size 0
         over no block (the silent slip of the original)."""
-        return Buffer(Storage(self._arenas, None), 0, 0)
+        return Buffer(Storage(self._arenas, None, 0), 0, 0)
 
     def add(self, a: Buffer, b: Buffer) -> Buffer:
         """Element-wise ``a + b`` into a new buffer (op ``buffer_add``, roles ``lhs``/``rhs``).
@@ -266,7 +265,7 @@ class Allocator:
         n = self._detector.require_live("buffer_sum", a)
         if not n:
             return 0.0
-        self.device.launch(a._st.block)
+        self.device.launch(a._st._cell[0])
         return self.device.sum(a._array())
 
     def to_numpy(self, a: Buffer) -> np.ndarray:
@@ -280,7 +279,7 @@ class Allocator:
         n = self._detector.require_live("buffer_read", a)
         if not n:
             return np.empty(0, dtype=np.float32)
-        self.device.launch(a._st.block)
+        self.device.launch(a._st._cell[0])
         return self.device.download(a._array())
 
     # -- freeing ---------------------------------------------------------------------------------
@@ -305,7 +304,7 @@ class Allocator:
         st = buf._st
         if st._home is not self._arenas:
             raise ValueError("buf belongs to another allocator")
-        return self._arenas.free(st, _free_cause.RELEASE)
+        return self._arenas.free(st, RELEASE)
 
     def empty_cache(self) -> int:
         """Free every cached block to the device, waiting on each block's completion event.

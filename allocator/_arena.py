@@ -153,12 +153,16 @@ class ArenaRegistry:
         Raises:
             DeviceAllocationError: from upstream.
         """
-        st = Storage(self, self._upstream.allocate(nbytes))
+        st = Storage(self, self._upstream.allocate(nbytes), nbytes)
         if self._epochs:
-            with self._lock:
+            lock = self._lock
+            lock.acquire()
+            try:
                 epochs = self._epochs
                 if epochs:
                     epochs[-1].track(st, weakref.ref(st))
+            finally:
+                lock.release()
         return st
 
     def free(self, st: Storage, cause: FreeCause) -> int:
@@ -180,14 +184,13 @@ class ArenaRegistry:
     def drain(self) -> None:
         """Free the blocks that finalizers queued (cause ``finalize``). Call with no lock held."""
         pending = self.pending
-        blocks = []
+        deallocate = self._upstream.deallocate
         while pending:
             try:
-                blocks.append(pending.popleft())
+                block = pending.popleft()
             except IndexError:  # another thread drained it in between
-                break
-        if blocks:
-            self._upstream.deallocate_many(blocks, _free_cause.FINALIZE)
+                return
+            deallocate(block, _free_cause.FINALIZE)
 
     # -- epochs --------------------------------------------------------------------------------
 

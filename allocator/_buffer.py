@@ -75,10 +75,10 @@ class Storage:
 
     __slots__ = ("__weakref__", "_cell", "_home", "cause", "epoch", "nbytes")
 
-    def __init__(self, home: ArenaRegistry, block: Block | None) -> None:
+    def __init__(self, home: ArenaRegistry, block: Block | None, nbytes: int) -> None:
         self._home = home
-        self._cell = [] if block is None else [block]
-        self.nbytes = 0 if block is None else block.nbytes
+        self._cell = [block] if nbytes else []
+        self.nbytes = nbytes
         self.cause: FreeCause | None = None
         self.epoch: Epoch | None = None
 

@@ -21,9 +21,10 @@ Order of operations:
   ``cap_evict``).
 - ``flush(cause)``: empty the cache, then free every block it held (waiting on each).
 
-The lock guards the cache and the counters; the device is called with it released.
-``cache_bytes`` is the running total the cap decision reads (up on push, down on reuse, zero on
-flush). Dropping the layer (its allocator) flushes it (cause ``teardown``), except during
+The free lists are a dict of lists keyed by byte size. The lock guards them and the counters;
+the device is called with it released, except ``ready`` and ``record`` (which only read or set
+the block's event). ``cache_bytes`` is the running total the cap decision reads (up on push,
+down on reuse, zero on flush). Dropping the layer (its allocator) flushes it (cause ``teardown``), except during
 interpreter shutdown.
 """
 
@@ -35,76 +36,9 @@ from collections.abc import Callable, Iterable
 from . import _locks
 from ._device_layer import DeviceLayer
 from ._free_cause import CAP_EVICT, EMPTY_CACHE, OOM_FLUSH, TEARDOWN, FreeCause
-from .device.base import Block, Device, DeviceAllocationError
+from .device.base import Block, DeviceAllocationError
 
-__all__ = ["CachingLayer", "ReuseCache"]
-
-
-class ReuseCache:
-    """Exact-size free lists keyed by byte size, bounded by ``cap_bytes`` (0 = unbounded).
-
-    The data structure alone, with no lock: :class:`CachingLayer` calls it under its own.
-
-    Attributes:
-        bytes: the bytes held now, in bytes.
-        cap_bytes: the cap in bytes; 0 means unbounded.
-        evictions: blocks ``put`` refused because of the cap.
-    """
-
-    __slots__ = ("_device", "_free", "bytes", "cap_bytes", "evictions")
-
-    def __init__(self, device: Device, cap_bytes: int = 0) -> None:
-        self._device = device
-        self._free: dict[int, list[Block]] = {}
-        self.bytes = 0
-        self.cap_bytes = cap_bytes
-        self.evictions = 0
-
-    def take(self, nbytes: int) -> Block | None:
-        """A cached block of exactly ``nbytes`` bytes whose event is done, or ``None``."""
-        blocks = self._free.get(nbytes)
-        if not blocks:
-            return None
-        ready = self._device.ready
-        if ready(blocks[-1]):
-            block = blocks.pop()
-        else:
-            # The newest block's kernels are still running; an older one may be done.
-            for i in range(len(blocks) - 1):
-                if ready(blocks[i]):
-                    block = blocks.pop(i)
-                    break
-            else:
-                return None
-        self.bytes -= nbytes
-        return block
-
-    def put(self, block: Block) -> Block | None:
-        """Return ``block`` to the cache; give it back if the cap refuses it (to be freed)."""
-        self._device.record(block)
-        nbytes = block.nbytes
-        cap = self.cap_bytes
-        if cap and (nbytes > cap or self.bytes > cap - nbytes):
-            self.evictions += 1
-            return block
-        blocks = self._free.get(nbytes)
-        if blocks is None:
-            self._free[nbytes] = [block]
-        else:
-            blocks.append(block)
-        self.bytes += nbytes
-        return None
-
-    def drain(self) -> list[Block]:
-        """Empty the cache; return every block it held (the caller waits on each, then frees)."""
-        blocks = [block for size_list in self._free.values() for block in size_list]
-        self._free = {}
-        self.bytes = 0
-        return blocks
-
-    def __len__(self) -> int:
-        """The number of blocks cached."""
-        return sum(len(blocks) for blocks in self._free.values())
+__all__ = ["CachingLayer"]
 
 
 class CachingLayer:
@@ -118,17 +52,24 @@ class CachingLayer:
             collection queued.
 
     Attributes:
+        cache_bytes: bytes held by the cache now.
+        cap_bytes: the cap; 0 means unbounded.
         hits: allocations served from the cache.
         misses: allocations served by the device (a failed one is neither).
+        evictions: freed blocks the cap refused (freed to the device at once).
         oom_flushes: whole-cache flushes done because a device allocation failed.
         on_oom: see above; may be set after construction.
     """
 
     __slots__ = (
         "__weakref__",
-        "_cache",
+        "_device",
+        "_free",
         "_lock",
         "_upstream",
+        "cache_bytes",
+        "cap_bytes",
+        "evictions",
         "hits",
         "misses",
         "on_oom",
@@ -142,25 +83,42 @@ class CachingLayer:
         on_oom: Callable[[], None] | None = None,
     ) -> None:
         self._upstream = upstream
-        self._cache = ReuseCache(upstream.device, cap_bytes)
+        self._device = upstream.device
+        self._free: dict[int, list[Block]] = {}
         self._lock = _locks.new_lock(self, _locks.CACHE)
+        self.cache_bytes = 0
+        self.cap_bytes = cap_bytes
+        self.evictions = 0
         self.hits = 0
         self.misses = 0
         self.oom_flushes = 0
         self.on_oom = on_oom
 
     def allocate(self, nbytes: int) -> Block:
-        """A block of ``nbytes`` bytes, from the cache if one is ready, else from the device.
+        """A block of ``nbytes`` bytes: a cached one whose completion event is done (never
+        waiting), else a new one from the device.
 
         Raises:
             DeviceAllocationError: the device had no room even after the flush.
         """
         lock = self._lock
-        with lock:
-            block = self._cache.take(nbytes)
-            if block is not None:
-                self.hits += 1
-                return block
+        lock.acquire()
+        try:
+            blocks = self._free.get(nbytes)
+            if blocks:
+                ready = self._device.ready
+                if ready(blocks[-1]):
+                    block = blocks.pop()
+                else:  # the newest block's kernels still run; an older one may be done
+                    block = next((block for block in blocks if ready(block)), None)
+                    if block is not None:
+                        blocks.remove(block)
+                if block is not None:
+                    self.cache_bytes -= nbytes
+                    self.hits += 1
+                    return block
+        finally:
+            lock.release()
         block = self._from_device(nbytes)
         with lock:
             self.misses += 1
@@ -180,52 +138,73 @@ class CachingLayer:
         self.flush(OOM_FLUSH)
         return upstream.allocate(nbytes)
 
+    def _put(self, block: Block) -> bool:
+        """Record ``block``'s event and cache it unless the cap refuses it (lock held)."""
+        self._device.record(block)
+        nbytes = block.nbytes
+        cap = self.cap_bytes
+        if cap and (nbytes > cap or self.cache_bytes > cap - nbytes):
+            self.evictions += 1
+            return False
+        blocks = self._free.get(nbytes)
+        if blocks is None:
+            self._free[nbytes] = [block]
+        else:
+            blocks.append(block)
+        self.cache_bytes += nbytes
+        return True
+
     def deallocate(self, block: Block, cause: FreeCause) -> None:
-        """Cache ``block``, or free it to the device if the cap refuses it."""
-        with self._lock:
-            evicted = self._cache.put(block)
-        if evicted is not None:
-            self._upstream.deallocate(evicted, CAP_EVICT)
+        """Cache ``block``, or free it to the device (cause ``cap_evict``) if the cap refuses
+        it."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            cached = self._put(block)
+        finally:
+            lock.release()
+        if not cached:
+            self._upstream.deallocate(block, CAP_EVICT)
 
     def deallocate_many(self, blocks: Iterable[Block], cause: FreeCause) -> None:
         """:meth:`deallocate` each of ``blocks`` under one acquisition of the lock."""
-        evicted = []
         with self._lock:
-            put = self._cache.put
-            for block in blocks:
-                if put(block) is not None:
-                    evicted.append(block)
-        self._upstream.deallocate_many(evicted, CAP_EVICT)
+            evicted = [block for block in blocks if not self._put(block)]
+        if evicted:
+            self._upstream.deallocate_many(evicted, CAP_EVICT)
 
     def flush(self, cause: FreeCause = EMPTY_CACHE) -> int:
         """Free every cached block to the device, waiting on each one's completion event.
+
+        Args:
+            cause: why (``empty_cache``, ``oom_flush`` or ``teardown``).
 
         Returns:
             The bytes handed back.
         """
         with self._lock:
-            blocks = self._cache.drain()
+            blocks = [block for size_list in self._free.values() for block in size_list]
+            self._free = {}
+            self.cache_bytes = 0
         self._upstream.deallocate_many(blocks, cause)
         return sum(block.nbytes for block in blocks)
 
     def counters(self) -> tuple[int, int, int, int, int, int]:
-        """``(cache_bytes, cap_bytes, hits, misses, cap_evictions, oom_flushes)``, read
-        together."""
+        """``(cache_bytes, cap_bytes, hits, misses, evictions, oom_flushes)``, read together."""
         with self._lock:
-            cache = self._cache
             return (
-                cache.bytes,
-                cache.cap_bytes,
+                self.cache_bytes,
+                self.cap_bytes,
                 self.hits,
                 self.misses,
-                cache.evictions,
+                self.evictions,
                 self.oom_flushes,
             )
 
     def __len__(self) -> int:
         """The number of blocks cached."""
         with self._lock:
-            return len(self._cache)
+            return sum(len(blocks) for blocks in self._free.values())
 
     def __del__(self) -> None:
         # The allocator was dropped: hand the cached blocks back to the device. Nothing can hold

@@ -65,9 +65,17 @@ class DeviceLayer:
             self.frees += 1
 
     def deallocate_many(self, blocks: Iterable[Block], cause: FreeCause) -> None:
-        """:meth:`deallocate` each of ``blocks``, in order."""
-        for block in blocks:
-            self.deallocate(block, cause)
+        """:meth:`deallocate` each of ``blocks``, in order, counted under one acquisition."""
+        device = self.device
+        freed = 0
+        try:
+            for block in blocks:
+                device.wait(block)
+                device.free(block)
+                freed += 1
+        finally:
+            with self._lock:
+                self.frees += freed
 
     def counters(self) -> tuple[int, int]:
         """``(mallocs, frees)``, read together."""

@@ -21,11 +21,18 @@ Order of operations:
 - ``deallocate(block, cause)``: count the block as freed first, then hand it upstream (to the
   reuse cache, so cached bytes are never live).
 
-The lock guards the counters and the epoch stack; the upstream is called with it released.
+No lock per operation: counting one is appending its signed byte count to a deque (one atomic
+operation, so this layer takes no lock on the allocation path, arena or not). The counters are
+folded from that log, in its order, under the layer's lock: when they are read
+(:meth:`counters`), when an epoch is pushed or popped, and whenever :data:`FOLD_EVERY` entries
+have piled up. A block is counted freed before it goes back to the cache and counted allocated
+after it came out, so the log never holds one block live twice, and the peak folded from it is
+exactly the peak of that order of operations.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
@@ -34,7 +41,10 @@ from . import _locks
 from ._free_cause import FreeCause
 from .device.base import Block
 
-__all__ = ["EpochCounter", "Statistics", "Upstream"]
+__all__ = ["FOLD_EVERY", "EpochCounter", "Statistics", "Upstream"]
+
+FOLD_EVERY = 4096
+"""Entries of the log that trigger a fold (so it holds at most about this many)."""
 
 
 class Upstream(Protocol):
@@ -79,12 +89,15 @@ class Statistics:
         live_buffers: blocks handed out and not yet freed.
         allocs: blocks handed out.
         frees: blocks freed.
+
+    The attributes hold the values folded so far; :meth:`counters` folds first.
     """
 
     __slots__ = (
         "__weakref__",
         "_epochs",
         "_lock",
+        "_log",
         "_upstream",
         "allocs",
         "frees",
@@ -96,6 +109,7 @@ class Statistics:
     def __init__(self, upstream: Upstream) -> None:
         self._upstream = upstream
         self._lock = _locks.new_lock(self, _locks.STATISTICS)
+        self._log: collections.deque[int] = collections.deque()
         self._epochs: list[EpochCounter] = []
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -110,50 +124,61 @@ class Statistics:
             DeviceAllocationError: from upstream; nothing is counted.
         """
         block = self._upstream.allocate(nbytes)
-        with self._lock:
-            live = self.live_bytes + nbytes
-            self.live_bytes = live
-            if live > self.peak_bytes:
-                self.peak_bytes = live
-            self.live_buffers += 1
-            self.allocs += 1
-            epochs = self._epochs
-            if epochs:
-                epoch = epochs[-1]
-                epoch.allocs += 1
-                live = epoch.live_bytes + nbytes
-                epoch.live_bytes = live
-                if live > epoch.peak_bytes:
-                    epoch.peak_bytes = live
+        log = self._log
+        log.append(nbytes)
+        if len(log) >= FOLD_EVERY:
+            self.counters()
         return block
 
     def deallocate(self, block: Block, cause: FreeCause) -> None:
         """Count ``block`` as freed (charged to the innermost epoch), then hand it upstream."""
-        nbytes = block.nbytes
-        with self._lock:
-            self.live_bytes -= nbytes
-            self.live_buffers -= 1
-            self.frees += 1
-            epochs = self._epochs
-            if epochs:
-                epochs[-1].live_bytes -= nbytes
+        log = self._log
+        log.append(-block.nbytes)
+        if len(log) >= FOLD_EVERY:
+            self.counters()
         self._upstream.deallocate(block, cause)
 
     def deallocate_many(self, blocks: Sequence[Block], cause: FreeCause) -> None:
-        """:meth:`deallocate` every one of ``blocks``, counted under one acquisition."""
-        nbytes = sum(block.nbytes for block in blocks)
-        with self._lock:
-            self.live_bytes -= nbytes
-            self.live_buffers -= len(blocks)
-            self.frees += len(blocks)
-            epochs = self._epochs
-            if epochs:
-                epochs[-1].live_bytes -= nbytes
+        """:meth:`deallocate` every one of ``blocks``."""
+        log = self._log
+        log.extend([-block.nbytes for block in blocks])
+        if len(log) >= FOLD_EVERY:
+            self.counters()
         self._upstream.deallocate_many(blocks, cause)
+
+    def _fold(self) -> None:
+        """Apply the log's entries to the counters, in order (lock held)."""
+        log = self._log
+        count = len(log)  # entries appended after this are folded next time
+        if not count:
+            return
+        start = live = high = self.live_bytes
+        grew = 0
+        popleft = log.popleft
+        for _ in range(count):
+            delta = popleft()
+            live += delta
+            if delta > 0:
+                grew += 1
+                if live > high:
+                    high = live
+        self.live_bytes = live
+        if high > self.peak_bytes:
+            self.peak_bytes = high
+        self.allocs += grew
+        self.frees += count - grew
+        self.live_buffers = self.allocs - self.frees
+        epochs = self._epochs
+        if epochs:
+            epoch = epochs[-1]
+            epoch.peak_bytes = max(epoch.peak_bytes, epoch.live_bytes + high - start)
+            epoch.live_bytes += live - start
+            epoch.allocs += grew
 
     def push(self) -> None:
         """Open an epoch: from now on allocations and frees are charged to it."""
         with self._lock:
+            self._fold()
             self._epochs.append(EpochCounter())
 
     def pop(self) -> EpochCounter:
@@ -166,6 +191,7 @@ class Statistics:
             IndexError: no epoch is open.
         """
         with self._lock:
+            self._fold()
             epochs = self._epochs
             child = epochs.pop()
             if epochs:
@@ -175,6 +201,8 @@ class Statistics:
             return child
 
     def counters(self) -> tuple[int, int, int, int, int]:
-        """``(live_bytes, peak_bytes, live_buffers, allocs, frees)``, read together."""
+        """``(live_bytes, peak_bytes, live_buffers, allocs, frees)``, folded and read
+        together."""
         with self._lock:
+            self._fold()
             return self.live_bytes, self.peak_bytes, self.live_buffers, self.allocs, self.frees

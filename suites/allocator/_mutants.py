@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from allocator import Allocator, EpochStats, Storage
 from allocator._arena import ArenaRegistry
-from allocator._cache import CachingLayer, ReuseCache
+from allocator._cache import CachingLayer
 from allocator._detector import Detector
 from allocator._free_cause import FINALIZE
 from allocator.device.sim import SimDevice
@@ -19,7 +19,7 @@ _leaked: list = []
 
 
 def _cache_ignores_cap() -> None:
-    original = ReuseCache.put
+    original = CachingLayer._put
 
     def put(self, block):
         cap, self.cap_bytes = self.cap_bytes, 0
@@ -28,7 +28,7 @@ def _cache_ignores_cap() -> None:
         finally:
             self.cap_bytes = cap
 
-    ReuseCache.put = put
+    CachingLayer._put = put
 
 
 def _evict_without_wait() -> None:
