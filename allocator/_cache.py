@@ -24,8 +24,8 @@ Order of operations:
 The free lists are a dict of lists keyed by byte size. The lock guards them and the counters;
 the device is called with it released, except ``ready`` and ``record`` (which only read or set
 the block's event). ``cache_bytes`` is the running total the cap decision reads (up on push,
-down on reuse, zero on flush). Dropping the layer (its allocator) flushes it (cause ``teardown``), except during
-interpreter shutdown.
+down on reuse, zero on flush). Dropping the layer (its allocator) flushes it (cause
+``teardown``), except during interpreter shutdown.
 """
 
 from __future__ import annotations
