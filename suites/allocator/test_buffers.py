@@ -7,7 +7,7 @@ import gc
 import numpy as np
 import pytest
 
-from allocator import Buffer, SizeMismatchError
+from allocator import FREE_KINDS, Buffer, FreeCause, SizeMismatchError, UseAfterFreeError
 
 
 def test_full_zeros_empty_and_readback(alloc):
@@ -161,6 +161,9 @@ def test_resize_zero_frees_with_views_alive(alloc):
     [
         (8, "x", ValueError, "resize_ supports only size 0"),
         (False, "x", ValueError, "resize_ supports only size 0"),
+        (0.0, "x", TypeError, r"^size must be the integer 0, got float 0\.0$"),  # issue 8
+        ("0", "x", TypeError, r"^size must be the integer 0, got str '0'$"),
+        (None, "x", TypeError, r"^size must be the integer 0, got NoneType None$"),
         (0, "", ValueError, "reason must say who frees the block"),
         (0, None, TypeError, "reason must be a str"),
     ],
@@ -211,3 +214,59 @@ def test_repr_says_what_a_buffer_is(alloc):
     alloc.release(a)
     assert repr(a) == "<Buffer freed (released by release())>"
     assert repr(alloc).startswith(f"<Allocator backend={alloc.backend} live=0.00MiB")
+
+
+def test_resize_with_any_reason_is_a_release(alloc):
+    # Issue 8, defect 6: a reason that reads "arena_exit" made the buffer report "reclaimed by
+    # arena_exit at depth None". Why a block was freed is a kind plus a reason.
+    a = alloc.full(16, 1.0)
+    assert a.storage.resize_(np.int64(0), "arena_exit") == 1
+    assert a.storage.cause == FreeCause("release", "arena_exit")
+    assert a.freed_reason == "released by arena_exit"
+    with pytest.raises(UseAfterFreeError, match=r"^use-after-release: buffer_sum arg was released"):
+        alloc.sum(a)
+
+
+def test_every_free_records_its_cause(alloc):
+    released, resized, finalized_view = alloc.full(4, 1.0), alloc.full(4, 1.0), alloc.full(4, 1.0)
+    alloc.release(released)
+    resized.storage.resize_(0, "zero3.release_param")
+    alloc.arena_enter()
+    alloc.arena_enter()
+    reclaimed = alloc.full(4, 1.0)
+    alloc.arena_exit()
+    alloc.arena_exit()
+    assert released.storage.cause == FreeCause("release", "release()")
+    assert resized.storage.cause == FreeCause("release", "zero3.release_param")
+    assert reclaimed.storage.cause == FreeCause("arena_exit", "arena_exit", depth=1)
+    assert finalized_view.storage.cause is None  # live
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason", "depth", "message"),
+    [
+        ("free", "x", None, r"^kind='free': expected one of release, arena_exit, finalize, "),
+        ("release", "", None, "reason must say who frees the block"),
+        ("arena_exit", "arena_exit", None, "an arena_exit cause needs the epoch's depth"),
+        ("release", "x", 0, r"^depth=0: an arena_exit cause needs"),
+    ],
+)
+def test_bad_free_causes(kind, reason, depth, message):
+    with pytest.raises(ValueError, match=message):
+        FreeCause(kind, reason, depth)
+
+
+def test_free_kinds():
+    assert FREE_KINDS == (
+        "release",
+        "arena_exit",
+        "finalize",
+        "cap_evict",
+        "empty_cache",
+        "oom_flush",
+        "teardown",
+    )
+    assert FreeCause("arena_exit", "arena_exit", 2).describe() == (
+        "reclaimed by arena_exit at depth 2"
+    )
+    assert FreeCause("finalize", "finalize").describe() == "released by finalize"

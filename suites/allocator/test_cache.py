@@ -166,6 +166,9 @@ def test_persistent_oom_raises_with_every_field_and_changes_nothing(sim):
         before.alloc_count,
     )
     assert after.oom_flushes == 1
+    # issue 8, defect 6: the failed allocation is neither a hit nor a miss
+    assert (after.cache_misses, after.alloc_count) == (before.cache_misses, before.alloc_count)
+    assert after.alloc_count == after.cache_hits + after.cache_misses
     clone = pickle.loads(pickle.dumps(error))
     assert (type(clone), str(clone), clone.stats) == (DeviceOutOfMemory, str(error), error.stats)
     assert held.size == N

@@ -4,8 +4,14 @@ which skip here with the reason.)"""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
+from allocator import fork_unsafe_reason
+from allocator.device import backend_unavailable_reason
+from allocator.device.cuda import kernel_probe_reason
 from harness import Outcome
 
 from . import _cuda_probes, _fake_cupy
@@ -98,3 +104,46 @@ def test_dropping_the_allocator_frees_its_blocks(death):
 def test_no_cuda_free_during_interpreter_shutdown(death):
     report = death.run(_cuda_probes.teardown, True).assert_clean().returned
     assert (report["device_blocks_after"], report["frees"]) == (4, 0)
+
+
+def _fake_cupy_on_path(tmp_path, monkeypatch, nvrtc: bool) -> None:
+    """A ``cupy`` module in ``tmp_path`` that installs the fake (on ``PYTHONPATH`` for child
+    interpreters, on ``sys.path`` for ``find_spec`` here; this process never imports it), and a
+    fake ``nvidia-smi`` that lists one GPU."""
+    (tmp_path / "cupy.py").write_text(
+        f"from suites.allocator import _fake_cupy\n_fake_cupy.install(nvrtc={nvrtc})\n"
+    )
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_the_availability_check_runs_a_kernel_in_a_child(tmp_path, monkeypatch):
+    _fake_cupy_on_path(tmp_path, monkeypatch, nvrtc=True)
+    assert kernel_probe_reason() is None
+    assert backend_unavailable_reason("cuda") is None
+    assert "cupy" not in sys.modules and fork_unsafe_reason() is None  # CUDA stayed in the child
+
+
+def test_without_nvrtc_the_availability_check_gives_cupys_reason(tmp_path, monkeypatch):
+    _fake_cupy_on_path(tmp_path, monkeypatch, nvrtc=False)
+    expected = (
+        "device 0: a tiny CuPy kernel failed to compile or run: RuntimeError: "
+        + _fake_cupy.NVRTC_MISSING
+    )
+    assert kernel_probe_reason() == expected
+    assert backend_unavailable_reason("cuda") == expected
+
+
+def test_a_probe_that_hangs_or_dies_silently_is_a_reason(tmp_path, monkeypatch):
+    (tmp_path / "cupy.py").write_text(
+        "import os, time\nif os.environ.get('HANG'): time.sleep(60)\nos._exit(3)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert kernel_probe_reason() == "the CuPy kernel probe exited with status 3"
+    monkeypatch.setenv("HANG", "1")
+    assert kernel_probe_reason(timeout=1) == "the CuPy kernel probe did not finish within 1 s"
