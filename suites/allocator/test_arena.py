@@ -341,12 +341,12 @@ def test_an_exit_caches_or_frees_every_block_it_reclaims(make_alloc):
 def test_a_scope_whose_keep_went_bad_does_not_close_an_inner_epoch(alloc):
     # The exit with an empty keep after a bad one still checks that its own epoch is the
     # innermost: an inner epoch left open is an error, not something to close quietly.
-    with pytest.raises(ArenaError, match="scope at depth 0 exited while the epoch at depth 1"):
-        with alloc.arena() as scope:
-            a = alloc.full(16, 1.0)
-            scope.keep(a)
-            alloc.release(a)  # the keep is now bad
-            alloc.arena_enter()  # and an inner epoch is still open
+    message = "scope at depth 0 exited while the epoch at depth 1"
+    with pytest.raises(ArenaError, match=message), alloc.arena() as scope:
+        a = alloc.full(16, 1.0)
+        scope.keep(a)
+        alloc.release(a)  # the keep is now bad
+        alloc.arena_enter()  # and an inner epoch is still open
     assert alloc.stats().arena_depth == 2
     alloc.arena_exit()
     alloc.arena_exit()

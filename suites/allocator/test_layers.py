@@ -116,7 +116,7 @@ def test_caching_layer_evicts_past_the_cap_with_the_cap_evict_cause():
         ("deallocate", 4 * KIB, "cap_evict"),
     ]
     cached, cap, hits, misses, evictions, flushes = layer.counters()
-    assert (cached, cap, evictions) == (2 * KIB, 2 * KIB, 2)
+    assert (cached, cap, hits, misses, evictions, flushes) == (2 * KIB, 2 * KIB, 0, 4, 2, 0)
 
 
 def test_caching_layer_collects_then_flushes_then_retries_once():
@@ -281,6 +281,7 @@ def test_a_finalizer_only_queues_its_block():
 
 def test_registry_tracks_promotes_and_reclaims():
     registry, upstream = _registry()
+    assert upstream.device.used_bytes == 0
     outer = registry.open()
     kept, scratch = registry.allocate(KIB), registry.allocate(2 * KIB)
     inner = registry.open()
@@ -295,6 +296,7 @@ def test_registry_tracks_promotes_and_reclaims():
     assert (outer_stats.reclaimed_buffers, outer_stats.kept_bytes) == (1, KIB)
     assert kept.epoch is None and kept.cause is None  # untracked at depth 0, still live
     assert registry.counters() == (0, 2, 12 * KIB)
+    assert upstream.device.used_bytes == KIB  # kept is live; every other block went back
 
 
 def test_registry_prunes_dead_entries_when_it_doubles():
