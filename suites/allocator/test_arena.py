@@ -354,11 +354,11 @@ def test_a_scope_whose_keep_went_bad_does_not_close_an_inner_epoch(alloc):
 
 def test_dead_registry_entries_do_not_accumulate(alloc):
     # Issue 8, defect 4: 100,000 short-lived temporaries in one arena kept 100,001 registry
-    # entries for 1 live buffer. Entries of finalized storages are pruned once the registry has
-    # doubled, so it holds at most 2 x live + SWEEP_MIN.
+    # entries for 1 live buffer (here 20,000 keep 20,001 on the old code). Entries of finalized
+    # storages are pruned once the registry has doubled, so it holds at most 2 x live + SWEEP_MIN.
     alloc.arena_enter()
     kept = alloc.full(4, 1.0)
-    for _ in range(100_000):
+    for _ in range(20_000):
         alloc.empty(4)  # dropped at once: finalized
     epoch = alloc._arenas._epochs[-1]
     assert len(epoch.tracked) <= 2 + SWEEP_MIN
@@ -367,7 +367,8 @@ def test_dead_registry_entries_do_not_accumulate(alloc):
 
 
 def test_an_arenas_memory_does_not_grow_with_its_temporaries(alloc):
-    # The same, seen from outside: the Python heap does not grow with the temporaries' count.
+    # The same, seen from outside: the Python heap does not grow with the temporaries' count
+    # (on the old code it grew by about 88 bytes per temporary).
     alloc.arena_enter()
     kept = alloc.full(4, 1.0)
     for _ in range(1000):
@@ -375,11 +376,11 @@ def test_an_arenas_memory_does_not_grow_with_its_temporaries(alloc):
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        for _ in range(20_000):
+        for _ in range(5000):
             alloc.empty(4)
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
     alloc.arena_exit()
-    assert grown < 64 * 1024, f"the arena's memory grew by {grown} bytes over 20,000 temporaries"
+    assert grown < 64 * 1024, f"the arena's memory grew by {grown} bytes over 5,000 temporaries"
     assert kept.size == 0
