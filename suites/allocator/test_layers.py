@@ -220,16 +220,36 @@ def test_statistics_fold_epochs_as_rmm_pushes_and_pops():
         stats.pop()
 
 
-def test_statistics_fold_their_log_every_so_often():
+def test_statistics_start_at_zero():
     stats = Statistics(Recorder())
-    blocks = [stats.allocate(4) for _ in range(FOLD_EVERY - 1)]
-    assert len(stats._log) == FOLD_EVERY - 1 and stats.allocs == 0
-    stats.deallocate(blocks.pop(), RELEASE)  # the FOLD_EVERY-th entry folds the log
-    assert len(stats._log) == 0
-    assert (stats.allocs, stats.frees, stats.live_buffers) == (FOLD_EVERY - 1, 1, FOLD_EVERY - 2)
-    assert (stats.live_bytes, stats.peak_bytes) == (4 * (FOLD_EVERY - 2), 4 * (FOLD_EVERY - 1))
+    assert stats.counters() == (0, 0, 0, 0, 0)
+    stats.push()
+    epoch = stats.pop()
+    assert (epoch.live_bytes, epoch.peak_bytes, epoch.allocs) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("path", ["allocate", "deallocate", "deallocate_many"])
+def test_statistics_fold_their_log_when_it_reaches_fold_every(path):
+    stats = Statistics(Recorder())
+    blocks = [stats.allocate(4) for _ in range(FOLD_EVERY - 2)]
+    stats.deallocate(blocks.pop(), RELEASE)
+    assert len(stats._log) == FOLD_EVERY - 1 and stats.allocs == 0  # nothing folded yet
+    if path == "allocate":
+        blocks.append(stats.allocate(4))
+    elif path == "deallocate":
+        stats.deallocate(blocks.pop(), RELEASE)
+    else:
+        stats.deallocate_many([blocks.pop()], RELEASE)
+    assert len(stats._log) == 0  # the FOLD_EVERY-th entry folded the log
+    allocs = FOLD_EVERY - 2 + (path == "allocate")
+    assert (stats.allocs, stats.frees, stats.live_buffers) == (
+        allocs,
+        allocs - len(blocks),
+        len(blocks),
+    )
+    assert (stats.live_bytes, stats.peak_bytes) == (4 * len(blocks), 4 * (FOLD_EVERY - 2))
     stats.deallocate_many(blocks, RELEASE)
-    assert stats.counters()[:3] == (0, 4 * (FOLD_EVERY - 1), 0)
+    assert stats.counters()[:3] == (0, 4 * (FOLD_EVERY - 2), 0)
 
 
 def test_statistics_from_several_threads_add_up():
