@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import gc
 import os
-import threading
 
 import pytest
 
@@ -19,43 +18,7 @@ import harness
 from allocator import BACKENDS, Allocator, AllocatorConfig, fork_unsafe_reason
 from allocator.device import backend_unavailable_reason
 
-pytest_plugins = ["pytester"]
-
-
-class _ThreadLocalCallStack(threading.local):
-    """mutmut's call stack (``get``/``set``/``reset``, as its ContextVar) kept per thread."""
-
-    value: tuple[str | None, int] = (None, 0)
-
-    def get(self) -> tuple[str | None, int]:
-        return self.value
-
-    def set(self, value: tuple[str | None, int]) -> tuple[str | None, int]:
-        previous, self.value = self.value, value
-        return previous
-
-    def reset(self, previous: tuple[str | None, int]) -> None:
-        self.value = previous
-
-
-def _mutmut_call_stack_without_contextvars() -> None:
-    """Under ``mutmut run`` (``ci/mutation.py``), keep mutmut's call stack in a thread-local.
-
-    mutmut's trampolines set a ``ContextVar`` on every call of mutated code, also inside the
-    allocator's teardown finalizers, which the cyclic collector runs; CPython 3.11 crashes
-    (SIGSEGV) when a finalizer run by the collector sets a ``ContextVar`` while other threads do
-    too, as the thread tests do. Outside mutmut this does nothing.
-    """
-    if "MUTANT_UNDER_TEST" not in os.environ:
-        return
-    try:
-        from mutmut.core import MutmutCallStack
-    except ImportError:
-        return
-    MutmutCallStack._ctx = _ThreadLocalCallStack()
-
-
-_mutmut_call_stack_without_contextvars()
+pytest_plugins = ["pytester", "suites._mutmut"]  # the second is inert outside mutmut
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,7 +7,7 @@ Which files are mutated, and with which tests, is mutmut's own configuration
 (``[tool.mutmut]`` in ``pyproject.toml``): ``allocator/`` but ``device/cuda.py``, and
 ``harness/_outcome.py``. For each module, one after the other, it runs
 ``mutmut run "<module>.x*" --max-children N`` (every mutant of the module, each against the
-tests that reach its function, from the map mutmut collects once in ``mutants/``), then reads
+tests that reach its function, from the map mutmut collects at the first module), then reads
 mutmut's results from ``mutants/<path>.meta`` and prints a table: mutants, killed (a test
 failed or timed out), equivalent (listed with a reason), survivors nobody explained, mutants no
 test reaches, the score ``killed / (mutants - equivalent)`` and the wall time. A whole run over
@@ -346,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{EQUIVALENT_DIR}: lists for modules that are not mutated: {sorted(known)}"
             )
         results = []
+        if not args.no_run:
+            # A fresh map of which tests reach which function: mutmut 3.8 updates it only for
+            # tests it has not seen, and loses the others' when the tests changed.
+            (MUTANTS_DIR / "mutmut-stats.json").unlink(missing_ok=True)
         for module in args.modules or list(files):
             seconds = None if args.no_run else run_mutmut(module, args.max_children, args.mutmut)
             result = tally(module, read_exit_codes(files[module]), load_equivalents(module))

@@ -378,3 +378,25 @@ def test_the_fork_hooks_take_every_lock_and_give_them_back():
     assert all(lock.acquire(blocking=False) for lock in locks)
     for lock in locks:
         lock.release()
+
+
+def test_a_forked_child_gets_fresh_locks():
+    # What the at-fork hook does in the child (called here directly): every registered owner
+    # gets a new, unheld lock of its rank, whoever held the old one.
+    class Owner:
+        pass
+
+    layer, backend = Owner(), Owner()
+    layer._lock = _locks.new_lock(layer, _locks.CACHE)
+    backend._lock = _locks.new_lock(backend, _locks.BACKEND)
+    old = (layer._lock, backend._lock)
+    for lock in old:
+        lock.acquire()
+    _locks._after_fork_in_child()
+    assert layer._lock is not old[0] and backend._lock is not old[1]
+    assert type(layer._lock) is type(threading.Lock())
+    assert type(backend._lock) is type(threading.RLock())
+    assert layer._lock.acquire(blocking=False) and backend._lock.acquire(blocking=False)
+    for lock in (*old, layer._lock, backend._lock):
+        lock.release()
+    assert _locks._held == []

@@ -265,3 +265,18 @@ def test_the_checked_in_equivalent_lists_parse():
         assert module in {mutation.module_name(p) for p in mutation.mutated_files()}, path
         for entry in mutation.load_equivalents(module):
             assert entry.name.startswith(f"{module}.x"), entry
+
+
+def test_the_mutmut_plugin_spills_each_new_hit_once(tmp_path):
+    from suites import _mutmut
+
+    hits = _mutmut._SpillingHits(tmp_path / "hits")
+    for name in ("m.x_f", "m.x_g", "m.x_f"):
+        hits.add(name)
+    assert hits == {"m.x_f", "m.x_g"}
+    assert (tmp_path / "hits").read_text() == "m.x_f\nm.x_g\n"
+    stack = _mutmut._ThreadLocalCallStack()
+    token = stack.set(("m.x_f", 1))
+    assert stack.get() == ("m.x_f", 1)
+    stack.reset(token)
+    assert stack.get() == (None, 0)
