@@ -21,6 +21,7 @@ from allocator import (
     DeviceOutOfMemory,
     fork_unsafe_reason,
 )
+from allocator import get_allocator as default_allocator
 from allocator.cuda import cupy_allocator
 from allocator.device import Device, backend_unavailable_reason
 from allocator.device import cuda as cuda_backend
@@ -138,9 +139,14 @@ def backend_logic(latency: int = 0, mutant: str | None = None) -> dict:
     report["interop_live_delta"] = alloc.stats().live_bytes - live
     report["interop_owner"] = type(pointer.mem.owner).__name__
     report["interop_device"] = pointer.mem.device_id
+    report["interop_memory"] = [
+        pointer.mem.size,
+        pointer.ptr == pointer.mem.owner.storage.block.ptr,
+    ]
     del pointer
     report["interop_after_drop"] = alloc.stats().live_bytes - live
-    report["interop_zero"] = allocate(0).ptr
+    zero = allocate(0)
+    report["interop_zero"] = [zero.ptr, zero.mem.size, zero.mem.device_id]
     try:
         cupy_allocator(Allocator(AllocatorConfig(backend="sim")))
     except ValueError as exc:
@@ -155,6 +161,7 @@ def backend_logic(latency: int = 0, mutant: str | None = None) -> dict:
             "is_cupy_oom": isinstance(exc, cupy_oom),
             "is_device_oom": isinstance(exc, DeviceOutOfMemory),
             "message": str(exc),
+            "reason": exc.reason,
             "cupy_fields": [exc._size, exc._total, exc._limit],
             "pickles_as": type(pickle.loads(pickle.dumps(exc))).__name__,
         }
@@ -194,3 +201,15 @@ def teardown(at_exit: bool = False) -> dict:
         cuda_backend._at_exit()  # what the interpreter runs before it finalizes
     del alloc
     return {**before, "device_blocks_after": len(fake.memory), "frees": fake.frees}
+
+
+def interop_on_the_default_allocator() -> dict:
+    """``cupy_allocator()`` with no argument draws from the default allocator
+    (``DEVMEM_BACKEND=cuda`` in the child's environment)."""
+    _fake_cupy.install()
+    allocate = cupy_allocator()
+    pointer = allocate(64)
+    return {
+        "owner_is_default": pointer.mem.owner.storage._home is default_allocator()._arenas,
+        "live": default_allocator().stats().live_bytes,
+    }

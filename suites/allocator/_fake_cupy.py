@@ -200,13 +200,20 @@ def install(
     def set_device(device: int) -> None:
         fake.current = device
 
-    class UnownedMemory:
+    class UnownedMemory:  # CuPy: (intptr_t ptr, size_t size, object owner, int device_id=-1)
         def __init__(self, ptr: int, size: int, owner, device_id: int = -1) -> None:
+            for name, value in (("ptr", ptr), ("size", size), ("device_id", device_id)):
+                if type(value) is not int:
+                    raise TypeError(f"UnownedMemory: {name} must be an int, got {value!r}")
+            if device_id < 0 and ptr == 0:
+                raise RuntimeError("UnownedMemory requires explicit device ID for a null pointer.")
             self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
 
     class MemoryPointer:
         def __init__(self, mem, offset: int) -> None:
-            self.mem, self.ptr = mem, mem.ptr + offset
+            if type(offset) is not int:
+                raise TypeError(f"MemoryPointer: offset must be an int, got {offset!r}")
+            self.mem, self.ptr, self.device_id = mem, mem.ptr + offset, mem.device_id
 
     class Stream:
         def synchronize(self) -> None:

@@ -71,14 +71,19 @@ def test_backend_logic_over_fake_cupy(death, latency):
     assert report["flushes_on_other_error"] == 0
     assert report["interop_live_delta"] == 1004  # rounded up to whole float32 elements
     assert report["interop_owner"] == "Buffer" and report["interop_after_drop"] == 0
-    assert report["interop_device"] == 1
-    assert report["interop_zero"] == 0
+    assert report["interop_device"] == 1 and report["interop_memory"] == [1001, True]
+    assert report["interop_zero"] == [0, 0, 1]
     oom = report["interop_oom"]
     assert oom["is_cupy_oom"] and oom["is_device_oom"] and oom["pickles_as"] == "DeviceOutOfMemory"
     assert oom["message"].startswith(f"out of device memory on cuda: requested={64 * MIB} bytes")
+    device_reason = f"cudaMalloc({64 * MIB}): cudaErrorMemoryAllocation: out of memory"
+    assert oom["reason"] == device_reason and oom["message"].endswith(f" ({device_reason})")
     assert oom["cupy_fields"][0] == 64 * MIB and oom["cupy_fields"][2] == 0
     assert report["after_collect"] == 7 * MIB and report["flushes_after_collect"] == 1
-    assert "needs an allocator on the cuda backend, got 'sim'" in report["interop_wrong_backend"]
+    assert report["interop_wrong_backend"] == (
+        "cupy_allocator needs an allocator on the cuda backend, got 'sim' (set"
+        " DEVMEM_BACKEND=cuda or pass Allocator(AllocatorConfig(backend='cuda')))"
+    )
     free, total = report["memory_info"]
     assert total == 10 * MIB and 0 <= free <= total
 
@@ -147,3 +152,9 @@ def test_a_probe_that_hangs_or_dies_silently_is_a_reason(tmp_path, monkeypatch):
     assert kernel_probe_reason() == "the CuPy kernel probe exited with status 3"
     monkeypatch.setenv("HANG", "1")
     assert kernel_probe_reason(timeout=1) == "the CuPy kernel probe did not finish within 1 s"
+
+
+def test_the_interop_draws_from_the_default_allocator_by_default(death):
+    env = {"DEVMEM_BACKEND": "cuda", "DEVMEM_CACHE_CAP_BYTES": None, "DEVMEM_ARENA_DEBUG": None}
+    outcome = death.run(_cuda_probes.interop_on_the_default_allocator, env=env)
+    assert outcome.assert_clean().returned == {"owner_is_default": True, "live": 64}

@@ -280,3 +280,18 @@ def test_the_mutmut_plugin_spills_each_new_hit_once(tmp_path):
     assert stack.get() == ("m.x_f", 1)
     stack.reset(token)
     assert stack.get() == (None, 0)
+
+
+def test_run_mutmut_accepts_a_module_without_mutants_and_reports_failures(tmp_path):
+    fake = tmp_path / "mutmut"
+    fake.write_text(
+        '#!/bin/sh\ncase "$2" in\n'
+        f"  empty.x*) echo '{mutation.NOTHING_MATCHES}'; exit 1;;\n"
+        "  broken.x*) echo 'Traceback: boom'; exit 1;;\n"
+        "esac\nexit 0\n"
+    )
+    fake.chmod(0o755)
+    assert mutation.run_mutmut("fine", 1, str(fake)) >= 0
+    assert mutation.run_mutmut("empty", 1, str(fake)) >= 0
+    with pytest.raises(mutation.MutationError, match=r"mutmut run failed on broken \(status 1\)"):
+        mutation.run_mutmut("broken", 1, str(fake))
