@@ -50,6 +50,7 @@ from ._stats import EpochStats
 if TYPE_CHECKING:
     from ._free_cause import FreeCause
     from ._statistics import Statistics
+    from .device.base import Block
 
 __all__ = ["SWEEP_MIN", "ArenaRegistry", "Epoch", "keep_storages"]
 
@@ -165,13 +166,22 @@ class ArenaRegistry:
                 lock.release()
         return st
 
-    def free(self, st: Storage, cause: FreeCause) -> int:
-        """Free ``st``'s block now, for the reason ``cause``; 1 if this call freed it, else 0."""
+    @staticmethod
+    def _claim(st: Storage, cause: FreeCause) -> Block | None:
+        """Take ``st``'s block (one atomic ``list.pop``) and record why; ``None`` if another
+        caller took it first."""
         try:
             block = st._cell.pop()
         except IndexError:
-            return 0
+            return None
         st.cause = cause
+        return block
+
+    def free(self, st: Storage, cause: FreeCause) -> int:
+        """Free ``st``'s block now, for the reason ``cause``; 1 if this call freed it, else 0."""
+        block = self._claim(st, cause)
+        if block is None:
+            return 0
         if st.epoch is not None:
             with self._lock:
                 epoch = st.epoch
@@ -248,11 +258,9 @@ class ArenaRegistry:
                         parent.track(st, ref)
                     continue
                 st.epoch = None
-                try:
-                    blocks.append(st._cell.pop())
-                except IndexError:  # freed by another thread meanwhile
-                    continue
-                st.cause = cause
+                block = self._claim(st, cause)
+                if block is not None:  # else freed by another thread meanwhile
+                    blocks.append(block)
             st = None
             epoch.tracked = {}
             reclaimed_bytes = sum(block.nbytes for block in blocks)

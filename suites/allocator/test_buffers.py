@@ -274,15 +274,8 @@ def test_bad_free_causes(kind, reason, depth, message):
 
 
 def test_free_kinds():
-    assert FREE_KINDS == (
-        "release",
-        "arena_exit",
-        "finalize",
-        "cap_evict",
-        "empty_cache",
-        "oom_flush",
-        "teardown",
-    )
+    # storage-level kinds first, then the reuse cache's (test_bad_free_causes pins the list)
+    assert FREE_KINDS[:3] == ("release", "arena_exit", "finalize")
     assert FreeCause("arena_exit", "arena_exit", 2).describe() == (
         "reclaimed by arena_exit at depth 2"
     )
