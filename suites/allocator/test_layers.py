@@ -10,14 +10,15 @@ and queues what finalizers hand it.
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 import weakref
 
 import pytest
 
-from allocator import EpochStats, FreeCause, _locks
-from allocator._arena import SWEEP_MIN, ArenaRegistry
-from allocator._buffer import Buffer
+from allocator import Allocator, AllocatorConfig, EpochStats, FreeCause, _locks
+from allocator._arena import SWEEP_MIN, ArenaRegistry, Epoch
+from allocator._buffer import Buffer, Storage
 from allocator._cache import CachingLayer
 from allocator._device_layer import DeviceLayer
 from allocator._free_cause import FINALIZE, RELEASE
@@ -308,6 +309,7 @@ def test_registry_tracks_promotes_and_reclaims():
     promoted, reclaimed = registry.allocate(4 * KIB), registry.allocate(8 * KIB)
     assert (kept.epoch, promoted.epoch) == (outer, inner)
     inner_stats = registry.close([Buffer(promoted, 0, 1)], expected=inner)
+    assert inner.tracked == {} and reclaimed.epoch is None
     assert inner_stats == EpochStats(1, 2, 1, 8 * KIB, 1, 4 * KIB, 12 * KIB)
     assert promoted.epoch is outer and reclaimed.cause == FreeCause("arena_exit", "arena_exit", 1)
     registry.free(scratch, RELEASE)  # untracked at once
@@ -317,6 +319,34 @@ def test_registry_tracks_promotes_and_reclaims():
     assert kept.epoch is None and kept.cause is None  # untracked at depth 0, still live
     assert registry.counters() == (0, 2, 12 * KIB)
     assert upstream.device.used_bytes == KIB  # kept is live; every other block went back
+
+
+class _Mortal:
+    """Something a weak reference can point at, to make dead registry entries."""
+
+
+def test_an_epoch_prunes_when_it_reaches_sweep_at_then_at_twice_the_live():
+    registry, _ = _registry()  # no epoch open: its storages are untracked until we track them
+    epoch = Epoch(0)
+
+    def add_dead(count: int) -> None:
+        for _ in range(count):
+            epoch.tracked[-len(epoch.tracked) - 1] = weakref.ref(_Mortal())  # dead at once
+
+    def add_live() -> Storage:
+        st = registry.allocate(4)
+        epoch.track(st, weakref.ref(st))
+        return st
+
+    add_dead(SWEEP_MIN - 1)
+    live = [add_live()]  # the SWEEP_MIN-th entry prunes the dead ones
+    assert (len(epoch.tracked), epoch.sweep_at) == (1, SWEEP_MIN)
+    live += [add_live() for _ in range(99)]  # pruned at 64 entries, all live: next at 128
+    assert (len(epoch.tracked), epoch.sweep_at) == (100, 128)
+    add_dead(27)
+    live.append(add_live())  # the 128th entry prunes 27 dead: next at twice the 101 live
+    assert (len(epoch.tracked), epoch.sweep_at) == (101, 202)
+    assert all(st.epoch is epoch for st in live)
 
 
 def test_registry_prunes_dead_entries_when_it_doubles():
@@ -400,3 +430,19 @@ def test_a_forked_child_gets_fresh_locks():
     for lock in (*old, layer._lock, backend._lock):
         lock.release()
     assert _locks._held == []
+
+
+@pytest.mark.parametrize(
+    ("name", "stack"),
+    [
+        ("sim", ["ArenaRegistry", "Statistics", "CachingLayer", "DeviceLayer"]),
+        ("cpu", ["ArenaRegistry", "Statistics", "DeviceLayer"]),  # the stub has no cache
+    ],
+)
+def test_the_allocator_stacks_its_layers(name, stack):
+    alloc = Allocator(AllocatorConfig(backend=name))
+    layers = alloc._layers()
+    assert [type(layer).__name__ for layer in layers] == stack
+    for layer, upstream in itertools.pairwise(layers):
+        assert layer._upstream is upstream
+    assert layers[-1].device is alloc.device
