@@ -42,8 +42,10 @@ EQUIVALENT_DIR = ROOT / "ci" / "equivalent-mutants"
 MUTANTS_DIR = ROOT / "mutants"
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code, mutmut 3.8), grouped as this report
-# counts them. A mutant that timed out made a test hang: killed, as mutmut's own score says.
-KILLED_CODES = {1, 3, 24, -24, 36, 152, 255, -9, -11}
+# counts them. A mutant that timed out made a test hang: killed, as mutmut's own score says; one
+# whose test process died of a signal (-6: the mutant made the allocator abort in-process, as
+# its fatal errors do; -9, -11) was caught too.
+KILLED_CODES = {1, 3, 24, -24, 36, 152, 255, -6, -9, -11}
 SURVIVED_CODES = {0}
 NO_TESTS_CODES = {5, 33}
 SKIPPED_CODES = {34, 37}
