@@ -174,6 +174,7 @@ def test_resize_zero_frees_with_views_alive(alloc):
         (None, "x", TypeError, r"^size must be the integer 0, got NoneType None$"),
         (0, "", ValueError, "^reason must say who frees the block, got an empty string$"),
         (0, None, TypeError, "^reason must be a str, got NoneType$"),
+        (0, 5, TypeError, "^reason must be a str, got int$"),
     ],
 )
 def test_bad_resize(alloc, size, reason, error, match):
