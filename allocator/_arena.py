@@ -50,7 +50,6 @@ from ._stats import EpochStats
 if TYPE_CHECKING:
     from ._free_cause import FreeCause
     from ._statistics import Statistics
-    from .device.base import Block
 
 __all__ = ["SWEEP_MIN", "ArenaRegistry", "Epoch", "keep_storages"]
 
@@ -166,22 +165,13 @@ class ArenaRegistry:
                 lock.release()
         return st
 
-    @staticmethod
-    def _claim(st: Storage, cause: FreeCause) -> Block | None:
-        """Take ``st``'s block (one atomic ``list.pop``) and record why; ``None`` if another
-        caller took it first."""
-        try:
-            block = st._cell.pop()
-        except IndexError:
-            return None
-        st.cause = cause
-        return block
-
     def free(self, st: Storage, cause: FreeCause) -> int:
         """Free ``st``'s block now, for the reason ``cause``; 1 if this call freed it, else 0."""
-        block = self._claim(st, cause)
-        if block is None:
+        try:  # the claim: whoever pops the block frees it (the exit walk claims the same way)
+            block = st._cell.pop()
+        except IndexError:
             return 0
+        st.cause = cause
         if st.epoch is not None:
             with self._lock:
                 epoch = st.epoch
@@ -244,12 +234,12 @@ class ArenaRegistry:
             parent = epochs[-1] if epochs else None
             cause = _free_cause.arena_exit(epoch.depth)
             blocks = []
-            kept = kept_bytes = 0
+            kept = kept_bytes = reclaimed_bytes = 0
             for ref in epoch.tracked.values():
                 st = ref()
                 if st is None or st.epoch is not epoch:
                     continue  # finalized mid-scope, or freed already
-                if id(st) in keep_ids:
+                if keep_ids and id(st) in keep_ids:
                     kept += 1
                     kept_bytes += st.nbytes
                     if parent is None:
@@ -258,12 +248,14 @@ class ArenaRegistry:
                         parent.track(st, ref)
                     continue
                 st.epoch = None
-                block = self._claim(st, cause)
-                if block is not None:  # else freed by another thread meanwhile
-                    blocks.append(block)
+                try:  # the claim, as in free()
+                    blocks.append(st._cell.pop())
+                except IndexError:  # freed by another thread meanwhile
+                    continue
+                st.cause = cause
+                reclaimed_bytes += st.nbytes
             st = None
             epoch.tracked = {}
-            reclaimed_bytes = sum(block.nbytes for block in blocks)
             self.reclaimed_buffers += len(blocks)
             self.reclaimed_bytes += reclaimed_bytes
             upstream = self._upstream

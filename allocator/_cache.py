@@ -168,8 +168,12 @@ class CachingLayer:
 
     def deallocate_many(self, blocks: Iterable[Block], cause: FreeCause) -> None:
         """:meth:`deallocate` each of ``blocks`` under one acquisition of the lock."""
+        evicted = []
+        put = self._put
         with self._lock:
-            evicted = [block for block in blocks if not self._put(block)]
+            for block in blocks:
+                if not put(block):
+                    evicted.append(block)
         if evicted:
             self._upstream.deallocate_many(evicted, CAP_EVICT)
 

@@ -22,7 +22,8 @@ Order of operations:
   reuse cache, so cached bytes are never live).
 
 No lock per operation: counting one is appending its signed byte count to a deque (one atomic
-operation, so this layer takes no lock on the allocation path, arena or not). The counters are
+operation, so this layer takes no lock on the allocation path, arena or not); a batch of frees
+(an arena exit's) is applied at once under the lock instead. The counters are
 folded from that log, in its order, under the layer's lock: when they are read
 (:meth:`counters`), when an epoch is pushed or popped, and whenever :data:`FOLD_EVERY` entries
 have piled up. A block is counted freed before it goes back to the cache and counted allocated
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -42,6 +44,8 @@ from ._free_cause import FreeCause
 from .device.base import Block
 
 __all__ = ["FOLD_EVERY", "EpochCounter", "Statistics", "Upstream"]
+
+_NBYTES = operator.attrgetter("nbytes")
 
 FOLD_EVERY = 4096
 """Entries of the log that trigger a fold (so it holds at most about this many)."""
@@ -139,11 +143,18 @@ class Statistics:
         self._upstream.deallocate(block, cause)
 
     def deallocate_many(self, blocks: Sequence[Block], cause: FreeCause) -> None:
-        """:meth:`deallocate` every one of ``blocks``."""
-        log = self._log
-        log.extend([-block.nbytes for block in blocks])
-        if len(log) >= FOLD_EVERY:
-            self.counters()
+        """:meth:`deallocate` every one of ``blocks``, counted together: the log is folded
+        first, then the frees are applied at once (frees never raise a peak, so the counters
+        are those of freeing them one by one)."""
+        nbytes = sum(map(_NBYTES, blocks))
+        with self._lock:
+            self._fold()
+            self.live_bytes -= nbytes
+            self.frees += len(blocks)
+            self.live_buffers = self.allocs - self.frees
+            epochs = self._epochs
+            if epochs:
+                epochs[-1].live_bytes -= nbytes
         self._upstream.deallocate_many(blocks, cause)
 
     def _fold(self) -> None:
