@@ -19,22 +19,34 @@ Example::
 
 from ._allocator import Allocator
 from ._buffer import Buffer, Storage
-from ._config import ARENA_DEBUG_MODES, BACKENDS, AllocatorConfig, default_config, parse_cache_cap
+from ._config import (
+    ARENA_DEBUG_MODES,
+    BACKENDS,
+    HISTORY_MODES,
+    AllocatorConfig,
+    default_config,
+    parse_cache_cap,
+)
 from ._default import (
     add,
     arena,
     arena_enter,
     arena_exit,
     copy,
+    dump_snapshot,
     empty,
     empty_cache,
     fma,
     from_numpy,
     full,
     get_allocator,
+    history,
+    live_blocks,
     mul,
+    record_history,
     release,
     run_in_arena,
+    snapshot,
     stats,
     sum,
     to_numpy,
@@ -50,6 +62,7 @@ from ._errors import (
 )
 from ._free_cause import FREE_KINDS, FreeCause
 from ._scope import ArenaScope
+from ._snapshot import LiveBlock, StackFrame
 from ._stats import AllocatorStats, EpochStats
 from .device import fork_unsafe_reason
 
@@ -57,6 +70,7 @@ __all__ = [
     "ARENA_DEBUG_MODES",
     "BACKENDS",
     "FREE_KINDS",
+    "HISTORY_MODES",
     "Allocator",
     "AllocatorConfig",
     "AllocatorError",
@@ -68,7 +82,9 @@ __all__ = [
     "DeviceOutOfMemory",
     "EpochStats",
     "FreeCause",
+    "LiveBlock",
     "SizeMismatchError",
+    "StackFrame",
     "Storage",
     "UseAfterFreeError",
     "add",
@@ -77,6 +93,7 @@ __all__ = [
     "arena_exit",
     "copy",
     "default_config",
+    "dump_snapshot",
     "empty",
     "empty_cache",
     "fma",
@@ -84,10 +101,14 @@ __all__ = [
     "from_numpy",
     "full",
     "get_allocator",
+    "history",
+    "live_blocks",
     "mul",
     "parse_cache_cap",
+    "record_history",
     "release",
     "run_in_arena",
+    "snapshot",
     "stats",
     "sum",
     "to_numpy",

@@ -205,6 +205,11 @@ class CachingLayer:
                 self.oom_flushes,
             )
 
+    def blocks(self) -> list[Block]:
+        """The cached blocks, a copy taken under the lock (for snapshots)."""
+        with self._lock:
+            return [block for size_list in self._free.values() for block in size_list]
+
     def __len__(self) -> int:
         """The number of blocks cached."""
         with self._lock:

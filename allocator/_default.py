@@ -8,6 +8,8 @@ child inherited from the parent keep pointing at the parent's allocator object.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,8 +17,10 @@ import numpy as np
 
 from ._allocator import Allocator
 from ._buffer import Buffer
+from ._history import DEFAULT_MAX_ENTRIES
 from ._per_process import PerProcess
 from ._scope import ArenaScope
+from ._snapshot import LiveBlock
 from ._stats import AllocatorStats, EpochStats
 
 __all__ = [
@@ -25,15 +29,20 @@ __all__ = [
     "arena_enter",
     "arena_exit",
     "copy",
+    "dump_snapshot",
     "empty",
     "empty_cache",
     "fma",
     "from_numpy",
     "full",
     "get_allocator",
+    "history",
+    "live_blocks",
     "mul",
+    "record_history",
     "release",
     "run_in_arena",
+    "snapshot",
     "stats",
     "sum",
     "to_numpy",
@@ -146,3 +155,32 @@ def arena() -> ArenaScope:
 @_on_default(Allocator.run_in_arena)
 def run_in_arena(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return _default.get().run_in_arena(fn, *args, **kwargs)
+
+
+@_on_default(Allocator.record_history)
+def record_history(
+    enabled: bool = True, *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
+) -> None:
+    _default.get().record_history(enabled, max_entries=max_entries, stacks=stacks)
+
+
+@_on_default(Allocator.history)
+def history(
+    *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
+) -> contextlib.AbstractContextManager[Allocator]:
+    return _default.get().history(max_entries=max_entries, stacks=stacks)
+
+
+@_on_default(Allocator.snapshot)
+def snapshot() -> dict:
+    return _default.get().snapshot()
+
+
+@_on_default(Allocator.dump_snapshot)
+def dump_snapshot(path: str | os.PathLike) -> None:
+    _default.get().dump_snapshot(path)
+
+
+@_on_default(Allocator.live_blocks)
+def live_blocks() -> list[LiveBlock]:
+    return _default.get().live_blocks()

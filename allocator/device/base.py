@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from types import ModuleType
 
 import numpy as np
@@ -62,6 +63,12 @@ class Block:
         self.nbytes = nbytes
         self.array = array
         self.event = None
+
+    @property
+    def address(self) -> int:
+        """The block's address in its device's memory (here: the host address of its NumPy
+        array), as memory histories and snapshots report it. Valid until the block is freed."""
+        return self.array.__array_interface__["data"][0]
 
     def __repr__(self) -> str:
         return f"<Block #{self.id} {self.nbytes} bytes>"
@@ -108,6 +115,12 @@ class Device:
     def memory_info(self) -> tuple[int, int]:
         """``(free_bytes, total_bytes)`` of the device; ``(0, 0)`` where it has no such notion."""
         return 0, 0
+
+    def clock_us(self) -> int:
+        """The time memory-history events are stamped with, in microseconds: the host clock
+        (since the Unix epoch, as PyTorch's ``time_us``); the simulator's logical clock on
+        ``sim``."""
+        return time.time_ns() // 1000
 
     # Kernels: element-wise operations of ``xp`` writing into a fresh output array.
 

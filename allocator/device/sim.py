@@ -160,6 +160,10 @@ class SimDevice(Device):
         self.synchronize()
         return super().sum(src)
 
+    def clock_us(self) -> int:
+        """The logical host clock ``now_us`` (it advances only on waits and :meth:`advance`)."""
+        return self.now_us
+
     def advance(self, microseconds: int) -> None:
         """Let ``microseconds`` of host time pass (so in-flight kernels may complete).
 
