@@ -1,0 +1,85 @@
+"""The work behind the project's ``memory_history`` fixture (``conftest.py`` holds only the glue).
+
+While a test runs, the allocators it watches record their memory history with stacks. If the
+test fails (or its teardown does, e.g. ``make_alloc``'s leak check), :meth:`MemoryHistory.report`
+dumps one snapshot per allocator beside the test's temporary directory and returns the text the
+failure report shows: the snapshot paths, how to open them, and the blocks still live with the
+frames that allocated them. No pytest import: it is plain allocator code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from allocator import Allocator, LiveBlock
+from allocator._timeline import format_bytes
+
+__all__ = ["MAX_LISTED", "MemoryHistory"]
+
+MAX_LISTED = 20
+"""Live blocks listed per allocator (the largest first); the snapshot has them all."""
+
+
+class MemoryHistory:
+    """The allocators one test watches.
+
+    Args:
+        tmp_path: the test's temporary directory; snapshots go beside it, as
+            ``<its name>-memory.pickle`` (``-memory-2.pickle`` and so on for more allocators).
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self._tmp_path = tmp_path
+        self.allocators: list[Allocator] = []
+        self._report: str | None = None
+
+    def watch(self, alloc: Allocator) -> Allocator:
+        """Record ``alloc``'s memory history (with stacks) until the test ends; returns it.
+
+        Raises:
+            TypeError: ``alloc`` is not an :class:`~allocator.Allocator`.
+        """
+        if not isinstance(alloc, Allocator):
+            raise TypeError(f"alloc must be an allocator.Allocator, got {type(alloc).__name__}")
+        if all(alloc is not other for other in self.allocators):
+            alloc.record_history(True, stacks=True)
+            self.allocators.append(alloc)
+        return alloc
+
+    def stop(self) -> None:
+        """Stop recording (the histories are kept for :meth:`report`)."""
+        for alloc in self.allocators:
+            alloc.record_history(False)
+
+    def snapshot_path(self, index: int) -> Path:
+        """Where the snapshot of the ``index``-th watched allocator (from 0) goes."""
+        suffix = "" if index == 0 else f"-{index + 1}"
+        return self._tmp_path.with_name(f"{self._tmp_path.name}-memory{suffix}.pickle")
+
+    def report(self) -> str:
+        """Dump the snapshots (once) and describe them and the live blocks."""
+        if self._report is None:
+            parts = [
+                "open a snapshot with: python -m allocator.memory summary|plot SNAPSHOT, or drop"
+                " it on https://pytorch.org/memory_viz"
+            ]
+            for i, alloc in enumerate(self.allocators):
+                path = self.snapshot_path(i)
+                alloc.dump_snapshot(path)
+                parts.append(_describe(i + 1, alloc, path, alloc.live_blocks()))
+            self._report = "\n".join(parts)
+        return self._report
+
+
+def _describe(number: int, alloc: Allocator, path: Path, live: list[LiveBlock]) -> str:
+    stats = alloc.stats()
+    lines = [
+        f"allocator {number} ({stats.format()}): snapshot {path}",
+        f"  {len(live)} live blocks, {format_bytes(sum(block.size for block in live))}"
+        + (":" if live else ""),
+    ]
+    largest = sorted(live, key=lambda block: (-block.size, block.address))
+    lines += [block.format(indent="  ") for block in largest[:MAX_LISTED]]
+    if len(live) > MAX_LISTED:
+        lines.append(f"  ... and {len(live) - MAX_LISTED} more (all are in the snapshot)")
+    return "\n".join(lines)
