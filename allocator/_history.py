@@ -207,6 +207,11 @@ class Recorder:
             address, size, stream, frames, _ = pending.pop(block)
             append(("free_completed", address, size, stream, now, frames, None))
 
+    def poll(self) -> None:
+        """Record ``free_completed`` for the pending blocks that are reusable now."""
+        with self._lock:
+            self._complete_ready(self.device.clock_us())
+
     def allocated(self, block: Block) -> None:
         """``alloc`` of ``block`` (handed to a storage), after the frees found completed."""
         frames = self._frames()
@@ -335,9 +340,13 @@ class HistoryLayer:
         self._recorder = recorder
 
     def allocate(self, nbytes: int) -> Block:
-        """A block from upstream, recorded once it exists (a failure records nothing here)."""
+        """A block from upstream, recorded once it exists (a failure records nothing here).
+        Frees found completed are recorded first, as PyTorch's malloc processes its events."""
+        recorder = self._recorder
+        if recorder.pending:
+            recorder.poll()
         block = self._upstream.allocate(nbytes)
-        self._recorder.allocated(block)
+        recorder.allocated(block)
         return block
 
     def deallocate(self, block: Block, cause: FreeCause) -> None:

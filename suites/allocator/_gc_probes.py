@@ -17,7 +17,7 @@ import threading
 
 from allocator import Allocator, AllocatorConfig
 
-from . import _mutants
+from . import _mutants, _snapshot_checks
 
 N = 16  # elements: 64-byte blocks
 
@@ -35,11 +35,22 @@ def _collect_after(extra: int) -> None:
 
 def _ledger(alloc: Allocator) -> dict:
     """The counters, and whether every block is accounted for: the device's used bytes equal
-    the live bytes plus the cached bytes, and once the cache is flushed, the live bytes."""
+    the live bytes plus the cached bytes, and once the cache is flushed, the live bytes. With
+    the memory history on, ``trace`` says whether its trace and segments add up to the
+    counters (``None``: they do; else the first check's message)."""
     stats = alloc.stats()
     used = alloc.device.used_bytes
+    trace = None
+    if alloc._history.recording:
+        snapshot = alloc.snapshot()
+        try:
+            _snapshot_checks.check_accounts(snapshot)
+            _snapshot_checks.check_segments(snapshot)
+        except AssertionError as exc:
+            trace = str(exc)
     alloc.empty_cache()
     return {
+        "trace": trace,
         "live": stats.live_bytes,
         "cache": stats.cache_bytes,
         "cap": stats.cache_cap_bytes,
@@ -83,19 +94,22 @@ def oom_under_collection(extras: list[int], mutant: str | None = None) -> list[d
     return results
 
 
-def exit_under_collection(extras: list[int], mutant: str | None = None) -> list[dict]:
+def exit_under_collection(
+    extras: list[int], mutant: str | None = None, history: bool = False
+) -> list[dict]:
     """Defect 2: an untracked 320-byte buffer reachable only from cyclic garbage while an arena
     exit reclaims eight buffers of eight sizes, each making a new free list in the reuse cache
     (on the old code the collector ran at one of those list allocations, inside the cache; the
     finalizer re-entered it through the re-entrant lock and stored its 320-byte block in a list
     that the exit then overwrote: the block was lost, a device leak). For each ``extra``: the
-    ledger."""
+    ledger. ``history``: the allocator records its memory history, with stacks."""
     _mutants.apply(mutant)
     results = []
     threshold = gc.get_threshold()
     try:
         for extra in extras:
             alloc = Allocator(AllocatorConfig(backend="sim", arena_debug="raise"))
+            alloc.record_history(history)
             gc.collect()
             gc.set_threshold(100000)
             _into_cyclic_garbage(alloc.full(5 * N, 3.0))
@@ -111,14 +125,16 @@ def exit_under_collection(extras: list[int], mutant: str | None = None) -> list[
     return results
 
 
-def stress(seconds_of_work: int = 1, mutant: str | None = None) -> dict:
+def stress(seconds_of_work: int = 1, mutant: str | None = None, history: bool = False) -> dict:
     """Threads x finalizers from reference cycles x a cap x injected OOMs, on ``sim``, with the
     collector running every few allocations. Four threads each do ``400 * seconds_of_work``
     random steps: allocate (sizes 16 to 2048 bytes), release, drop into a reference cycle, drop
     plainly, or inject a device failure; then everything is dropped and collected. Returns the
-    ledger and the errors the threads raised (only ``MemoryError`` is expected)."""
+    ledger and the errors the threads raised (only ``MemoryError`` is expected). ``history``:
+    the allocator records its memory history, with stacks."""
     _mutants.apply(mutant)
     alloc = Allocator(AllocatorConfig(backend="sim", cache_cap_bytes=4096, sim_capacity_bytes=8192))
+    alloc.record_history(history)
     errors: list[str] = []
     ooms = [0]
 
