@@ -196,7 +196,7 @@ def plot(
             fontsize=8,
             arrowprops={"arrowstyle": "->", "lw": 0.8},
         )
-    ax.set_xlim(x[0], x[-1] if len(x) > 1 else x[0] + 1)
+    ax.set_xlim(x[0], x[-1] if x[-1] > x[0] else x[0] + 1)  # a clock that never moved (sim)
     ax.set_ylim(0, max(max(line.reserved), max(line.live), 1) / scale * 1.12)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(unit)
