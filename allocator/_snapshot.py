@@ -104,13 +104,22 @@ class LiveBlock:
     stream: int
     frames: tuple[StackFrame, ...]
 
-    def format(self, indent: str = "") -> str:
-        """``0x7f..: 16384 bytes on stream 0, allocated at`` and one line per frame (or
-        ``allocated before history recorded it``)."""
+    def format(self, indent: str = "", max_frames: int | None = None) -> str:
+        """``0x7f..: 16384 bytes on stream 0, allocated at`` and one line per frame, innermost
+        first (``allocated while history was off`` when it has none).
+
+        Args:
+            indent: put before every line.
+            max_frames: show at most this many frames, then how many more there are.
+        """
         head = f"{indent}{self.address:#x}: {self.size} bytes on stream {self.stream}"
         if not self.frames:
             return f"{head}, allocated while history was off (or without stacks)"
-        return "\n".join([f"{head}, allocated at", *(f"{indent}    {f}" for f in self.frames)])
+        shown = self.frames if max_frames is None else self.frames[:max_frames]
+        lines = [f"{head}, allocated at", *(f"{indent}    {frame}" for frame in shown)]
+        if len(shown) < len(self.frames):
+            lines.append(f"{indent}    ... {len(self.frames) - len(shown)} more frames")
+        return "\n".join(lines)
 
 
 def _live(registry: ArenaRegistry) -> list[Block]:

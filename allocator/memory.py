@@ -271,7 +271,9 @@ def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
             lw=1.4,
             label=f"{name} ({len(by_kind['oom'])})" if i == 0 else None,
         )
-        ax.text(x[marker.index], top * 0.95, f"{marker.label} ", fontsize=7, color=color, ha="right")
+        ax.text(
+            x[marker.index], top * 0.95, f"{marker.label} ", fontsize=7, color=color, ha="right"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

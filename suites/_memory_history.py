@@ -4,12 +4,17 @@ While a test runs, the allocators it watches record their memory history with st
 test fails (or its teardown does, e.g. ``make_alloc``'s leak check), :meth:`MemoryHistory.report`
 dumps one snapshot per allocator beside the test's temporary directory and returns the text the
 failure report shows: the snapshot paths, how to open them, and the blocks still live with the
-frames that allocated them. No pytest import: it is plain allocator code.
+frames that allocated them (down to the test function: the runner's own frames are counted, not
+listed; the snapshot has them all).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import _pytest
+import pluggy
 
 from allocator import Allocator, LiveBlock
 from allocator._timeline import format_bytes
@@ -71,6 +76,17 @@ class MemoryHistory:
         return self._report
 
 
+_RUNNER_DIRS = tuple(os.path.dirname(module.__file__) + os.sep for module in (_pytest, pluggy))
+
+
+def _own_frames(block: LiveBlock) -> int:
+    """How many of ``block``'s frames come before the test runner's own (pytest, pluggy)."""
+    for i, frame in enumerate(block.frames):
+        if frame.filename.startswith(_RUNNER_DIRS):
+            return max(i, 1)
+    return len(block.frames)
+
+
 def _describe(number: int, alloc: Allocator, path: Path, live: list[LiveBlock]) -> str:
     stats = alloc.stats()
     lines = [
@@ -79,7 +95,7 @@ def _describe(number: int, alloc: Allocator, path: Path, live: list[LiveBlock]) 
         + (":" if live else ""),
     ]
     largest = sorted(live, key=lambda block: (-block.size, block.address))
-    lines += [block.format(indent="  ") for block in largest[:MAX_LISTED]]
+    lines += [block.format("  ", _own_frames(block)) for block in largest[:MAX_LISTED]]
     if len(live) > MAX_LISTED:
         lines.append(f"  ... and {len(live) - MAX_LISTED} more (all are in the snapshot)")
     return "\n".join(lines)
