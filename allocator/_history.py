@@ -114,8 +114,8 @@ class Recorder:
         recording: whether the history layers are in the stack.
         stacks: whether events carry the Python stack.
         ring: the events, oldest first, at most ``ring.maxlen``: tuples ``(action, address,
-            size, stream, time_us, frames, extra)``; ``extra`` is ``None`` or a dict of an
-            annotation's or an ``oom``'s own fields.
+            size, stream, time_us, frames, extra)``; ``extra`` is ``None``, a dict of an
+            annotation's or an ``oom``'s own fields, or a release's :class:`FreeCause`.
         alloc_frames: the frames each live block recorded while on was allocated with.
         segment_frames: the frames each device block recorded while on was malloc'd with.
         pending: freed blocks whose ``free_completed`` is not recorded yet: ``(address, size,
@@ -127,6 +127,7 @@ class Recorder:
         "__weakref__",
         "_lock",
         "_unhook",
+        "addresses",
         "alloc_frames",
         "device",
         "pending",
@@ -143,6 +144,7 @@ class Recorder:
         self.recording = False
         self.stacks = True
         self.ring: collections.deque = collections.deque(maxlen=DEFAULT_MAX_ENTRIES)
+        self.addresses: dict[Block, int] = {}
         self.alloc_frames: dict[Block, tuple] = {}
         self.segment_frames: dict[Block, tuple] = {}
         self.pending: dict[Block, tuple] = {}
@@ -172,6 +174,7 @@ class Recorder:
                 return
             self.ring = collections.deque(maxlen=max_entries)
             self.pending.clear()
+            self.addresses.clear()
             self.recording = True
         lower = stats if cache is None else cache
         lower._upstream = DeviceHistoryLayer(device_layer, self)
@@ -196,6 +199,13 @@ class Recorder:
     def _frames(self) -> tuple:
         return _stacks.capture(3) if self.stacks else _NO_FRAMES
 
+    def _address(self, block: Block) -> int:
+        """``block.address``, read once per block (a NumPy array's address costs a dict)."""
+        address = self.addresses.get(block)
+        if address is None:
+            address = self.addresses[block] = block.address
+        return address
+
     def _complete_ready(self, now: int) -> None:
         """Record ``free_completed`` for every pending block that is reusable now (lock held)."""
         pending = self.pending
@@ -215,7 +225,7 @@ class Recorder:
     def allocated(self, block: Block) -> None:
         """``alloc`` of ``block`` (handed to a storage), after the frees found completed."""
         frames = self._frames()
-        address, stream = block.address, block_stream(block)
+        address, stream = self._address(block), block_stream(block)
         with self._lock:
             now = self.device.clock_us()
             self._complete_ready(now)
@@ -227,24 +237,25 @@ class Recorder:
 
     def free_requested(self, blocks: Sequence[Block], cause: FreeCause) -> None:
         """``free_requested`` of each of ``blocks`` (freed by a storage because of ``cause``),
-        with the ``release`` or ``arena_exit`` annotation the cause calls for."""
+        with the ``release`` or ``arena_exit`` annotation the cause calls for (a ``release``
+        keeps its cause in the ring; a snapshot writes its reason)."""
         frames = self._frames()
-        if cause.kind == "finalize":
-            frames = (_stacks.FINALIZED, *frames)
-        fields = [(block, block.address, block.nbytes, block_stream(block)) for block in blocks]
+        kind = cause.kind
+        if kind == "finalize":
+            frames = (*_stacks.FINALIZED_MARK, *frames)
+        address = self._address
+        fields = [(block, address(block), block.nbytes) for block in blocks]
+        release = cause if kind == "release" else None
         with self._lock:
             now = self.device.clock_us()
             append = self.ring.append
-            if cause.kind == "arena_exit":
-                extra = {
-                    "depth": cause.depth,
-                    "reclaimed": len(fields),
-                    "bytes": sum(field[2] for field in fields),
-                }
-                append(("arena_exit", None, extra["bytes"], 0, now, frames, extra))
+            if kind == "arena_exit":
+                nbytes = sum(field[2] for field in fields)
+                extra = {"depth": cause.depth, "reclaimed": len(fields), "bytes": nbytes}
+                append(("arena_exit", None, nbytes, 0, now, frames, extra))
             pop_frames, pending = self.alloc_frames.pop, self.pending
-            release = {"reason": cause.reason} if cause.kind == "release" else None
-            for block, address, size, stream in fields:
+            for block, address, size in fields:
+                stream = block_stream(block)
                 append(("free_requested", address, size, stream, now, frames, None))
                 if release is not None:
                     append(("release", address, size, stream, now, frames, release))
@@ -267,7 +278,7 @@ class Recorder:
     def segment_allocated(self, block: Block) -> None:
         """``segment_alloc`` of ``block`` (a device malloc)."""
         frames = self._frames()
-        address, stream = block.address, block_stream(block)
+        address, stream = self._address(block), block_stream(block)
         with self._lock:
             now = self.device.clock_us()
             self.ring.append(("segment_alloc", address, block.nbytes, stream, now, frames, None))
@@ -276,7 +287,8 @@ class Recorder:
     def segment_freeing(self, blocks: Sequence[Block]) -> list[tuple]:
         """Before ``blocks`` are freed to the device: their fields, and whether each was still
         pending (taken off the pending map, so no poll reads a block being freed)."""
-        fields = [(block, block.address, block.nbytes, block_stream(block)) for block in blocks]
+        address = self._address
+        fields = [(block, address(block), block.nbytes, block_stream(block)) for block in blocks]
         with self._lock:
             pop = self.pending.pop
             return [(*field, pop(field[0], None)) for field in fields]
@@ -288,7 +300,7 @@ class Recorder:
         with self._lock:
             now = self.device.clock_us()
             append = self.ring.append
-            pop_frames = self.segment_frames.pop
+            pop_frames, pop_address = self.segment_frames.pop, self.addresses.pop
             for block, address, size, stream, freed in fields:
                 if freed is not None:
                     append(("free_completed", address, size, stream, now, freed[3], None))
@@ -296,6 +308,7 @@ class Recorder:
                     append(("cap_evict", address, size, stream, now, frames, None))
                 append(("segment_free", address, size, stream, now, frames, None))
                 pop_frames(block, None)
+                pop_address(block, None)
 
     def oom(self, nbytes: int, device_free: int) -> None:
         """``oom``: an allocation of ``nbytes`` failed with ``device_free`` bytes free."""

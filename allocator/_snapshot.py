@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from . import _stacks
 from ._buffer import Storage
+from ._free_cause import FreeCause
 from ._history import ACTIONS, Recorder, awaiting_free, block_stream
 
 if TYPE_CHECKING:
@@ -137,9 +138,10 @@ def live_blocks(registry: ArenaRegistry, recorder: Recorder) -> list[LiveBlock]:
     """Every block a storage of ``registry`` holds, by address, with its allocation frames."""
     with recorder._lock:
         frames_of = dict(recorder.alloc_frames)
-    out = []
+    out, cache = [], {}
     for block in _live(registry):
-        frames = tuple(StackFrame(*frame) for frame in frames_of.get(block, ()))
+        stack = _stacks.frames_of(frames_of.get(block, ()), cache)
+        frames = tuple(StackFrame(*frame) for frame in stack)
         out.append(LiveBlock(block.address, block.nbytes, block_stream(block), frames))
     return sorted(out, key=lambda block: block.address)
 
@@ -162,7 +164,10 @@ def _annotation(entry: tuple, trace_index: int, frames_cache: dict) -> dict:
     note = {"action": action, "trace_index": trace_index, "time_us": time_us}
     if address is not None:
         note.update(addr=address, size=size, stream=stream)
-    note.update(extra or {})
+    if isinstance(extra, FreeCause):
+        note["reason"] = extra.reason
+    else:
+        note.update(extra or {})
     note["frames"] = _stacks.frame_dicts(frames, frames_cache)
     return note
 
@@ -170,7 +175,7 @@ def _annotation(entry: tuple, trace_index: int, frames_cache: dict) -> dict:
 def _prune(recorder: Recorder, held: dict) -> None:
     """Drop the frames of blocks freed while recording was off (the maps are exact while on)."""
     with recorder._lock:
-        for frames_of in (recorder.alloc_frames, recorder.segment_frames):
+        for frames_of in (recorder.alloc_frames, recorder.segment_frames, recorder.addresses):
             for block in [block for block in frames_of if block not in held]:
                 del frames_of[block]
 

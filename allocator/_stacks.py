@@ -1,10 +1,11 @@
 """Python stacks for the memory history: the frames of the call that caused an event.
 
-A stack is a tuple of ``(filename, line, name)`` triples, innermost first (PyTorch's order:
-``frames[0]`` is the most recent call). The allocator's own frames are left out, so the first
-frame is the user's line that allocated or freed: in ``x = dm.full(n, 1.0)`` it is that line,
-not ``Allocator.full``. Snapshots turn each triple into PyTorch's frame dict
-``{"filename", "line", "name"}`` (:func:`frame_dicts`).
+Recording a stack must be cheap, so :func:`capture` only walks the frames and keeps each one's
+code object and last instruction offset, in one flat tuple ``(code, lasti, code, lasti, ...)``,
+innermost first (PyTorch's order: the most recent call first). Everything else waits for a
+snapshot: :func:`frame_dicts` turns a stack into PyTorch's frame dicts ``{"filename", "line",
+"name"}``, leaving out the allocator's own frames, so that the first frame is the user's line
+that allocated or freed (in ``x = dm.full(n, 1.0)`` that line, not ``Allocator.full``).
 
 A finalizer never captures a stack (DESIGN 2.9): the free of a block whose last reference died
 is recorded when the next public call drains the finalizers' queue, with the drain's stack under
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import os
 import sys
+from types import CodeType
 
-__all__ = ["FINALIZED", "capture", "frame_dicts"]
+__all__ = ["FINALIZED", "FINALIZED_MARK", "capture", "frame_dicts", "frames_of"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -24,37 +26,65 @@ FINALIZED = ("<devmem finalizer>", 0, "last reference dropped before the call be
 """The innermost frame of a free done by the finalizer: the block's last reference died some
 time before the call whose stack follows (the one that drained the queue)."""
 
+FINALIZED_MARK = (None, 0)
+"""How :data:`FINALIZED` starts a captured stack (a code of ``None``)."""
 
-def capture(skip: int = 1) -> tuple[tuple[str, int, str], ...]:
-    """The caller's Python stack, innermost first, without the allocator's own frames.
+
+def capture(skip: int = 1) -> tuple:
+    """The caller's Python stack as ``(code, lasti, ...)`` pairs, innermost first.
 
     Args:
         skip: frames to drop above this function before walking (1: this function's caller).
-
-    Returns:
-        ``(filename, line, name)`` triples; empty if every frame is the allocator's.
     """
     frame = sys._getframe(skip)
-    out = []
+    out: list = []
     append = out.append
-    package = _PACKAGE
     while frame is not None:
-        code = frame.f_code
-        filename = code.co_filename
-        if not filename.startswith(package):
-            append((filename, frame.f_lineno, code.co_name))
+        append(frame.f_code)
+        append(frame.f_lasti)
         frame = frame.f_back
     return tuple(out)
 
 
-def frame_dicts(frames, cache: dict) -> list[dict]:
-    """PyTorch's frame dicts for ``frames`` (triples). ``cache`` maps a triple to its dict, so
-    that equal frames share one dict (the pickle then stores each frame once)."""
+def _line(code: CodeType, lasti: int) -> int:
+    """The source line of the instruction at byte offset ``lasti`` of ``code``."""
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return line
+    return code.co_firstlineno
+
+
+def frames_of(stack: tuple, cache: dict) -> list[tuple[str, int, str]]:
+    """``(filename, line, name)`` for each frame of a captured ``stack`` that is not the
+    allocator's own, innermost first. ``cache`` maps ``(code, lasti)`` to its triple (or to
+    ``None`` for the allocator's frames) across calls."""
     out = []
-    for frame in frames:
-        entry = cache.get(frame)
+    for i in range(0, len(stack), 2):
+        code, lasti = stack[i], stack[i + 1]
+        key = (code, lasti)
+        frame = cache.get(key, key)
+        if frame is key:
+            if code is None:
+                frame = FINALIZED
+            elif code.co_filename.startswith(_PACKAGE):
+                frame = None
+            else:
+                frame = (code.co_filename, _line(code, lasti), code.co_name)
+            cache[key] = frame
+        if frame is not None:
+            out.append(frame)
+    return out
+
+
+def frame_dicts(stack: tuple, cache: dict) -> list[dict]:
+    """PyTorch's frame dicts for a captured ``stack`` (see :func:`frames_of`). Equal frames
+    share one dict (the pickle then stores each frame once); ``cache`` keeps them."""
+    dicts = cache.setdefault("dicts", {})
+    out = []
+    for frame in frames_of(stack, cache):
+        entry = dicts.get(frame)
         if entry is None:
             filename, line, name = frame
-            entry = cache[frame] = {"filename": filename, "line": line, "name": name}
+            entry = dicts[frame] = {"filename": filename, "line": line, "name": name}
         out.append(entry)
     return out
