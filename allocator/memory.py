@@ -191,7 +191,7 @@ def plot(
         ax.annotate(
             f"peak live {format_bytes(peak)}",
             xy=(x[at], peak / scale),
-            xytext=(12, 10),
+            xytext=(14, -24),
             textcoords="offset points",
             fontsize=8,
             arrowprops={"arrowstyle": "->", "lw": 0.8},
