@@ -213,3 +213,36 @@ def interop_on_the_default_allocator() -> dict:
         "owner_is_default": pointer.mem.owner.storage._home is default_allocator()._arenas,
         "live": default_allocator().stats().live_bytes,
     }
+
+
+def history_on_cuda(latency: int = 0) -> dict:
+    """The memory history on the fake CuPy: releases under a 1 MiB cap, an OOM after the
+    flush, and more releases, while recording; what the snapshot checks say, and whether its addresses are the device pointers
+    (the cuda backend's block address is ``ptr``)."""
+    from . import _history_probes
+
+    _fake_cupy.install(total_bytes=4 * MIB, latency=latency)
+    alloc = Allocator(AllocatorConfig(backend="cuda", cache_cap_bytes=MIB))
+    with alloc.history():
+        held = [alloc.full(65536, 1.0) for _ in range(12)]
+        pointers = sorted(buf.storage.block.ptr for buf in held[:4])
+        for buf in held[4:8]:
+            alloc.release(buf)
+        try:
+            alloc.empty(8 * MIB)  # never fits: the cache is flushed, then an oom
+        except DeviceOutOfMemory:
+            pass
+        for buf in [alloc.full(65536, 3.0), *held[8:11]]:  # a fill in flight after the flush
+            alloc.release(buf)  # cached again, under the cap: pending while the fill runs
+        snapshot = alloc.snapshot()
+    live = sorted(
+        segment["address"]
+        for segment in snapshot["segments"]
+        if segment["blocks"][0]["state"] == "active_allocated"
+    )
+    return {
+        "verdicts": _history_probes.verdicts(snapshot),
+        "pointers_are_addresses": set(pointers) <= set(live),
+        "states": sorted({s["blocks"][0]["state"] for s in snapshot["segments"]}),
+        "actions": sorted({e["action"] for e in snapshot["device_traces"][0]}),
+    }

@@ -16,7 +16,7 @@ from allocator import Allocator, AllocatorConfig
 from . import _mutants, _snapshot_checks, _stress
 
 
-def _verdicts(snapshot: dict) -> dict:
+def verdicts(snapshot: dict) -> dict:
     """What each check says of ``snapshot``: ``None`` if it holds, else its message."""
     verdicts = {}
     for name, check, argument in (
@@ -44,7 +44,7 @@ def workloads(backend: str, mutant: str | None = None) -> dict:
             alloc.release(buf)
         snapshot = alloc.snapshot()
     stats = snapshot["devmem"]["stats"]
-    return {"verdicts": _verdicts(snapshot), "live": stats["live_bytes"], "held": len(held)}
+    return {"verdicts": verdicts(snapshot), "live": stats["live_bytes"], "held": len(held)}
 
 
 def default_allocator(api: str) -> dict:
