@@ -217,8 +217,8 @@ def interop_on_the_default_allocator() -> dict:
 
 def history_on_cuda(latency: int = 0) -> dict:
     """The memory history on the fake CuPy: releases under a 1 MiB cap, an OOM after the
-    flush, and more releases, while recording; what the snapshot checks say, and whether its addresses are the device pointers
-    (the cuda backend's block address is ``ptr``)."""
+    flush, and more releases, while recording; what the snapshot checks say, and whether its
+    addresses are the device pointers (the cuda backend's block address is ``ptr``)."""
     from . import _history_probes
 
     _fake_cupy.install(total_bytes=4 * MIB, latency=latency)
