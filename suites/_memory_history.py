@@ -10,6 +10,7 @@ listed; the snapshot has them all).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class MemoryHistory:
     def __init__(self, tmp_path: Path) -> None:
         self._tmp_path = tmp_path
         self.allocators: list[Allocator] = []
+        self._recordings = contextlib.ExitStack()
         self._report: str | None = None
 
     def watch(self, alloc: Allocator) -> Allocator:
@@ -47,14 +49,14 @@ class MemoryHistory:
         if not isinstance(alloc, Allocator):
             raise TypeError(f"alloc must be an allocator.Allocator, got {type(alloc).__name__}")
         if all(alloc is not other for other in self.allocators):
-            alloc.record_history(True, stacks=True)
+            self._recordings.enter_context(alloc.history(stacks=True))
             self.allocators.append(alloc)
         return alloc
 
     def stop(self) -> None:
-        """Stop recording (the histories are kept for :meth:`report`)."""
-        for alloc in self.allocators:
-            alloc.record_history(False)
+        """Put each allocator's recording back as it was (off, unless ``DEVMEM_HISTORY`` or
+        the test had it on); the histories are kept for :meth:`report`."""
+        self._recordings.close()
 
     def snapshot_path(self, index: int) -> Path:
         """Where the snapshot of the ``index``-th watched allocator (from 0) goes."""
@@ -70,7 +72,10 @@ class MemoryHistory:
             ]
             for i, alloc in enumerate(self.allocators):
                 path = self.snapshot_path(i)
-                alloc.dump_snapshot(path)
+                try:
+                    alloc.dump_snapshot(path)
+                except OSError as exc:
+                    path = f"not written ({exc})"
                 parts.append(_describe(i + 1, alloc, path, alloc.live_blocks()))
             self._report = "\n".join(parts)
         return self._report
@@ -87,7 +92,7 @@ def _own_frames(block: LiveBlock) -> int:
     return len(block.frames)
 
 
-def _describe(number: int, alloc: Allocator, path: Path, live: list[LiveBlock]) -> str:
+def _describe(number: int, alloc: Allocator, path: Path | str, live: list[LiveBlock]) -> str:
     stats = alloc.stats()
     lines = [
         f"allocator {number} ({stats.format()}): snapshot {path}",

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from allocator import Allocator, AllocatorConfig
+from suites._memory_history import MemoryHistory
+
 ROOT = Path(__file__).resolve().parents[2]
 
 TESTS = """
@@ -102,3 +105,26 @@ def test_failures_show_the_snapshot_and_the_live_blocks(project):
     snapshot = pickle.loads(Path(failed).read_bytes())
     (live,) = [s for s in snapshot["segments"] if s["blocks"][0]["state"] == "active_allocated"]
     assert live["blocks"][0]["frames"][0]["name"] == "test_fails"
+
+
+def test_watching_puts_back_the_recording_it_found(tmp_path):
+    alloc = Allocator(AllocatorConfig(backend="sim", history="on"))  # DEVMEM_HISTORY=1
+    history = MemoryHistory(tmp_path / "test_x0")
+    assert history.watch(alloc) is alloc and history.watch(alloc) is alloc
+    assert history.allocators == [alloc] and alloc._history.stacks
+    history.stop()
+    assert alloc._history.recording and not alloc._history.stacks
+    assert history.snapshot_path(1) == tmp_path / "test_x0-memory-2.pickle"
+    with pytest.raises(TypeError, match=r"^alloc must be an allocator\.Allocator, got int$"):
+        history.watch(3)
+
+
+def test_a_snapshot_that_cannot_be_written_is_reported_so(tmp_path):
+    alloc = Allocator(AllocatorConfig(backend="sim"))
+    history = MemoryHistory(tmp_path / "missing" / "test_x0")  # no such folder
+    history.watch(alloc)
+    keep = alloc.full(4, 1.0)
+    report = history.report()
+    assert "snapshot not written ([Errno 2] No such file or directory" in report
+    assert "1 live blocks, 16 B:" in report and history.report() is report
+    alloc.release(keep)
