@@ -18,9 +18,11 @@ import os
 import sys
 from types import CodeType
 
-__all__ = ["FINALIZED", "FINALIZED_MARK", "capture", "frame_dicts", "frames_of"]
+__all__ = ["FINALIZED", "FINALIZED_MARK", "SKIPPED_PREFIXES", "capture", "frame_dicts", "frames_of"]
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+SKIPPED_PREFIXES: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+"""File path prefixes of the frames left out of stacks: the allocator package's own. A tool
+that wraps the allocator's functions may add its wrappers' (the suites' mutmut plugin does)."""
 
 FINALIZED = ("<devmem finalizer>", 0, "last reference dropped before the call below")
 """The innermost frame of a free done by the finalizer: the block's last reference died some
@@ -66,7 +68,7 @@ def frames_of(stack: tuple, cache: dict) -> list[tuple[str, int, str]]:
         if frame is key:
             if code is None:
                 frame = FINALIZED
-            elif code.co_filename.startswith(_PACKAGE):
+            elif code.co_filename.startswith(SKIPPED_PREFIXES):
                 frame = None
             else:
                 frame = (code.co_filename, _line(code, lasti), code.co_name)
