@@ -6,6 +6,11 @@ functions act on a process-wide default allocator configured from ``DEVMEM_*`` e
 variables, read once per process (a forked child re-reads its own); ``Allocator(config=...)``
 builds another one explicitly. See ``../shared/DESIGN.md`` section 2 for the contract.
 
+A memory history (``record_history``, ``history()``) records every allocation and free with its
+Python stack; ``snapshot()`` and ``dump_snapshot(path)`` write it in the format of
+``torch.cuda.memory._snapshot()``, which PyTorch's memory_viz tools read, and
+``python -m allocator.memory plot|summary`` draws or summarizes it (:mod:`allocator.memory`).
+
 Example::
 
     import allocator as dm
