@@ -138,7 +138,7 @@ def live_blocks(registry: ArenaRegistry, recorder: Recorder) -> list[LiveBlock]:
     """Every block a storage of ``registry`` holds, by address, with its allocation frames."""
     with recorder._lock:
         frames_of = dict(recorder.alloc_frames)
-    out, cache = [], {}
+    out, cache = [], _stacks.FrameCache()
     for block in _live(registry):
         stack = _stacks.frames_of(frames_of.get(block, ()), cache)
         frames = tuple(StackFrame(*frame) for frame in stack)
@@ -146,7 +146,7 @@ def live_blocks(registry: ArenaRegistry, recorder: Recorder) -> list[LiveBlock]:
     return sorted(out, key=lambda block: block.address)
 
 
-def _event(entry: tuple, frames_cache: dict) -> dict:
+def _event(entry: tuple, frames_cache: _stacks.FrameCache) -> dict:
     action, address, size, stream, time_us, frames, extra = entry
     event = {"action": action}
     if action == "oom":
@@ -159,7 +159,7 @@ def _event(entry: tuple, frames_cache: dict) -> dict:
     return event
 
 
-def _annotation(entry: tuple, trace_index: int, frames_cache: dict) -> dict:
+def _annotation(entry: tuple, trace_index: int, frames_cache: _stacks.FrameCache) -> dict:
     action, address, size, stream, time_us, frames, extra = entry
     note = {"action": action, "trace_index": trace_index, "time_us": time_us}
     if address is not None:
@@ -189,7 +189,7 @@ def build(
     """The snapshot of an allocator's layers (see the module docstring for its structure)."""
     entries = recorder.entries()
     device = recorder.device
-    frames_cache: dict = {}
+    frames_cache = _stacks.FrameCache()
     trace, annotations = [], []
     for entry in entries:
         if entry[0] in ACTIONS:

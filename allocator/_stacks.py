@@ -18,7 +18,15 @@ import os
 import sys
 from types import CodeType
 
-__all__ = ["FINALIZED", "FINALIZED_MARK", "SKIPPED_PREFIXES", "capture", "frame_dicts", "frames_of"]
+__all__ = [
+    "FINALIZED",
+    "FINALIZED_MARK",
+    "SKIPPED_PREFIXES",
+    "FrameCache",
+    "capture",
+    "frame_dicts",
+    "frames_of",
+]
 
 SKIPPED_PREFIXES: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 """File path prefixes of the frames left out of stacks: the allocator package's own. A tool
@@ -56,15 +64,31 @@ def _line(code: CodeType, lasti: int) -> int:
     return code.co_firstlineno
 
 
-def frames_of(stack: tuple, cache: dict) -> list[tuple[str, int, str]]:
+class FrameCache:
+    """What turning stacks into frames remembers, for one snapshot.
+
+    Attributes:
+        triples: ``(code, lasti)`` to its ``(filename, line, name)``, or to ``None`` for the
+            allocator's own frames.
+        dicts: a triple to its one PyTorch frame dict.
+    """
+
+    __slots__ = ("dicts", "triples")
+
+    def __init__(self) -> None:
+        self.triples: dict[tuple, tuple[str, int, str] | None] = {}
+        self.dicts: dict[tuple[str, int, str], dict] = {}
+
+
+def frames_of(stack: tuple, cache: FrameCache) -> list[tuple[str, int, str]]:
     """``(filename, line, name)`` for each frame of a captured ``stack`` that is not the
-    allocator's own, innermost first. ``cache`` maps ``(code, lasti)`` to its triple (or to
-    ``None`` for the allocator's frames) across calls."""
+    allocator's own, innermost first, each worked out once per ``cache``."""
     out = []
+    triples = cache.triples
     for i in range(0, len(stack), 2):
         code, lasti = stack[i], stack[i + 1]
         key = (code, lasti)
-        frame = cache.get(key, key)
+        frame = triples.get(key, key)
         if frame is key:
             if code is None:
                 frame = FINALIZED
@@ -72,16 +96,16 @@ def frames_of(stack: tuple, cache: dict) -> list[tuple[str, int, str]]:
                 frame = None
             else:
                 frame = (code.co_filename, _line(code, lasti), code.co_name)
-            cache[key] = frame
+            triples[key] = frame
         if frame is not None:
             out.append(frame)
     return out
 
 
-def frame_dicts(stack: tuple, cache: dict) -> list[dict]:
+def frame_dicts(stack: tuple, cache: FrameCache) -> list[dict]:
     """PyTorch's frame dicts for a captured ``stack`` (see :func:`frames_of`). Equal frames
-    share one dict (the pickle then stores each frame once); ``cache`` keeps them."""
-    dicts = cache.setdefault("dicts", {})
+    share one dict (the pickle then stores each frame once)."""
+    dicts = cache.dicts
     out = []
     for frame in frames_of(stack, cache):
         entry = dicts.get(frame)
