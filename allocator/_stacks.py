@@ -40,11 +40,12 @@ FINALIZED_MARK = (None, 0)
 """How :data:`FINALIZED` starts a captured stack (a code of ``None``)."""
 
 
-def capture(skip: int = 1) -> tuple:
-    """The caller's Python stack as ``(code, lasti, ...)`` pairs, innermost first.
+def capture(skip: int) -> tuple:
+    """The Python stack as ``(code, lasti, ...)`` pairs, innermost first.
 
     Args:
-        skip: frames to drop above this function before walking (1: this function's caller).
+        skip: how many frames to leave out, this function's own included: 1 starts at its
+            caller. Frames left out at resolution (:data:`SKIPPED_PREFIXES`) need no skipping.
     """
     frame = sys._getframe(skip)
     out: list = []
