@@ -111,9 +111,9 @@ def exit_under_collection(extras: list[int], mutant: str | None = None) -> list[
     return results
 
 
-def stress(seconds_of_work: int = 1, mutant: str | None = None) -> dict:
+def stress(scale: int = 1, mutant: str | None = None) -> dict:
     """Threads x finalizers from reference cycles x a cap x injected OOMs, on ``sim``, with the
-    collector running every few allocations. Four threads each do ``400 * seconds_of_work``
+    collector running every few allocations. Four threads each do ``400 * scale``
     random steps: allocate (sizes 16 to 2048 bytes), release, drop into a reference cycle, drop
     plainly, or inject a device failure; then everything is dropped and collected. Returns the
     ledger and the errors the threads raised (only ``MemoryError`` is expected)."""
@@ -126,7 +126,7 @@ def stress(seconds_of_work: int = 1, mutant: str | None = None) -> dict:
         rng = random.Random(seed)
         held = []
         try:
-            for _ in range(400 * seconds_of_work):
+            for _ in range(400 * scale):
                 step = rng.random()
                 if step < 0.45:
                     try:
