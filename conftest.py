@@ -14,10 +14,11 @@ import os
 
 import pytest
 
-from allocator import BACKENDS, Allocator, AllocatorConfig
+import harness
+from allocator import BACKENDS, Allocator, AllocatorConfig, fork_unsafe_reason
 from allocator.device import backend_unavailable_reason
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "suites._mutmut"]  # the second is inert outside mutmut
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,6 +64,9 @@ def _backends(config: pytest.Config) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The allocator never imports the harness: it says why forking is unsafe (its cuda backend
+    # initialized CUDA) through its own check, which the harness consults before each fork.
+    harness.add_fork_safety_check(fork_unsafe_reason)
     _backends(config)
     if config.getoption("stress_scale") < 1:
         raise pytest.UsageError(

@@ -18,7 +18,6 @@ Example::
 """
 
 from ._allocator import Allocator
-from ._arena import ArenaScope
 from ._buffer import Buffer, Storage
 from ._config import ARENA_DEBUG_MODES, BACKENDS, AllocatorConfig, default_config, parse_cache_cap
 from ._default import (
@@ -49,11 +48,15 @@ from ._errors import (
     SizeMismatchError,
     UseAfterFreeError,
 )
+from ._free_cause import FREE_KINDS, FreeCause
+from ._scope import ArenaScope
 from ._stats import AllocatorStats, EpochStats
+from .device import fork_unsafe_reason
 
 __all__ = [
     "ARENA_DEBUG_MODES",
     "BACKENDS",
+    "FREE_KINDS",
     "Allocator",
     "AllocatorConfig",
     "AllocatorError",
@@ -64,6 +67,7 @@ __all__ = [
     "Buffer",
     "DeviceOutOfMemory",
     "EpochStats",
+    "FreeCause",
     "SizeMismatchError",
     "Storage",
     "UseAfterFreeError",
@@ -76,6 +80,7 @@ __all__ = [
     "empty",
     "empty_cache",
     "fma",
+    "fork_unsafe_reason",
     "from_numpy",
     "full",
     "get_allocator",

@@ -1,50 +1,74 @@
-"""The allocator: a device, the reuse cache over it, arenas, the detector and the counters.
+"""The allocator's front end: the public API over a stack of layers, in the manner of RMM.
 
-An :class:`Allocator` composes one layer per capability, in the manner of RMM's resource
-adaptors: the backend (:mod:`allocator.device`), the exact-size reuse cache with its byte cap
-(:mod:`allocator._cache`), arena epochs (:mod:`allocator._arena`), the use-after-free detector
-(:mod:`allocator._detector`) and the statistics (:mod:`allocator._stats`). The counters, the cache
-and the arena registry share one re-entrant lock; device waits and frees happen outside it.
+What it adds over the arena registry (:mod:`allocator._arena`): argument validation, the ops and
+readbacks (every operand through the use-after-free detector, :mod:`allocator._detector`), the
+translation of a device failure into :class:`DeviceOutOfMemory`, and the drain of the
+finalizers' queue at the start of every public call. The stack, each layer over its upstream
+and testable alone::
+
+    Allocator (this module)   validation, ops through the detector, drains, DeviceOutOfMemory
+    ArenaRegistry  (_arena)   storages, the one free path, the finalizers' queue, epochs
+    Statistics (_statistics)  live/peak bytes, counts, epoch counters (push/pop)
+    CachingLayer   (_cache)   reuse cache, byte cap, flush-and-retry (none on the cpu stub)
+    DeviceLayer (_device_layer) allocate/deallocate over the backend, waits before frees
+    Device         (device/)  cpu, sim or cuda
+
+Each layer has its own lock; :mod:`allocator._locks` gives their order and what fork does.
 
 Order of operations:
 
-- allocate: take a ready cached block of the exact size, else ``malloc`` from the device (on
-  failure flush the cache, waiting on each block's event, and retry once, then raise
-  :class:`DeviceOutOfMemory`); only then count the allocation and register it with the open
-  arena. A failed allocation changes no live count.
-- free (release, ``resize_(0)``, finalization, arena exit): count the buffer as freed first,
-  then return the block to the cache, which records its completion event; a block the cap
-  refuses is freed after waiting on that event.
+- every public call first frees the blocks that finalizers queued since the last one, with no
+  lock held (a finalizer itself never runs allocator logic, DESIGN 2.9);
+- allocate: down the stack (a ready cached block of the exact size, else the device; on failure
+  the cache collects garbage, flushes and retries once), counted on the way back up, tracked by
+  the open arena; a failure raises :class:`DeviceOutOfMemory` and changes no live count;
+- free (release, ``resize_(0)``, finalization, arena exit): one path, in the registry; the
+  block is counted as freed first, then cached, or freed after waiting on its completion event
+  if the cap refuses it. Why it was freed (a :class:`~allocator._free_cause.FreeCause`) travels
+  down with it.
 
-Fork safety: before a fork every allocator's lock is taken (so no counter is half-updated),
-released again in the parent, and replaced by a fresh lock in the child, so a child can allocate
-even if another thread held the lock when the process forked.
+Dropping the last reference to an allocator frees its cached blocks at once: no layer refers
+back to the front end, so there is no reference cycle to wait for the collector on.
 """
 
 from __future__ import annotations
 
+import gc
 import numbers
-import os
-import threading
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-from ._arena import ArenaScope, Epoch, keep_storages, run_scoped
+from ._arena import ArenaRegistry, Epoch
 from ._buffer import FLOAT32_BYTES, Buffer, Storage, element_count
-from ._cache import ReuseCache
+from ._cache import CachingLayer
 from ._config import AllocatorConfig, default_config
 from ._detector import Detector
-from ._errors import ArenaError, DeviceOutOfMemory
+from ._device_layer import DeviceLayer
+from ._errors import DeviceOutOfMemory
+from ._free_cause import RELEASE
+from ._scope import ArenaScope, run_scoped
+from ._statistics import Statistics
 from ._stats import AllocatorStats, EpochStats
 from .device import Device, DeviceAllocationError, make_device
 
 __all__ = ["Allocator"]
 
-_instances: weakref.WeakSet[Allocator] = weakref.WeakSet()
-_FORK_LOCK_TIMEOUT_S = 1.0
+
+def _reclaimer(home: weakref.ref) -> Callable[[], None]:
+    """The caching layer's ``on_oom``: collect cyclic garbage once, then free what the
+    collection queued, so that the flush after it can hand those blocks back too. It holds the
+    registry weakly: the cache must not keep its own upstream's owner alive."""
+
+    def reclaim() -> None:
+        gc.collect()
+        registry = home()
+        if registry is not None:
+            registry.drain()
+
+    return reclaim
 
 
 class Allocator:
@@ -77,111 +101,38 @@ class Allocator:
         self.config = default_config() if config is None else config
         self.device: Device = make_device(self.config)
         self.backend = self.device.name
-        self._cache = (
-            ReuseCache(self.device, self.config.cache_cap_bytes) if self.device.has_cache else None
-        )
-        self._detector = Detector(self, self.config.arena_debug)
-        self._lock = threading.RLock()
-        self._fork_held = False
-        self._epochs: list[Epoch] = []
-        self._empty = Storage(self, None, 0)
-        self._live_bytes = 0
-        self._peak_bytes = 0
-        self._live_buffers = 0
-        self._alloc_count = 0
-        self._free_count = 0
-        self._cache_hits = 0
-        self._cache_misses = 0
-        self._device_mallocs = 0
-        self._device_frees = 0
-        self._oom_flushes = 0
-        self._reclaimed_buffers = 0
-        self._reclaimed_bytes = 0
-        _instances.add(self)
+        self._device_layer = DeviceLayer(self.device)
+        self._cache: CachingLayer | None = None
+        upstream: DeviceLayer | CachingLayer = self._device_layer
+        if self.device.has_cache:
+            upstream = self._cache = CachingLayer(upstream, self.config.cache_cap_bytes)
+        self._stats = Statistics(upstream)
+        self._arenas = ArenaRegistry(self._stats, self.backend)
+        if self._cache is not None:
+            self._cache.on_oom = _reclaimer(weakref.ref(self._arenas))
+        self._pending = self._arenas.pending
+        self._detector = Detector(self._arenas, self.config.arena_debug)
 
     def __repr__(self) -> str:
         return f"<Allocator {self.stats().format()}>"
+
+    def _layers(self) -> tuple:
+        """The layers from the top down to the device layer (each with its ``_lock``)."""
+        layers = (self._arenas, self._stats, self._cache, self._device_layer)
+        return tuple(layer for layer in layers if layer is not None)
 
     # -- allocation ---------------------------------------------------------------------------
 
     def _alloc(self, n: int) -> Buffer:
         """A new whole-storage buffer of ``n`` (validated, >= 1) elements."""
+        if self._pending:
+            self._arenas.drain()
         nbytes = n * FLOAT32_BYTES
-        cache = self._cache
-        with self._lock:
-            if cache is not None:
-                block = cache.take(nbytes)
-                if block is not None:
-                    self._cache_hits += 1
-                    return Buffer(self._track(block, nbytes), 0, n)
-                self._cache_misses += 1
-        block = self._malloc(nbytes)
-        with self._lock:
-            self._device_mallocs += 1
-            return Buffer(self._track(block, nbytes), 0, n)
-
-    def _track(self, block, nbytes: int) -> Storage:
-        """Count a new storage and register it with the innermost arena (lock held)."""
-        st = Storage(self, block, nbytes)
-        live = self._live_bytes + nbytes
-        self._live_bytes = live
-        if live > self._peak_bytes:
-            self._peak_bytes = live
-        self._live_buffers += 1
-        self._alloc_count += 1
-        epochs = self._epochs
-        if epochs:
-            epoch = epochs[-1]
-            epoch.refs.append(weakref.ref(st))
-            st.epoch = epoch
-            epoch.allocs += 1
-            live = epoch.live_bytes + nbytes
-            epoch.live_bytes = live
-            if live > epoch.peak_bytes:
-                epoch.peak_bytes = live
-        return st
-
-    def _malloc(self, nbytes: int):
-        """A device block; flush the cache and retry once on failure, then raise."""
-        device = self.device
         try:
-            return device.malloc(nbytes)
+            st = self._arenas.allocate(nbytes)
         except DeviceAllocationError as exc:
-            reason = str(exc)
-        if self._cache is not None:
-            with self._lock:
-                self._oom_flushes += 1
-            self.empty_cache()
-            try:
-                return device.malloc(nbytes)
-            except DeviceAllocationError as exc:
-                reason = str(exc)
-        raise DeviceOutOfMemory(nbytes, self.stats(), reason)
-
-    def _free_storage(self, st: Storage, reason: str) -> int:
-        """Free ``st``'s block (count first, then cache or free it); 1 if freed now, else 0."""
-        cache = self._cache
-        with self._lock:
-            block = st.block
-            if block is None:
-                return 0
-            st.block = None
-            st.freed_by = reason
-            nbytes = st.nbytes
-            self._live_bytes -= nbytes
-            self._live_buffers -= 1
-            self._free_count += 1
-            epoch = st.epoch
-            if epoch is not None:
-                epoch.live_bytes -= nbytes
-                st.epoch = None
-            evicted = block if cache is None else cache.put(block)
-            if evicted is not None:
-                self._device_frees += 1
-        if evicted is not None:
-            self.device.wait(evicted)
-            self.device.free(evicted)
-        return 1
+            raise DeviceOutOfMemory(nbytes, self.stats(), str(exc)) from None
+        return Buffer(st, 0, n)
 
     def empty(self, n: int) -> Buffer:
         """A buffer of ``n`` float32 elements with unspecified contents.
@@ -246,15 +197,19 @@ class Allocator:
     # -- ops: every operand goes through the detector's choke point ----------------------------
 
     def _run(self, out: Buffer, inputs: tuple, kernel: Callable, *args) -> Buffer:
-        """Launch ``kernel(out_array, *input_arrays, *args)``; release ``out`` if it fails."""
+        """Launch ``kernel(out_array, *input_arrays, *args)``; free ``out`` if it fails."""
         try:
-            blocks = [buf._st.block for buf in inputs]
-            self.device.launch(out._st.block, *blocks)
+            self.device.launch(out._st._cell[0], *[buf._st._cell[0] for buf in inputs])
             kernel(out._array(), *[buf._array() for buf in inputs], *args)
         except BaseException:
-            self.release(out)
+            self._arenas.free(out._st, RELEASE)
             raise
         return out
+
+    def _nothing(self) -> Buffer:
+        """The result of an op on freed operands with the detector off: a buffer of size 0
+        over no block (the silent slip of the original)."""
+        return Buffer(Storage(self._arenas, None, 0), 0, 0)
 
     def add(self, a: Buffer, b: Buffer) -> Buffer:
         """Element-wise ``a + b`` into a new buffer (op ``buffer_add``, roles ``lhs``/``rhs``).
@@ -273,14 +228,14 @@ class Allocator:
         """
         n = self._detector.require_same_size2("buffer_add", a, b)
         if not n:
-            return Buffer(self._empty, 0, 0)
+            return self._nothing()
         return self._run(self._alloc(n), (a, b), self.device.add)
 
     def mul(self, a: Buffer, b: Buffer) -> Buffer:
         """Element-wise ``a * b`` (op ``buffer_mul``). Returns and raises as :meth:`add`."""
         n = self._detector.require_same_size2("buffer_mul", a, b)
         if not n:
-            return Buffer(self._empty, 0, 0)
+            return self._nothing()
         return self._run(self._alloc(n), (a, b), self.device.mul)
 
     def fma(self, a: Buffer, b: Buffer, c: Buffer) -> Buffer:
@@ -288,7 +243,7 @@ class Allocator:
         Returns and raises as :meth:`add`."""
         n = self._detector.require_same_size3("buffer_fma", a, b, c)
         if not n:
-            return Buffer(self._empty, 0, 0)
+            return self._nothing()
         return self._run(self._alloc(n), (a, b, c), self.device.fma)
 
     def copy(self, a: Buffer) -> Buffer:
@@ -296,7 +251,7 @@ class Allocator:
         Returns and raises as :meth:`add`."""
         n = self._detector.require_live("buffer_copy", a)
         if not n:
-            return Buffer(self._empty, 0, 0)
+            return self._nothing()
         return self._run(self._alloc(n), (a,), self.device.copy)
 
     def sum(self, a: Buffer) -> float:
@@ -305,10 +260,12 @@ class Allocator:
         A readback: it waits for the kernels before it. Returns 0.0 for a freed buffer when the
         detector is off. Raises as :meth:`add` (but never ``SizeMismatchError``).
         """
+        if self._pending:
+            self._arenas.drain()
         n = self._detector.require_live("buffer_sum", a)
         if not n:
             return 0.0
-        self.device.launch(a._st.block)
+        self.device.launch(a._st._cell[0])
         return self.device.sum(a._array())
 
     def to_numpy(self, a: Buffer) -> np.ndarray:
@@ -317,10 +274,12 @@ class Allocator:
         A readback: it waits for the kernels before it. Returns an empty array for a freed
         buffer when the detector is off. Raises as :meth:`sum`.
         """
+        if self._pending:
+            self._arenas.drain()
         n = self._detector.require_live("buffer_read", a)
         if not n:
             return np.empty(0, dtype=np.float32)
-        self.device.launch(a._st.block)
+        self.device.launch(a._st._cell[0])
         return self.device.download(a._array())
 
     # -- freeing ---------------------------------------------------------------------------------
@@ -338,12 +297,14 @@ class Allocator:
             TypeError: ``buf`` is not a Buffer.
             ValueError: ``buf`` belongs to another allocator.
         """
+        if self._pending:
+            self._arenas.drain()
         if not isinstance(buf, Buffer):
             raise TypeError(f"buf must be a Buffer, got {type(buf).__name__}")
         st = buf._st
-        if st._alloc is not self:
+        if st._home is not self._arenas:
             raise ValueError("buf belongs to another allocator")
-        return self._free_storage(st, "release()")
+        return self._arenas.free(st, RELEASE)
 
     def empty_cache(self) -> int:
         """Free every cached block to the device, waiting on each block's completion event.
@@ -351,17 +312,9 @@ class Allocator:
         Returns:
             The bytes handed back to the device (0 on ``cpu``, which keeps no cache).
         """
+        self._arenas.drain()
         cache = self._cache
-        if cache is None:
-            return 0
-        with self._lock:
-            blocks = cache.drain()
-            self._device_frees += len(blocks)
-        device = self.device
-        for block in blocks:
-            device.wait(block)
-            device.free(block)
-        return sum(block.nbytes for block in blocks)
+        return 0 if cache is None else cache.flush()
 
     # -- arenas ----------------------------------------------------------------------------------
 
@@ -419,134 +372,51 @@ class Allocator:
         return run_scoped(self, fn, args, kwargs)
 
     def _open_epoch(self) -> Epoch:
-        with self._lock:
-            epoch = Epoch(len(self._epochs))
-            self._epochs.append(epoch)
-            return epoch
+        if self._pending:
+            self._arenas.drain()
+        return self._arenas.open()
 
     def _close_epoch(self, keep: Iterable[Buffer], expected: Epoch | None) -> EpochStats:
-        keep_ids = keep_storages(self, keep)  # validate before touching anything
-        cache = self._cache
-        put = None if cache is None else cache.put
-        to_free = []
-        kept = []
-        with self._lock:
-            epochs = self._epochs
-            if not epochs:
-                raise ArenaError("arena_exit() called with no open arena; call arena_enter() first")
-            epoch = epochs[-1]
-            if expected is not None and epoch is not expected:
-                raise ArenaError(
-                    f"the arena scope at depth {expected.depth} exited while the epoch at depth"
-                    f" {epoch.depth} is still open; scopes must close innermost first"
-                )
-            epochs.pop()
-            depth = epoch.depth
-            count = 0
-            nbytes = 0
-            for ref in epoch.refs:
-                st = ref()
-                if st is None or st.epoch is not epoch:
-                    continue  # finalized mid-scope, or freed already
-                if keep_ids and id(st) in keep_ids:
-                    kept.append(st)
-                    continue
-                block = st.block
-                st.block = None
-                st.freed_by = "arena_exit"
-                st.freed_depth = depth
-                st.epoch = None
-                count += 1
-                nbytes += block.nbytes
-                if put is None:
-                    to_free.append(block)
-                else:
-                    evicted = put(block)
-                    if evicted is not None:
-                        to_free.append(evicted)
-            st = None
-            epoch.refs = []
-            epoch.live_bytes -= nbytes
-            kept_bytes = 0
-            parent = epochs[-1] if epochs else None
-            if parent is not None:
-                live = parent.live_bytes
-                parent.peak_bytes = max(parent.peak_bytes, live + epoch.peak_bytes)
-            for st in kept:
-                kept_bytes += st.nbytes
-                st.epoch = parent
-                if parent is not None:
-                    parent.refs.append(weakref.ref(st))
-            if parent is not None:
-                parent.live_bytes += kept_bytes
-            self._live_bytes -= nbytes
-            self._live_buffers -= count
-            self._free_count += count
-            self._reclaimed_buffers += count
-            self._reclaimed_bytes += nbytes
-            self._device_frees += len(to_free)
-            stats = epoch.closed(count, nbytes, len(kept), kept_bytes)
-        device = self.device
-        for block in to_free:
-            device.wait(block)
-            device.free(block)
-        return stats
+        if self._pending:
+            self._arenas.drain()
+        return self._arenas.close(keep, expected)
 
     # -- telemetry -------------------------------------------------------------------------------
 
     def stats(self) -> AllocatorStats:
-        """A consistent snapshot of every counter; see :class:`AllocatorStats` for the fields."""
+        """A snapshot of every counter; see :class:`AllocatorStats` for the fields.
+
+        It first frees the blocks that finalizers queued. Each layer's counters are read
+        together, under that layer's lock; with other threads allocating meanwhile, two layers'
+        figures may be a few operations apart.
+        """
+        self._arenas.drain()
         device_free, device_total = self.device.memory_info()
+        live, peak, buffers, allocs, frees = self._stats.counters()
         cache = self._cache
-        with self._lock:
-            return AllocatorStats(
-                backend=self.backend,
-                live_bytes=self._live_bytes,
-                peak_bytes=self._peak_bytes,
-                live_buffers=self._live_buffers,
-                alloc_count=self._alloc_count,
-                free_count=self._free_count,
-                cache_bytes=0 if cache is None else cache.bytes,
-                cache_cap_bytes=0 if cache is None else cache.cap_bytes,
-                cache_hits=self._cache_hits,
-                cache_misses=self._cache_misses,
-                cap_evictions=0 if cache is None else cache.evictions,
-                device_mallocs=self._device_mallocs,
-                device_frees=self._device_frees,
-                oom_flushes=self._oom_flushes,
-                device_free_bytes=device_free,
-                device_total_bytes=device_total,
-                arena_depth=len(self._epochs),
-                arena_reclaimed_buffers=self._reclaimed_buffers,
-                arena_reclaimed_bytes=self._reclaimed_bytes,
-            )
-
-    # -- fork safety -------------------------------------------------------------------------
-
-    def _before_fork(self) -> None:
-        self._fork_held = self._lock.acquire(timeout=_FORK_LOCK_TIMEOUT_S)
-
-    def _after_fork_in_parent(self) -> None:
-        if self._fork_held:
-            self._fork_held = False
-            self._lock.release()
-
-    def _after_fork_in_child(self) -> None:
-        self._fork_held = False
-        self._lock = threading.RLock()
-        self.device.after_fork_in_child()
-
-
-def _for_each_instance(method: str) -> Callable[[], None]:
-    def hook() -> None:
-        for alloc in list(_instances):
-            getattr(alloc, method)()
-
-    return hook
-
-
-os.register_at_fork(
-    before=_for_each_instance("_before_fork"),
-    after_in_parent=_for_each_instance("_after_fork_in_parent"),
-    after_in_child=_for_each_instance("_after_fork_in_child"),
-)
+        cached, cap, hits, misses, evictions, flushes = (
+            (0, 0, 0, 0, 0, 0) if cache is None else cache.counters()
+        )
+        mallocs, device_frees = self._device_layer.counters()
+        depth, reclaimed_buffers, reclaimed_bytes = self._arenas.counters()
+        return AllocatorStats(
+            backend=self.backend,
+            live_bytes=live,
+            peak_bytes=peak,
+            live_buffers=buffers,
+            alloc_count=allocs,
+            free_count=frees,
+            cache_bytes=cached,
+            cache_cap_bytes=cap,
+            cache_hits=hits,
+            cache_misses=misses,
+            cap_evictions=evictions,
+            device_mallocs=mallocs,
+            device_frees=device_frees,
+            oom_flushes=flushes,
+            device_free_bytes=device_free,
+            device_total_bytes=device_total,
+            arena_depth=depth,
+            arena_reclaimed_buffers=reclaimed_buffers,
+            arena_reclaimed_bytes=reclaimed_bytes,
+        )

@@ -3,7 +3,9 @@
 A :class:`Storage` owns one device block. A :class:`Buffer` is a float32 view (offset, element
 count) of a storage; most buffers are the whole storage, and ``buf.view(offset, n)`` shares it.
 CPython's reference counting is the finalizer: when the last buffer of a storage dies, so does
-the storage, and its block goes back to the reuse cache (or to the device on the CPU stub).
+the storage, and its block is queued for the next public call of the allocator, which frees it
+(to the reuse cache, or to the device on the CPU stub). The finalizer does nothing else: it may
+run at any allocation, inside the allocator's own critical sections too (DESIGN 2.9).
 
 A freed buffer keeps its Python object with ``size == 0`` and remembers who freed it; using it in
 an op is a use-after-free, which the detector reports (see :mod:`allocator._detector`).
@@ -12,12 +14,12 @@ an op is a use-after-free, which the detector reports (see :mod:`allocator._dete
 from __future__ import annotations
 
 import operator
-import sys
 from typing import TYPE_CHECKING
 
+from ._free_cause import FreeCause
+
 if TYPE_CHECKING:
-    from ._allocator import Allocator
-    from ._arena import Epoch
+    from ._arena import ArenaRegistry, Epoch
     from .device.base import Block
 
 __all__ = ["Buffer", "Storage", "element_count"]
@@ -58,83 +60,99 @@ def element_count(value: object, name: str, *, minimum: int = 1) -> int:
 class Storage:
     """The owner of one device block of ``nbytes`` bytes.
 
+    The block sits in a one-element list, so that taking it is one atomic ``list.pop()``:
+    whichever of ``release``, ``resize_``, an arena exit or the finalizer pops it frees it, and
+    the others find the list empty. No lock is needed to decide who frees a block.
+
     Attributes:
         nbytes: the block's size in bytes (4 per float32 element); it stays the same after the
             block is freed.
-        freed_by: ``None`` while the block is live; afterwards what freed it: ``"arena_exit"``,
-            ``"release()"``, or the reason given to :meth:`resize_`.
-        freed_depth: the depth of the arena epoch that reclaimed the block, else ``None``.
+        cause: ``None`` while the block is live; afterwards the :class:`FreeCause` saying why it
+            was freed (``release``, ``arena_exit`` with its depth, or ``resize_``'s reason).
+        epoch: the arena epoch tracking this storage (an :class:`~allocator._arena.Epoch`), or
+            ``None`` when untracked.
     """
 
-    __slots__ = ("__weakref__", "_alloc", "block", "epoch", "freed_by", "freed_depth", "nbytes")
+    __slots__ = ("__weakref__", "_cell", "_home", "cause", "epoch", "nbytes")
 
-    def __init__(self, alloc: Allocator, block: Block | None, nbytes: int) -> None:
-        self._alloc = alloc
-        self.block = block
+    def __init__(self, home: ArenaRegistry, block: Block | None, nbytes: int) -> None:
+        self._home = home
+        self._cell = [block] if nbytes else []
         self.nbytes = nbytes
-        self.freed_by: str | None = None
-        self.freed_depth: int | None = None
+        self.cause: FreeCause | None = None
         self.epoch: Epoch | None = None
 
     def __del__(self) -> None:
-        if self.block is not None:
+        # Run by reference counting or by the cyclic collector at any allocation, also inside
+        # the allocator's own critical sections: take the block (atomic) and queue it for the
+        # next public call to free. Nothing else: no lock, no allocator logic.
+        cell = self._cell
+        if cell:
             try:
-                self._alloc._free_storage(self, "finalize")
-            except BaseException:
-                # Finalizers stay silent, at interpreter exit above all.
-                if not sys.is_finalizing():
-                    raise
+                self._home.pending.append(cell.pop())
+            except IndexError:  # another thread freed it in between
+                pass
+
+    @property
+    def block(self) -> Block | None:
+        """The device block, or ``None`` once it is freed."""
+        cell = self._cell
+        return cell[0] if cell else None
 
     @property
     def freed(self) -> bool:
         """Whether the block was freed (by ``release``, ``resize_(0)`` or ``arena_exit``)."""
-        return self.freed_by is not None
+        return self.cause is not None
 
     @property
     def freed_reason(self) -> str | None:
         """How the block was freed, in the detector's words (``reclaimed by arena_exit at depth
         0``, ``released by release()``), or ``None`` while it is live."""
-        if self.freed_by is None:
-            return None
-        if self.freed_by == "arena_exit":
-            return f"reclaimed by arena_exit at depth {self.freed_depth}"
-        return f"released by {self.freed_by}"
+        cause = self.cause
+        return None if cause is None else cause.describe()
 
     @property
     def size(self) -> int:
         """Elements in the block; 0 once it is freed."""
-        return self.nbytes // FLOAT32_BYTES if self.block is not None else 0
+        return self.nbytes // FLOAT32_BYTES if self._cell else 0
 
     def resize_(self, size: int, reason: str) -> int:
         """Free the block now, even while views of it are alive (what ZeRO-3's fix does).
 
         Every buffer of this storage then reports ``size == 0`` and remembers ``reason``; using
-        one is reported as ``use-after-release: <op> <role> was released by <reason>``.
+        one is reported as ``use-after-release: <op> <role> was released by <reason>``. The
+        cause is of kind ``release`` whatever the reason says (``resize_(0, "arena_exit")`` is
+        a release, not an arena exit).
         Source: DeepSpeed's release of the gathered parameter storage
         (``../shared/seeds/deepspeed-zero3-release-lifetime.txt``).
 
         Args:
-            size: must be 0; growing or shrinking to another size is not supported.
+            size: must be the integer 0; growing or shrinking to another size is not supported.
             reason: who frees it, for the detector's message (e.g. ``"zero3.release_param"``).
 
         Returns:
             1 if the block was freed now, 0 if it was already freed.
 
         Raises:
-            ValueError: ``size`` is not 0, or ``reason`` is empty.
-            TypeError: ``reason`` is not a ``str``.
+            TypeError: ``size`` is not an integer (``0.0`` included), or ``reason`` is not a
+                ``str``.
+            ValueError: ``size`` is not 0 (``False`` included), or ``reason`` is empty.
         """
+        if not isinstance(size, bool) and not hasattr(type(size), "__index__"):
+            raise TypeError(f"size must be the integer 0, got {type(size).__name__} {size!r}")
         if size != 0 or isinstance(size, bool):
             raise ValueError(f"resize_ supports only size 0 (free the block), got {size!r}")
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
         if not reason:
             raise ValueError("reason must say who frees the block, got an empty string")
-        return self._alloc._free_storage(self, reason)
+        home = self._home
+        home.drain()
+        return home.free(self, FreeCause("release", reason))
 
     def __repr__(self) -> str:
         state = self.freed_reason or "live"
-        return f"<Storage {self.nbytes} bytes on {self._alloc.backend}, {state}>"
+        return f"<Storage {self.nbytes} bytes on {self._home.backend}, {state}>"
 
 
 class Buffer:
@@ -154,7 +172,7 @@ class Buffer:
     @property
     def size(self) -> int:
         """Elements in the view; 0 once the storage's block is freed."""
-        return self._n if self._st.block is not None else 0
+        return self._n if self._st._cell else 0
 
     @property
     def nbytes(self) -> int:
@@ -174,7 +192,7 @@ class Buffer:
     @property
     def freed(self) -> bool:
         """Whether the storage's block was freed."""
-        return self._st.freed_by is not None
+        return self._st.cause is not None
 
     @property
     def freed_reason(self) -> str | None:
@@ -194,7 +212,7 @@ class Buffer:
         """
         offset = element_count(offset, "offset", minimum=0)
         n = element_count(n, "n")
-        if self._st.freed_by is not None:
+        if self._st.cause is not None:
             raise ValueError(f"cannot view a freed buffer (it was {self._st.freed_reason})")
         if offset + n > self.size:
             raise ValueError(
@@ -205,17 +223,17 @@ class Buffer:
 
     def _array(self):
         """The device array of this view (the caller has checked that the block is live)."""
-        array = self._st.block.array
+        array = self._st._cell[0].array
         if self._off == 0 and self._n == len(array):
             return array
         return array[self._off : self._off + self._n]
 
     def __repr__(self) -> str:
         st = self._st
-        if st.freed_by is not None:
+        if st.cause is not None:
             return f"<Buffer freed ({st.freed_reason})>"
-        if st.block is None:
+        if not st._cell:
             return "<Buffer empty>"
         whole = self._off == 0 and self._n * FLOAT32_BYTES == st.nbytes
         where = "" if whole else f" view [{self._off}:{self._off + self._n}] of {st.size}"
-        return f"<Buffer {self._n} x float32{where} on {st._alloc.backend}>"
+        return f"<Buffer {self._n} x float32{where} on {st._home.backend}>"

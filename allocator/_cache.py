@@ -1,90 +1,218 @@
-"""The reuse cache: an exact-size free list of device blocks, with an optional byte cap.
+"""The caching layer: an exact-size reuse cache of device blocks, a byte cap, flush-and-retry.
 
-What it adds over a device: a block returned by a dead or released storage is kept for the next
-allocation of exactly the same byte size, instead of going back to the device. Source: TorchLean's
-``take_cached_block``/``return_cached_block`` and its cache cap
-(``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``).
+What it adds over its upstream (the :class:`~allocator._device_layer.DeviceLayer`): a block
+freed by a storage is kept for the next allocation of exactly the same byte size instead of
+going back to the device, up to a byte cap; a failed device allocation collects garbage,
+flushes the cache and retries once; and its own counters (hits, misses, evictions, flushes).
+Source: TorchLean's ``take_cached_block``/``return_cached_block`` and its cache cap
+(``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``). The ``cpu`` stub has no caching
+layer: the statistics layer sits on the device layer directly.
 
 Order of operations:
 
-- ``put``: record the block's completion event, then decide. With a cap, a block that would grow
-  the cache past it (``nbytes > cap or cache_bytes > cap - nbytes``) is not cached: ``put``
-  returns it, and the caller frees it after waiting on its event (``cap_evictions`` counts it).
-- ``take``: reuse a cached block of that size only if its event is done; never wait.
-- ``drain``: empty the cache and return every block; the caller waits and frees them.
+- ``allocate(nbytes)``: take a cached block of that size whose completion event is done (never
+  wait) and count a hit; else allocate from the device and count a miss once it succeeded. On a
+  device failure: call ``on_oom`` (the allocator collects cyclic garbage and frees the blocks
+  the collection queued, as CuPy's pool does), count a flush, flush the whole cache (each block
+  waited on, then freed) and retry once; a second failure propagates.
+- ``deallocate(block, cause)``: record the block's completion event, then decide. With a cap, a
+  block that would grow the cache past it (``nbytes > cap or cache_bytes > cap - nbytes``) is
+  not cached: it is freed to the device after waiting on its event (``cap_evictions``, cause
+  ``cap_evict``).
+- ``flush(cause)``: empty the cache, then free every block it held (waiting on each).
 
-The cache has no lock of its own: every method is called under the owning allocator's lock, and
-``bytes`` is the running total the cap decision reads (up on push, down on reuse, zero on drain).
-Device waits and frees happen outside that lock, in the allocator.
+The free lists are a dict of lists keyed by byte size. The lock guards them and the counters;
+the device is called with it released, except ``ready`` and ``record`` (which only read or set
+the block's event). ``cache_bytes`` is the running total the cap decision reads (up on push,
+down on reuse, zero on flush). Dropping the layer (its allocator) flushes it (cause
+``teardown``), except during interpreter shutdown.
 """
 
 from __future__ import annotations
 
-from .device.base import Block, Device
+import sys
+from collections.abc import Callable, Iterable
 
-__all__ = ["ReuseCache"]
+from . import _locks
+from ._device_layer import DeviceLayer
+from ._free_cause import CAP_EVICT, EMPTY_CACHE, OOM_FLUSH, TEARDOWN, FreeCause
+from .device.base import Block, DeviceAllocationError
+
+__all__ = ["CachingLayer"]
 
 
-class ReuseCache:
-    """Exact-size free lists keyed by byte size, bounded by ``cap_bytes`` (0 = unbounded).
+class CachingLayer:
+    """The reuse cache over ``upstream``, with a byte cap and flush-and-retry.
+
+    Args:
+        upstream: the device layer it allocates from and frees to.
+        cap_bytes: the cache's byte cap; 0 means unbounded.
+        on_oom: called with no lock held when a device allocation fails, before the flush; the
+            allocator passes a function that collects cyclic garbage and frees what the
+            collection queued.
 
     Attributes:
-        bytes: the bytes held now, in bytes.
-        cap_bytes: the cap in bytes; 0 means unbounded.
-        evictions: blocks ``put`` refused because of the cap.
+        cache_bytes: bytes held by the cache now.
+        cap_bytes: the cap; 0 means unbounded.
+        hits: allocations served from the cache.
+        misses: allocations served by the device (a failed one is neither).
+        evictions: freed blocks the cap refused (freed to the device at once).
+        oom_flushes: whole-cache flushes done because a device allocation failed.
+        on_oom: see above; may be set after construction.
     """
 
-    __slots__ = ("_device", "_free", "bytes", "cap_bytes", "evictions")
+    __slots__ = (
+        "__weakref__",
+        "_device",
+        "_free",
+        "_lock",
+        "_upstream",
+        "cache_bytes",
+        "cap_bytes",
+        "evictions",
+        "hits",
+        "misses",
+        "on_oom",
+        "oom_flushes",
+    )
 
-    def __init__(self, device: Device, cap_bytes: int = 0) -> None:
-        self._device = device
+    def __init__(
+        self,
+        upstream: DeviceLayer,
+        cap_bytes: int = 0,
+        on_oom: Callable[[], None] | None = None,
+    ) -> None:
+        self._upstream = upstream
+        self._device = upstream.device
         self._free: dict[int, list[Block]] = {}
-        self.bytes = 0
+        self._lock = _locks.new_lock(self, _locks.CACHE)
+        self.cache_bytes = 0
         self.cap_bytes = cap_bytes
         self.evictions = 0
+        self.hits = 0
+        self.misses = 0
+        self.oom_flushes = 0
+        self.on_oom = on_oom
 
-    def take(self, nbytes: int) -> Block | None:
-        """A cached block of exactly ``nbytes`` bytes whose event is done, or ``None``."""
-        blocks = self._free.get(nbytes)
-        if not blocks:
-            return None
-        ready = self._device.ready
-        if ready(blocks[-1]):
-            block = blocks.pop()
-        else:
-            # The newest block's kernels are still running; an older one may be done.
-            for i in range(len(blocks) - 1):
-                if ready(blocks[i]):
-                    block = blocks.pop(i)
-                    break
-            else:
-                return None
-        self.bytes -= nbytes
+    def allocate(self, nbytes: int) -> Block:
+        """A block of ``nbytes`` bytes: a cached one whose completion event is done (never
+        waiting), else a new one from the device.
+
+        Raises:
+            DeviceAllocationError: the device had no room even after the flush.
+        """
+        lock = self._lock
+        lock.acquire()
+        try:
+            blocks = self._free.get(nbytes)
+            if blocks:
+                ready = self._device.ready
+                if ready(blocks[-1]):
+                    block = blocks.pop()
+                else:  # the newest block's kernels still run; an older one may be done
+                    block = next((block for block in blocks if ready(block)), None)
+                    if block is not None:
+                        blocks.remove(block)
+                if block is not None:
+                    self.cache_bytes -= nbytes
+                    self.hits += 1
+                    return block
+        finally:
+            lock.release()
+        block = self._from_device(nbytes)
+        with lock:
+            self.misses += 1
         return block
 
-    def put(self, block: Block) -> Block | None:
-        """Return ``block`` to the cache; give it back if the cap refuses it (to be freed)."""
+    def _from_device(self, nbytes: int) -> Block:
+        upstream = self._upstream
+        try:
+            return upstream.allocate(nbytes)
+        except DeviceAllocationError:
+            pass
+        on_oom = self.on_oom
+        if on_oom is not None:
+            on_oom()
+        with self._lock:
+            self.oom_flushes += 1
+        self.flush(OOM_FLUSH)
+        return upstream.allocate(nbytes)
+
+    def _put(self, block: Block) -> bool:
+        """Record ``block``'s event and cache it unless the cap refuses it (lock held)."""
         self._device.record(block)
         nbytes = block.nbytes
         cap = self.cap_bytes
-        if cap and (nbytes > cap or self.bytes > cap - nbytes):
+        if cap and (nbytes > cap or self.cache_bytes > cap - nbytes):
             self.evictions += 1
-            return block
+            return False
         blocks = self._free.get(nbytes)
         if blocks is None:
             self._free[nbytes] = [block]
         else:
             blocks.append(block)
-        self.bytes += nbytes
-        return None
+        self.cache_bytes += nbytes
+        return True
 
-    def drain(self) -> list[Block]:
-        """Empty the cache; return every block it held (the caller waits on each, then frees)."""
-        blocks = [block for size_list in self._free.values() for block in size_list]
-        self._free = {}
-        self.bytes = 0
-        return blocks
+    def deallocate(self, block: Block, cause: FreeCause) -> None:
+        """Cache ``block``, or free it to the device (cause ``cap_evict``) if the cap refuses
+        it."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            cached = self._put(block)
+        finally:
+            lock.release()
+        if not cached:
+            self._upstream.deallocate(block, CAP_EVICT)
+
+    def deallocate_many(self, blocks: Iterable[Block], cause: FreeCause) -> None:
+        """:meth:`deallocate` each of ``blocks`` under one acquisition of the lock."""
+        evicted = []
+        put = self._put
+        with self._lock:
+            for block in blocks:
+                if not put(block):
+                    evicted.append(block)
+        if evicted:
+            self._upstream.deallocate_many(evicted, CAP_EVICT)
+
+    def flush(self, cause: FreeCause = EMPTY_CACHE) -> int:
+        """Free every cached block to the device, waiting on each one's completion event.
+
+        Args:
+            cause: why (``empty_cache``, ``oom_flush`` or ``teardown``).
+
+        Returns:
+            The bytes handed back.
+        """
+        with self._lock:
+            blocks = [block for size_list in self._free.values() for block in size_list]
+            self._free = {}
+            self.cache_bytes = 0
+        self._upstream.deallocate_many(blocks, cause)
+        return sum(block.nbytes for block in blocks)
+
+    def counters(self) -> tuple[int, int, int, int, int, int]:
+        """``(cache_bytes, cap_bytes, hits, misses, evictions, oom_flushes)``, read together."""
+        with self._lock:
+            return (
+                self.cache_bytes,
+                self.cap_bytes,
+                self.hits,
+                self.misses,
+                self.evictions,
+                self.oom_flushes,
+            )
 
     def __len__(self) -> int:
         """The number of blocks cached."""
-        return sum(len(blocks) for blocks in self._free.values())
+        with self._lock:
+            return sum(len(blocks) for blocks in self._free.values())
+
+    def __del__(self) -> None:
+        # The allocator was dropped: hand the cached blocks back to the device. Nothing can hold
+        # this layer's lock now (a thread inside one of its methods would hold a reference), and
+        # during interpreter shutdown the device may be gone (CuPy skips its frees then too).
+        if not sys.is_finalizing():
+            self.flush(TEARDOWN)

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from ._allocator import Allocator
-from ._arena import ArenaScope
 from ._buffer import Buffer
 from ._per_process import PerProcess
+from ._scope import ArenaScope
 from ._stats import AllocatorStats, EpochStats
 
 __all__ = [

@@ -26,30 +26,31 @@ from ._errors import SizeMismatchError, UseAfterFreeError
 from .device.base import fatal
 
 if TYPE_CHECKING:
-    from ._allocator import Allocator
+    from ._arena import ArenaRegistry
 
 __all__ = ["Detector", "use_after_free_message"]
 
 
 def use_after_free_message(op: str, role: str, buf: Buffer) -> str:
     """The detector's line for a freed operand ``buf`` of ``op`` in ``role``."""
-    st = buf._st
-    kind = "use-after-arena-free" if st.freed_by == "arena_exit" else "use-after-release"
-    return f"{kind}: {op} {role} was {st.freed_reason}"
+    cause = buf._st.cause
+    kind = "use-after-arena-free" if cause.kind == "arena_exit" else "use-after-release"
+    return f"{kind}: {op} {role} was {cause.describe()}"
 
 
 class Detector:
     """Operand validation for one allocator, in the mode of its configuration.
 
     Args:
-        owner: the allocator whose buffers the ops may use.
+        home: the arena registry of the allocator whose buffers the ops may use (the registry,
+            not the allocator, so that the allocator holds no reference cycle).
         mode: ``"off"``, ``"abort"`` or ``"raise"``.
     """
 
-    __slots__ = ("mode", "on", "owner")
+    __slots__ = ("home", "mode", "on")
 
-    def __init__(self, owner: Allocator, mode: str) -> None:
-        self.owner = owner
+    def __init__(self, home: ArenaRegistry, mode: str) -> None:
+        self.home = home
         self.mode = mode
         self.on = mode != "off"
 
@@ -63,13 +64,13 @@ class Detector:
     def _operand(self, op: str, role: str, buf: object) -> None:
         if type(buf) is not Buffer and not isinstance(buf, Buffer):
             raise TypeError(f"{op}: {role} must be a Buffer, got {type(buf).__name__}")
-        if buf._st._alloc is not self.owner:
+        if buf._st._home is not self.home:
             raise ValueError(f"{op}: {role} belongs to another allocator")
 
     def require_live(self, op: str, a: Buffer) -> int:
         """Validate the operand of a unary op or readback (role ``arg``); return its size."""
         self._operand(op, "arg", a)
-        if self.on and a._st.freed_by is not None:
+        if self.on and a._st.cause is not None:
             self.fire(op, "arg", a)
         return a.size
 
@@ -85,9 +86,9 @@ class Detector:
         self._operand(op, "lhs", a)
         self._operand(op, "rhs", b)
         if self.on:
-            if a._st.freed_by is not None:
+            if a._st.cause is not None:
                 self.fire(op, "lhs", a)
-            if b._st.freed_by is not None:
+            if b._st.cause is not None:
                 self.fire(op, "rhs", b)
         n = a.size
         if b.size != n:
@@ -102,7 +103,7 @@ class Detector:
         self._operand(op, "arg2", c)
         if self.on:
             for role, buf in (("arg0", a), ("arg1", b), ("arg2", c)):
-                if buf._st.freed_by is not None:
+                if buf._st.cause is not None:
                     self.fire(op, role, buf)
         n = a.size
         if b.size != n or c.size != n:

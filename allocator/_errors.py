@@ -83,7 +83,9 @@ class DeviceOutOfMemory(AllocatorError, MemoryError):
         )
         if reason:
             message += f" ({reason})"
-        super().__init__(message)
+        # Not super(): the CuPy interop's subclass also derives from CuPy's OutOfMemoryError,
+        # whose __init__ takes other arguments.
+        Exception.__init__(self, message)
 
     def __reduce__(self):
         return (type(self), (self.requested_bytes, self.stats, self.reason))

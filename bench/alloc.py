@@ -10,6 +10,9 @@ every ratio is taken against a reference measured in the same run.
     and in ``raise`` mode, as a ratio. Target: at most 1.05.
 (c) ``arena_exit`` cost per reclaimed buffer for k = 1,000, 10,000 and 100,000 buffers, on
     ``cpu`` and ``sim``. Target: at most 2 us per buffer, growing linearly in k.
+(e) the locks a cached alloc+release round trip takes, layer by layer, with no arena open and
+    inside one (DESIGN 2.5: no arena lock when no arena is open; the statistics layer takes none
+    either), and what one uncontended acquire+release pair costs, against (a).
 (d) where a GPU is visible, the ``cuda`` column: a cache-hit alloc+release round trip of 4096
     floats, against CuPy's default memory pool (``cupy.empty`` + ``del``) and a raw
     ``cudaMalloc``/``cudaFree`` pair. Targets: within 2x of CuPy's pool, at least 10x cheaper
@@ -24,6 +27,7 @@ import json
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,6 +157,66 @@ def bench_arena_exit(repeat: int, backend: str, ks: tuple[int, ...]) -> dict:
     }
 
 
+class _CountingLock:
+    """A lock that counts its acquisitions (for (e) only)."""
+
+    def __init__(self, lock) -> None:
+        self._lock = lock
+        self.count = 0
+
+    def acquire(self, *args, **kwargs) -> bool:
+        self.count += 1
+        return self._lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def bench_locks(repeat: int, number: int, round_trip_us: float) -> dict:
+    """(e) lock acquisitions per cached round trip, per layer, and one pair's cost."""
+    alloc = Allocator(AllocatorConfig(backend="sim"))
+    alloc.release(alloc.empty(4096))
+    names = {"ArenaRegistry": "registry", "Statistics": "statistics"}
+    names |= {"CachingLayer": "cache", "DeviceLayer": "device layer"}
+    counting = {}
+    for layer in alloc._layers():
+        counting[names[type(layer).__name__]] = layer._lock = _CountingLock(layer._lock)
+
+    def taken() -> dict:
+        counts = {name: lock.count for name, lock in counting.items()}
+        for lock in counting.values():
+            lock.count = 0
+        return counts
+
+    alloc.release(alloc.empty(4096))
+    outside = taken()
+    alloc.arena_enter()
+    taken()
+    alloc.release(alloc.empty(4096))
+    inside = taken()
+    alloc.arena_exit()
+    lock = threading.Lock()
+    acquire, release = lock.acquire, lock.release
+
+    def pair() -> None:
+        acquire()
+        release()
+
+    pair_us = statistics.median(per_call_us(pair, number, repeat))
+    return {
+        "locks_outside_an_arena": outside,
+        "locks_inside_an_arena": inside,
+        "lock_pair_us": pair_us,
+        "share_of_round_trip": sum(outside.values()) * pair_us / round_trip_us,
+    }
+
+
 def bench_cuda(repeat: int, number: int) -> dict:
     """(d) cuda cache-hit round trip vs CuPy's pool and a raw cudaMalloc/cudaFree pair."""
     reason = backend_unavailable_reason("cuda")
@@ -231,6 +295,15 @@ def render(results: dict) -> str:
             f"{f'    growth per buffer, k={first} -> {last} ({backend})':<58}"
             f" {growth:>11.2f}x {'linear':>10} {'yes' if exit_['linear'] else 'NO':>4}"
         )
+    e = results["locks"]
+    for where, label in (("outside", "no arena open"), ("inside", "in an arena")):
+        counts = e[f"locks_{where}_an_arena"]
+        detail = ", ".join(f"{name} {n}" for name, n in counts.items())
+        lines.append(f"(e) locks per (a) round trip, {label}: {detail}")
+    lines.append(
+        f"{'    one uncontended acquire+release; share of (a), no arena':<58}"
+        f" {e['lock_pair_us']:>9.3f} us {e['share_of_round_trip']:>10.1%}"
+    )
     cuda = results["cuda"]
     if "skipped" in cuda:
         lines.append(f"(d) cuda: skipped ({cuda['skipped']})")
@@ -285,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "round_trip": bench_round_trip(args.repeat, 20_000 // scale),
         "detector": bench_detector(args.repeat, 40 // min(scale, 4)),
+    }
+    results["locks"] = bench_locks(
+        args.repeat, 100_000 // scale, results["round_trip"]["sim_cached_round_trip_us"]
+    )
+    results |= {
         "arena_exit": {
             backend: bench_arena_exit(args.repeat, backend, ks) for backend in ("cpu", "sim")
         },

@@ -19,7 +19,9 @@ and the command that runs the suites alone: .venv/bin/pytest -n auto
               once when no GPU is visible. Installs the `cuda` extra (cupy-cuda12x) unless
               CuPy already imports; CUDA_EXTRA=cuda13 picks cupy-cuda13x
   --nightly   stress scale x100 on every available backend; JUnit XML and a one-page summary
-              written to reports/ (nightly.xml, nightly-summary.md)
+              written to reports/ (nightly.xml, nightly-summary.md); then mutation testing of
+              allocator/ and harness/_outcome.py (ci/mutation.py, mutmut, about an hour on 2
+              cores): the score per module and the equivalent mutants in reports/mutation.md
   --no-build  do not create or update .venv
   --no-test   skip the test suites
   --no-lint   skip ruff check and ruff format --check
@@ -137,6 +139,8 @@ if [ "$test" = 1 ]; then
             echo "ci/check.sh --nightly: pytest failed (exit status $status); see reports/" >&2
             exit "$status"
         fi
+        step "nightly: mutation testing, one module at a time (ci/mutation.py)"
+        run "$py" ci/mutation.py --mutmut "$venv/bin/mutmut" --out reports/mutation.md
     else
         step "test: every suite on $first (pytest -n auto)"
         run "$py" -m pytest -n auto --backend "$first" "${extra[@]}"

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 
+from devmem_gpus import list_gpus
+
 from .._config import AllocatorConfig
-from .base import Block, Device, DeviceAllocationError
+from .base import Block, Device, DeviceAllocationError, fork_unsafe_reason
 from .cpu import CpuDevice
 from .sim import SimDevice
 
@@ -20,6 +22,7 @@ __all__ = [
     "DeviceAllocationError",
     "SimDevice",
     "backend_unavailable_reason",
+    "fork_unsafe_reason",
     "make_device",
 ]
 
@@ -41,12 +44,16 @@ def make_device(config: AllocatorConfig) -> Device:
 
 
 def backend_unavailable_reason(backend: str) -> str | None:
-    """Why ``backend`` cannot run here, or ``None`` if it can; never initializes CUDA.
+    """Why ``backend`` cannot run here, or ``None`` if it can; never initializes CUDA here.
 
-    ``cpu`` and ``sim`` always run. For ``cuda`` it checks that CuPy is installed and that a GPU
-    is visible (:func:`harness.list_gpus`: ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi -L``), so
-    that a pytest parent can decide to skip without creating a CUDA context (which would make
-    forking it unsafe).
+    ``cpu`` and ``sim`` always run. For ``cuda``, in order: CuPy must be installed; a GPU must
+    be visible (``nvidia-smi -L`` and ``CUDA_VISIBLE_DEVICES``, :func:`devmem_gpus.list_gpus`);
+    and a child interpreter must compile and run one tiny kernel
+    (:func:`allocator.device.cuda.kernel_probe_reason`), so that a missing NVRTC or a broken
+    driver makes the backend unavailable, with the reason, instead of failing mid-suite. The
+    kernel runs in a child so that this process (a pytest parent that forks death tests) never
+    creates a CUDA context. Call it once per process and keep the answer: the child takes a
+    few seconds.
 
     Raises:
         ValueError: ``backend`` is not a known backend name.
@@ -57,7 +64,9 @@ def backend_unavailable_reason(backend: str) -> str | None:
         raise ValueError(f"backend={backend!r}: expected one of cpu, sim, cuda")
     if importlib.util.find_spec("cupy") is None:
         return "CuPy is not installed (pip install 'devmem-harness[cuda]')"
-    import harness
+    gpus, reason = list_gpus()
+    if not gpus:
+        return reason
+    from .cuda import kernel_probe_reason  # imports no CuPy itself
 
-    gpus, reason = harness.list_gpus()
-    return None if gpus else reason
+    return kernel_probe_reason()

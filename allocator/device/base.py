@@ -25,7 +25,15 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["Block", "Device", "DeviceAllocationError", "fatal", "host_array"]
+__all__ = [
+    "Block",
+    "Device",
+    "DeviceAllocationError",
+    "fatal",
+    "fork_unsafe_reason",
+    "host_array",
+    "mark_fork_unsafe",
+]
 
 
 class DeviceAllocationError(Exception):
@@ -137,9 +145,6 @@ class Device:
         (a readback: synchronous)."""
         return float(np.sum(src, dtype=np.float64))
 
-    def after_fork_in_child(self) -> None:
-        """Reinitialize locks in a forked child (called by the allocator's at-fork hook)."""
-
 
 def _host_memory_bytes() -> int:
     """The machine's physical memory in bytes (0 if the platform does not say)."""
@@ -182,3 +187,29 @@ def fatal(message: str) -> None:
             pass
     os.write(2, (message + "\n").encode("utf-8", "replace"))
     os.abort()
+
+
+_fork_unsafe: list[str] = []
+
+
+def mark_fork_unsafe(reason: str) -> None:
+    """Record that a backend did something a forked child cannot inherit (initialized CUDA).
+
+    Args:
+        reason: why, for :func:`fork_unsafe_reason` (recorded once).
+    """
+    if reason not in _fork_unsafe:
+        _fork_unsafe.append(reason)
+
+
+def fork_unsafe_reason() -> str | None:
+    """Why forking this process is unsafe because of the allocator, or ``None`` if it is not.
+
+    Returns:
+        The reasons backends recorded, joined by ``"; "`` (e.g. ``"allocator: the cuda backend
+        initialized CUDA on device 0"``), or ``None``. A forked child inherits them. The
+        project's ``conftest.py`` hands this function to ``harness.add_fork_safety_check``, so
+        death tests refuse to fork such a process; the allocator itself never imports the
+        harness.
+    """
+    return "; ".join(_fork_unsafe) or None

@@ -1,8 +1,13 @@
 """The CUDA backend on CuPy (the ``cuda`` extra): real device blocks, events and kernels.
 
+Written against CuPy 14.2's documented API:
+
 - Blocks come from ``cupy.cuda.runtime.malloc``/``free``; each is wrapped once, at allocation,
   as a float32 ``cupy.ndarray`` over the raw pointer (``UnownedMemory`` + ``MemoryPointer``), and
   the kernels are CuPy element-wise operations on those arrays.
+- Every malloc, free, event operation, kernel and readback runs under
+  ``cupy.cuda.Device(device_id)`` of the device the backend was built on, whatever device is
+  current in the calling thread.
 - A block returned to the reuse cache records a ``cupy.cuda.Event(disable_timing=True)`` on the
   current stream. Events come from a pool: a block keeps its event while it cycles through the
   cache, and gives it back to the pool when the block is freed to the device.
@@ -11,38 +16,97 @@
   :class:`~allocator.device.DeviceAllocationError`, so the cache flushes and retries; every other
   CUDA error propagates as CuPy raised it, with its name.
 - ``memory_info`` is ``runtime.memGetInfo()``.
+- No ``cudaFree`` during interpreter shutdown (once exit handlers have run): the driver may be
+  gone, and CuPy's own memory objects skip their frees then too.
 
-Importing this module never touches CuPy. Building a :class:`CudaDevice` imports CuPy, checks for
-a device, raises :class:`~allocator.BackendUnavailable` with CuPy's reason where there is none,
-and calls ``harness.mark_fork_unsafe``: once CUDA is initialized, death tests must use the
-forkserver or exec styles instead of forking this process.
+Importing this module never touches CuPy. Building a :class:`CudaDevice` imports CuPy, checks
+for a device, compiles and runs one tiny kernel (so a missing NVRTC or a broken driver is
+:class:`~allocator.BackendUnavailable` with the reason, not a failure at the first ``fill``),
+and records that this process initialized CUDA (:func:`allocator.fork_unsafe_reason`): death
+tests must then use the forkserver or exec styles instead of forking this process.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import itertools
-import threading
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
+from .. import _locks
 from .._errors import BackendUnavailable
-from .base import Block, Device, DeviceAllocationError
+from .base import Block, Device, DeviceAllocationError, mark_fork_unsafe
 
-__all__ = ["CUDA_ERROR_MEMORY_ALLOCATION", "CudaBlock", "CudaDevice", "load_cupy"]
+__all__ = [
+    "CUDA_ERROR_MEMORY_ALLOCATION",
+    "PROBE_KERNEL",
+    "CudaBlock",
+    "CudaDevice",
+    "kernel_probe_reason",
+    "load_cupy",
+    "probe_main",
+    "run_probe_kernel",
+]
 
 CUDA_ERROR_MEMORY_ALLOCATION = 2
 """``cudaErrorMemoryAllocation``: the one CUDA error that means "out of memory"."""
 
+PROBE_KERNEL = ("float32 x", "float32 y", "y = x + 1.0f", "devmem_probe")
+"""The availability check's kernel: ``cupy.ElementwiseKernel(*PROBE_KERNEL)`` adds 1."""
 
-def load_cupy():
-    """Import CuPy and check that it can reach a device.
+PROBE_TIMEOUT_S = 300.0
+"""How long :func:`kernel_probe_reason` waits for its child (CuPy's import and a first NVRTC
+compile take seconds)."""
+
+_exiting = [False]
+
+
+@atexit.register
+def _at_exit() -> None:
+    _exiting[0] = True
+
+
+def _shutting_down() -> bool:
+    return _exiting[0] or sys.is_finalizing()
+
+
+def run_probe_kernel(cupy, device_id: int) -> str | None:
+    """Compile and run :data:`PROBE_KERNEL` on 4 zeros on device ``device_id``.
 
     Returns:
-        The ``cupy`` module.
+        ``None`` if it computed four ones, else why not (CuPy's exception, e.g. a missing
+        ``libnvrtc``, or the wrong values).
+    """
+    try:
+        with cupy.cuda.Device(device_id):
+            kernel = cupy.ElementwiseKernel(*PROBE_KERNEL)
+            got = kernel(cupy.zeros(4, dtype=cupy.float32)).get()
+    except Exception as exc:  # NVRTC, driver or compiler errors of any type
+        return f"a tiny CuPy kernel failed to compile or run: {type(exc).__name__}: {exc}"
+    if got.tolist() != [1.0] * 4:
+        return f"a tiny CuPy kernel computed {got.tolist()}, expected [1.0, 1.0, 1.0, 1.0]"
+    return None
+
+
+def load_cupy(device_id: int | None = None):
+    """Import CuPy, check that it reaches a device, and run the probe kernel there.
+
+    Args:
+        device_id: the device to check; default CuPy's current device.
+
+    Returns:
+        ``(cupy, device_id)``.
 
     Raises:
-        BackendUnavailable: CuPy is missing, or reports no driver or no device; the message
-            carries CuPy's own reason (e.g. ``cudaErrorInsufficientDriver: ...``).
+        BackendUnavailable: CuPy is missing, reports no driver or no device, or cannot compile
+            and run the probe kernel; the message carries CuPy's own reason (e.g.
+            ``cudaErrorInsufficientDriver: ...``).
     """
     try:
         import cupy
@@ -56,34 +120,93 @@ def load_cupy():
         raise BackendUnavailable(f"CuPy cannot reach a CUDA device: {exc}") from None
     if count < 1:
         raise BackendUnavailable("CuPy reports no CUDA device")
-    return cupy
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    mark_fork_unsafe(f"allocator: the cuda backend initialized CUDA on device {device_id}")
+    reason = run_probe_kernel(cupy, device_id)
+    if reason is not None:
+        raise BackendUnavailable(f"device {device_id}: {reason}")
+    return cupy, device_id
+
+
+def probe_main() -> int:
+    """The probe child's entry point: print why ``cuda`` is unavailable and return 1, or return
+    0 when :func:`load_cupy` succeeds."""
+    try:
+        load_cupy()
+    except BackendUnavailable as exc:
+        print(exc, flush=True)
+        return 1
+    return 0
+
+
+def kernel_probe_reason(timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Run :func:`probe_main` in a child interpreter, so this process creates no CUDA context.
+
+    The child inherits the environment (``CUDA_VISIBLE_DEVICES`` included), with this
+    project's directory prepended to ``PYTHONPATH``.
+
+    Returns:
+        ``None`` if the child compiled and ran the kernel, else its reason (the last line it
+        printed), or a line saying it timed out or exited without one.
+    """
+    code = "import sys; from allocator.device.cuda import probe_main; sys.exit(probe_main())"
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": root if not path else root + os.pathsep + path}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return f"the CuPy kernel probe did not finish within {timeout:g} s"
+    if done.returncode == 0:
+        return None
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return lines[-1] if lines else f"the CuPy kernel probe exited with status {done.returncode}"
 
 
 class CudaBlock(Block):
     """A ``cudaMalloc`` allocation; ``ptr`` is the device address (0 once freed).
 
-    A block that is garbage-collected while still allocated (an allocator dropped with blocks
-    in its cache) is freed then, as CuPy frees its own memory; ``cudaFree`` synchronizes the
-    device first.
+    A block that is garbage-collected while still allocated is freed then, as CuPy frees its
+    own memory (except during interpreter shutdown).
     """
 
-    __slots__ = ("_free", "ptr")
+    __slots__ = ("_device", "ptr")
 
-    def __init__(self, block_id: int, nbytes: int, array, ptr: int, free) -> None:
+    def __init__(self, block_id: int, nbytes: int, array, ptr: int, device: CudaDevice) -> None:
         super().__init__(block_id, nbytes, array)
         self.ptr = ptr
-        self._free = free
+        self._device = device
 
     def __del__(self) -> None:
         if self.ptr:
             try:
-                self._free(self.ptr)
+                self._device.free(self)
             except Exception:
-                pass  # at interpreter exit the driver may be gone: nothing left to free
+                pass  # a finalizer stays silent; the driver may already be gone
+
+
+def _on_own_device(method: Callable) -> Callable:
+    """Run ``method`` under ``cupy.cuda.Device(self.device_id)``."""
+
+    @functools.wraps(method)
+    def run(self: CudaDevice, *args):
+        with self.xp.cuda.Device(self.device_id):
+            return method(self, *args)
+
+    return run
 
 
 class CudaDevice(Device):
-    """The CUDA backend (``DEVMEM_BACKEND=cuda``) on the current CuPy device.
+    """The CUDA backend (``DEVMEM_BACKEND=cuda``) on one device.
+
+    Args:
+        device_id: the CUDA device; default CuPy's current device when it is built.
+
+    Attributes:
+        device_id: the device every operation runs on.
 
     Raises:
         BackendUnavailable: see :func:`load_cupy`.
@@ -92,25 +215,17 @@ class CudaDevice(Device):
     name = "cuda"
     has_cache = True
 
-    def __init__(self) -> None:
-        cupy = load_cupy()
-        import harness
-
+    def __init__(self, device_id: int | None = None) -> None:
+        cupy, self.device_id = load_cupy(device_id)
         self.xp = cupy
         self._runtime = cupy.cuda.runtime
-        self._device_id = cupy.cuda.runtime.getDevice()
         self._events: list = []
-        self._events_lock = threading.Lock()
+        self._lock = _locks.new_lock(self, _locks.BACKEND)
         self._ids = itertools.count(1)
-        harness.mark_fork_unsafe(
-            f"allocator: the cuda backend initialized CUDA on device {self._device_id}"
-        )
-
-    def after_fork_in_child(self) -> None:
-        self._events_lock = threading.Lock()
 
     # -- blocks ------------------------------------------------------------------------------
 
+    @_on_own_device
     def malloc(self, nbytes: int) -> CudaBlock:
         """``cudaMalloc`` a block; :class:`DeviceAllocationError` on out-of-memory only."""
         cupy = self.xp
@@ -121,60 +236,77 @@ class CudaDevice(Device):
                 raise
             raise DeviceAllocationError(f"cudaMalloc({nbytes}): {exc}") from None
         try:
-            memory = cupy.cuda.UnownedMemory(ptr, nbytes, None, self._device_id)
+            memory = cupy.cuda.UnownedMemory(ptr, nbytes, None, self.device_id)
             array = cupy.ndarray(
                 (nbytes // 4,), dtype=cupy.float32, memptr=cupy.cuda.MemoryPointer(memory, 0)
             )
         except BaseException:
             self._runtime.free(ptr)
             raise
-        return CudaBlock(next(self._ids), nbytes, array, ptr, self._runtime.free)
+        return CudaBlock(next(self._ids), nbytes, array, ptr, self)
 
     def free(self, block: CudaBlock) -> None:
-        """``cudaFree`` the block (the cache has waited on its event); pool its event."""
+        """``cudaFree`` the block (the cache has waited on its event); pool its event. During
+        interpreter shutdown the ``cudaFree`` is skipped."""
         block.array = None
         ptr, block.ptr = block.ptr, 0
-        self._runtime.free(ptr)
+        if ptr and not _shutting_down():
+            with self.xp.cuda.Device(self.device_id):
+                self._runtime.free(ptr)
         event, block.event = block.event, None
         if event is not None:
-            with self._events_lock:
+            with self._lock:
                 self._events.append(event)
 
+    @_on_own_device
     def memory_info(self) -> tuple[int, int]:
         free, total = self._runtime.memGetInfo()
         return int(free), int(total)
 
     # -- events ------------------------------------------------------------------------------
 
+    @_on_own_device
     def record(self, block: CudaBlock) -> None:
         event = block.event
         if event is None:
-            with self._events_lock:
+            with self._lock:
                 event = self._events.pop() if self._events else None
             if event is None:
                 event = self.xp.cuda.Event(disable_timing=True)
             block.event = event
         event.record()  # on the current stream, after every kernel launched so far
 
+    @_on_own_device
     def ready(self, block: CudaBlock) -> bool:
         event = block.event
         return event is None or event.done
 
+    @_on_own_device
     def wait(self, block: CudaBlock) -> None:
         event = block.event
         if event is not None:
             event.synchronize()
 
+    @_on_own_device
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
 
-    # -- host transfers and readback ---------------------------------------------------------
+    # -- kernels, host transfers and readback ------------------------------------------------
 
+    fill = _on_own_device(Device.fill)
+    add = _on_own_device(Device.add)
+    mul = _on_own_device(Device.mul)
+    fma = _on_own_device(Device.fma)
+    copy = _on_own_device(Device.copy)
+
+    @_on_own_device
     def upload(self, dst, host: np.ndarray) -> None:
         dst.set(np.ascontiguousarray(host))
 
+    @_on_own_device
     def download(self, src) -> np.ndarray:
         return src.get()
 
+    @_on_own_device
     def sum(self, src) -> float:
         return float(self.xp.sum(src, dtype=self.xp.float64))

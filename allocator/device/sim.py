@@ -13,14 +13,17 @@ What it adds over the CPU stub:
   events before it frees;
 - failure injection for tests: :meth:`fail_next_mallocs`.
 
+Its lock is re-entrant and its critical sections allocate nothing (see :mod:`allocator._locks`),
+so a finalizer or another callback can neither run inside one nor deadlock on it.
+
 Kernels run eagerly on NumPy arrays; only the timing is simulated.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 
+from .. import _locks
 from .base import Block, Device, DeviceAllocationError, fatal, host_array
 
 __all__ = ["SimBlock", "SimDevice"]
@@ -64,10 +67,7 @@ class SimDevice(Device):
         self.tail_us = 0
         self._fail_next = 0
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-
-    def after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = _locks.new_lock(self, _locks.BACKEND)
 
     # -- allocation --------------------------------------------------------------------------
 
@@ -85,17 +85,21 @@ class SimDevice(Device):
     def malloc(self, nbytes: int) -> SimBlock:
         """Allocate a block, or raise :class:`DeviceAllocationError` when the capacity (or an
         injected failure) says no."""
-        with self._lock:
-            if self._fail_next:
+        with self._lock:  # allocates nothing: the error is built once the lock is released
+            injected = self._fail_next > 0
+            if injected:
                 self._fail_next -= 1
-                raise DeviceAllocationError("sim: injected allocation failure")
             free = self.capacity_bytes - self.used_bytes
-            if nbytes > free:
-                raise DeviceAllocationError(
-                    f"sim: {nbytes} bytes requested, {free} of {self.capacity_bytes} free"
-                )
-            self.used_bytes += nbytes
-            block_id = next(self._ids)
+            fits = not injected and nbytes <= free
+            if fits:
+                self.used_bytes += nbytes
+                block_id = next(self._ids)
+        if injected:
+            raise DeviceAllocationError("sim: injected allocation failure")
+        if not fits:
+            raise DeviceAllocationError(
+                f"sim: {nbytes} bytes requested, {free} of {self.capacity_bytes} free"
+            )
         try:
             array = host_array(nbytes)
         except DeviceAllocationError:
@@ -126,7 +130,8 @@ class SimDevice(Device):
         if not latency:
             return
         with self._lock:
-            done = max(self.now_us, self.tail_us) + latency
+            start = self.now_us if self.now_us > self.tail_us else self.tail_us
+            done = start + latency
             self.tail_us = done
         for block in blocks:
             block.busy_until = done

@@ -2,23 +2,36 @@
 :mod:`suites.allocator._fake_cupy` (or with CuPy hidden), so they need no GPU.
 
 Each runs in its own child: building a CUDA device marks the process fork-unsafe, which must not
-leak into the test process.
+leak into the test process. Each hands ``allocator.fork_unsafe_reason`` to the harness, as the
+project's conftest does in the test process, so fork refusal is checked through that seam.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
+import pickle
 import sys
 
 import harness
-from allocator import Allocator, AllocatorConfig, BackendUnavailable, DeviceOutOfMemory
+from allocator import (
+    Allocator,
+    AllocatorConfig,
+    BackendUnavailable,
+    DeviceOutOfMemory,
+    fork_unsafe_reason,
+)
+from allocator import get_allocator as default_allocator
 from allocator.cuda import cupy_allocator
-from allocator.device import backend_unavailable_reason
+from allocator.device import Device, backend_unavailable_reason
+from allocator.device import cuda as cuda_backend
 from allocator.device.cuda import CudaDevice
 
 from . import _fake_cupy, _probes
 
 MIB = 1 << 20
+
+harness.add_fork_safety_check(fork_unsafe_reason)
 
 
 def without_cupy() -> dict:
@@ -47,13 +60,36 @@ def no_device() -> dict:
     return {"error": None}
 
 
+def without_nvrtc() -> dict:
+    """CuPy and a device present, NVRTC missing: the probe kernel makes the backend
+    unavailable with CuPy's reason (CUDA was initialized by then)."""
+    _fake_cupy.install(nvrtc=False)
+    try:
+        Allocator(AllocatorConfig(backend="cuda"))
+    except BackendUnavailable as exc:
+        return {"error": str(exc), "fork_unsafe": harness.fork_unsafe_reason()}
+    return {"error": None}
+
+
 def backend_logic(latency: int = 0, mutant: str | None = None) -> dict:
-    """Ops, the cap, events, the OOM flush, error propagation and interop on the fake CuPy."""
-    fake = _fake_cupy.install(total_bytes=10 * MIB, latency=latency)
+    """Ops, the cap, events, the OOM flush, error propagation and interop on the fake CuPy.
+
+    The allocator is built on device 1, then device 0 is made current: every operation must
+    still run on device 1 (``wrong_device`` counts those that did not).
+    """
+    fake = _fake_cupy.install(total_bytes=10 * MIB, latency=latency, device_count=2, current=1)
     if mutant == "evict_without_wait":
         CudaDevice.wait = lambda self, block: None
+    if mutant == "kernels_on_the_current_device":
+        CudaDevice.fill = Device.fill
+        CudaDevice.add = Device.add
     alloc = Allocator(AllocatorConfig(backend="cuda", cache_cap_bytes=MIB, arena_debug="raise"))
-    report: dict = {"fork_unsafe": harness.fork_unsafe_reason()}
+    sys.modules["cupy"].cuda.runtime.setDevice(0)
+    report: dict = {
+        "fork_unsafe": harness.fork_unsafe_reason(),
+        "allocator_fork_unsafe": fork_unsafe_reason(),
+        "device_id": alloc.device.device_id,
+    }
     try:
         harness.run_child(_probes.stats, style="fork")
     except harness.HarnessError as exc:
@@ -102,14 +138,78 @@ def backend_logic(latency: int = 0, mutant: str | None = None) -> dict:
     pointer = allocate(1001)
     report["interop_live_delta"] = alloc.stats().live_bytes - live
     report["interop_owner"] = type(pointer.mem.owner).__name__
+    report["interop_device"] = pointer.mem.device_id
+    report["interop_memory"] = [
+        pointer.mem.size,
+        pointer.ptr == pointer.mem.owner.storage.block.ptr,
+    ]
     del pointer
     report["interop_after_drop"] = alloc.stats().live_bytes - live
-    report["interop_zero"] = allocate(0).ptr
+    zero = allocate(0)
+    report["interop_zero"] = [zero.ptr, zero.mem.size, zero.mem.device_id]
     try:
         cupy_allocator(Allocator(AllocatorConfig(backend="sim")))
     except ValueError as exc:
         report["interop_wrong_backend"] = str(exc)
 
+    # OOM through the interop: the error is also CuPy's, so CuPy's own fallbacks catch it
+    try:
+        allocate(64 * MIB)
+    except MemoryError as exc:
+        cupy_oom = sys.modules["cupy"].cuda.memory.OutOfMemoryError
+        report["interop_oom"] = {
+            "is_cupy_oom": isinstance(exc, cupy_oom),
+            "is_device_oom": isinstance(exc, DeviceOutOfMemory),
+            "message": str(exc),
+            "reason": exc.reason,
+            "cupy_fields": [exc._size, exc._total, exc._limit],
+            "pickles_as": type(pickle.loads(pickle.dumps(exc))).__name__,
+        }
+
+    # the OOM path collects cyclic garbage before the flush: 6 MiB held only by a cycle fits
+    # again once collected (the flush alone, of a 1 MiB cache, could not make room for 7 MiB)
+    gc.disable()
+    try:
+        cycle = [alloc.empty(6 * MIB // 4)]
+        cycle.append(cycle)
+        del cycle
+        flushes = alloc.stats().oom_flushes
+        report["after_collect"] = alloc.empty(7 * MIB // 4).size * 4
+        report["flushes_after_collect"] = alloc.stats().oom_flushes - flushes
+    finally:
+        gc.enable()
+
     report["memory_info"] = list(alloc.device.memory_info())
     report["violations"] = len(fake.violations)
+    report["wrong_device"] = [list(entry) for entry in fake.wrong_device[:5]]
     return report
+
+
+def teardown(at_exit: bool = False) -> dict:
+    """Drop an allocator holding cached blocks with the collector off: its blocks are freed at
+    once (``cudaFree``), except after the exit handlers ran (interpreter shutdown)."""
+    fake = _fake_cupy.install()
+    gc.disable()
+    alloc = Allocator(AllocatorConfig(backend="cuda"))
+    for buf in [alloc.full(256, 1.0) for _ in range(3)]:
+        alloc.release(buf)
+    del buf  # a live buffer, freed or not, keeps its allocator's layers alive
+    dropped = alloc.full(512, 1.0)
+    before = {"cached": alloc.stats().cache_bytes, "device_blocks": len(fake.memory)}
+    del dropped  # queued by its finalizer, not yet freed
+    if at_exit:
+        cuda_backend._at_exit()  # what the interpreter runs before it finalizes
+    del alloc
+    return {**before, "device_blocks_after": len(fake.memory), "frees": fake.frees}
+
+
+def interop_on_the_default_allocator() -> dict:
+    """``cupy_allocator()`` with no argument draws from the default allocator
+    (``DEVMEM_BACKEND=cuda`` in the child's environment)."""
+    _fake_cupy.install()
+    allocate = cupy_allocator()
+    pointer = allocate(64)
+    return {
+        "owner_is_default": pointer.mem.owner.storage._home is default_allocator()._arenas,
+        "live": default_allocator().stats().live_bytes,
+    }

@@ -1,11 +1,18 @@
 """A stand-in for CuPy over NumPy, to exercise the ``cuda`` backend's logic without a GPU.
 
-It models only what :mod:`allocator.device.cuda` relies on, after CuPy's documented API:
-``cuda.runtime.malloc/free/memGetInfo/getDeviceCount/getDevice`` and ``CUDARuntimeError``
-(with ``status``), ``cuda.Event(disable_timing=True)`` (``record``, ``done``,
-``synchronize``), ``cuda.UnownedMemory``, ``cuda.MemoryPointer``, ``cuda.get_current_stream``,
-``ndarray(shape, dtype, memptr=...)`` over a device pointer with ``set``/``get``/``fill``, and
-the element-wise functions. Device memory is host NumPy memory.
+It models only what :mod:`allocator.device.cuda` relies on, after CuPy 14's documented API:
+``cuda.runtime.malloc/free/memGetInfo/getDeviceCount/getDevice/setDevice`` and
+``CUDARuntimeError`` (with ``status``), ``cuda.Device(id)`` as a context manager,
+``cuda.Event(disable_timing=True)`` (``record``, ``done``, ``synchronize``),
+``cuda.UnownedMemory``, ``cuda.MemoryPointer``, ``cuda.get_current_stream``,
+``cuda.memory.OutOfMemoryError``, ``ndarray(shape, dtype, memptr=...)`` over a device pointer
+with ``set``/``get``/``fill``, ``zeros``, ``ElementwiseKernel`` (only the availability probe's
+kernel) and the element-wise functions. Device memory is host NumPy memory.
+
+Every pointer belongs to the device that was current when it was allocated. A free, a kernel or
+an event operation while another device is current is recorded in ``FakeCuda.wrong_device``
+(real CUDA would fail, or touch the wrong device). ``install(nvrtc=False)`` makes every
+``ElementwiseKernel`` fail at its first call, as CuPy does on a host without NVRTC.
 
 Kernels stay in flight on the one stream until the host waits: an event recorded after them
 completes when it is synchronized, or after it has been queried ``latency`` times; a stream
@@ -24,6 +31,10 @@ import numpy as np
 
 OUT_OF_MEMORY = 2
 ILLEGAL_ADDRESS = 700
+NVRTC_MISSING = (
+    "CuPy failed to load libnvrtc.so.12: OSError: libnvrtc.so.12: cannot open shared object"
+    " file: No such file or directory"
+)
 _NAMES = {
     OUT_OF_MEMORY: "cudaErrorMemoryAllocation: out of memory",
     ILLEGAL_ADDRESS: "cudaErrorIllegalAddress: an illegal memory access was encountered",
@@ -40,11 +51,17 @@ class CUDARuntimeError(RuntimeError):
 class FakeCuda:
     """The fake device's state; :func:`install` builds one and the ``cupy`` module over it."""
 
-    def __init__(self, total_bytes: int, device_count: int, latency: int) -> None:
+    def __init__(
+        self, total_bytes: int, device_count: int, latency: int, nvrtc: bool, current: int
+    ) -> None:
         self.total = total_bytes
         self.device_count = device_count
         self.latency = latency
+        self.nvrtc = nvrtc
+        self.current = current
         self.memory: dict[int, np.ndarray] = {}
+        self.device_of: dict[int, int] = {}
+        self.wrong_device: list[tuple[str, int]] = []
         self.next_ptr = 1 << 20
         self.in_flight: set[int] = set()
         self.violations: list[int] = []
@@ -61,28 +78,49 @@ class FakeCuda:
             raise CUDARuntimeError(OUT_OF_MEMORY)
         ptr, self.next_ptr = self.next_ptr, self.next_ptr + size + 256
         self.memory[ptr] = np.zeros(size, dtype=np.uint8)
+        self.device_of[ptr] = self.current
         self.mallocs += 1
         return ptr
 
     def free(self, ptr: int) -> None:
         if ptr in self.in_flight:
             self.violations.append(ptr)
+        self.check_device("free", self.device_of.pop(ptr))
         del self.memory[ptr]
         self.frees += 1
+
+    def check_device(self, what: str, device: int) -> None:
+        if device != self.current:
+            self.wrong_device.append((what, device))
 
     def launch(self, *arrays) -> None:
         for array in arrays:
             ptr = getattr(array, "_ptr", None)
             if ptr is not None:
+                self.check_device("kernel", self.device_of[ptr])
                 self.in_flight.add(ptr)
 
     def synchronize(self) -> None:
         self.in_flight.clear()
 
 
-def install(total_bytes: int = 1 << 24, device_count: int = 1, latency: int = 0) -> FakeCuda:
-    """Put a fake ``cupy`` in ``sys.modules`` and return its state. Call it in a child."""
-    fake = FakeCuda(total_bytes, device_count, latency)
+def install(
+    total_bytes: int = 1 << 24,
+    device_count: int = 1,
+    latency: int = 0,
+    nvrtc: bool = True,
+    current: int = 0,
+) -> FakeCuda:
+    """Put a fake ``cupy`` in ``sys.modules`` and return its state. Call it in a child.
+
+    Args:
+        total_bytes: the memory of the (every) device.
+        device_count: what ``getDeviceCount`` says (0: it raises ``cudaErrorNoDevice``).
+        latency: event queries before a recorded event completes by itself.
+        nvrtc: ``False`` makes kernels compiled at run time fail as without NVRTC.
+        current: the device current at first.
+    """
+    fake = FakeCuda(total_bytes, device_count, latency, nvrtc, current)
 
     class FakeArray(np.ndarray):
         _ptr: int | None = None
@@ -106,15 +144,18 @@ def install(total_bytes: int = 1 << 24, device_count: int = 1, latency: int = 0)
         def __init__(self, disable_timing: bool = False) -> None:
             assert disable_timing, "the backend must pool timing-free events"
             fake.events_made += 1
+            self.device = fake.current
             self._pending: set[int] = set()
             self._queries = 0
 
         def record(self, stream=None) -> None:
+            fake.check_device("event.record", self.device)
             self._pending = set(fake.in_flight)
             self._queries = 0
 
         @property
         def done(self) -> bool:
+            fake.check_device("event.done", self.device)
             self._queries += 1
             if self._queries > fake.latency:
                 fake.in_flight.difference_update(self._pending)
@@ -122,16 +163,57 @@ def install(total_bytes: int = 1 << 24, device_count: int = 1, latency: int = 0)
             return not (self._pending & fake.in_flight)
 
         def synchronize(self) -> None:
+            fake.check_device("event.synchronize", self.device)
             fake.in_flight.difference_update(self._pending)
             self._pending = set()
 
-    class UnownedMemory:
+    class Device:
+        def __init__(self, device: int = 0) -> None:
+            self.id = device
+            self._previous: list[int] = []
+
+        def __enter__(self):
+            self._previous.append(fake.current)
+            fake.current = self.id
+            return self
+
+        def __exit__(self, *exc) -> None:
+            fake.current = self._previous.pop()
+
+    class OutOfMemoryError(MemoryError):  # CuPy's signature
+        def __init__(self, size, total, limit=0) -> None:
+            self._size, self._total, self._limit = size, total, limit
+            super().__init__(f"Out of memory allocating {size:,} bytes")
+
+    class ElementwiseKernel:
+        def __init__(self, in_params, out_params, operation, name) -> None:
+            assert operation == "y = x + 1.0f", "the fake runs only the probe's kernel"
+
+        def __call__(self, x):
+            if not fake.nvrtc:
+                raise RuntimeError(NVRTC_MISSING)
+            return (np.asarray(x) + 1).view(FakeArray)
+
+    def zeros(shape, dtype=np.float32):
+        return np.zeros(shape, dtype=dtype).view(FakeArray)
+
+    def set_device(device: int) -> None:
+        fake.current = device
+
+    class UnownedMemory:  # CuPy: (intptr_t ptr, size_t size, object owner, int device_id=-1)
         def __init__(self, ptr: int, size: int, owner, device_id: int = -1) -> None:
+            for name, value in (("ptr", ptr), ("size", size), ("device_id", device_id)):
+                if type(value) is not int:
+                    raise TypeError(f"UnownedMemory: {name} must be an int, got {value!r}")
+            if device_id < 0 and ptr == 0:
+                raise RuntimeError("UnownedMemory requires explicit device ID for a null pointer.")
             self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
 
     class MemoryPointer:
         def __init__(self, mem, offset: int) -> None:
-            self.mem, self.ptr = mem, mem.ptr + offset
+            if type(offset) is not int:
+                raise TypeError(f"MemoryPointer: offset must be an int, got {offset!r}")
+            self.mem, self.ptr, self.device_id = mem, mem.ptr + offset, mem.device_id
 
     class Stream:
         def synchronize(self) -> None:
@@ -156,6 +238,7 @@ def install(total_bytes: int = 1 << 24, device_count: int = 1, latency: int = 0)
         np.copyto(dst, src)
 
     def total(array, dtype=None):
+        fake.launch(array)
         fake.synchronize()  # a reduction read back by float(): synchronous
         return np.sum(np.asarray(array), dtype=dtype)
 
@@ -170,10 +253,13 @@ def install(total_bytes: int = 1 << 24, device_count: int = 1, latency: int = 0)
         free=fake.free,
         memGetInfo=lambda: (fake.total - sum(m.nbytes for m in fake.memory.values()), fake.total),
         getDeviceCount=get_device_count,
-        getDevice=lambda: 0,
+        getDevice=lambda: fake.current,
+        setDevice=set_device,
     )
     cuda = types.SimpleNamespace(
         runtime=runtime,
+        Device=Device,
+        memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
         Event=Event,
         UnownedMemory=UnownedMemory,
         MemoryPointer=MemoryPointer,
@@ -189,6 +275,8 @@ def install(total_bytes: int = 1 << 24, device_count: int = 1, latency: int = 0)
         multiply=_ufunc(np.multiply),
         copyto=copyto,
         sum=total,
+        zeros=zeros,
+        ElementwiseKernel=ElementwiseKernel,
         _fake=fake,
     )
     sys.modules["cupy"] = module

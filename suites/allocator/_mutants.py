@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from allocator import Allocator, DeviceOutOfMemory, EpochStats
-from allocator._cache import ReuseCache
+from allocator import Allocator, EpochStats, Storage
+from allocator._arena import ArenaRegistry
+from allocator._cache import CachingLayer
 from allocator._detector import Detector
-from allocator.device import DeviceAllocationError
+from allocator._free_cause import FINALIZE
 from allocator.device.sim import SimDevice
 
 _leaked: list = []
 
 
 def _cache_ignores_cap() -> None:
-    original = ReuseCache.put
+    original = CachingLayer._put
 
     def put(self, block):
         cap, self.cap_bytes = self.cap_bytes, 0
@@ -27,7 +28,7 @@ def _cache_ignores_cap() -> None:
         finally:
             self.cap_bytes = cap
 
-    ReuseCache.put = put
+    CachingLayer._put = put
 
 
 def _evict_without_wait() -> None:
@@ -38,9 +39,10 @@ def _exit_forgets_free() -> None:
     def close(self, keep, expected):
         with self._lock:
             epoch = self._epochs.pop()
-        return EpochStats(epoch.depth, epoch.allocs, 0, 0, 0, 0, epoch.peak_bytes)
+            counter = self._upstream.pop()
+        return EpochStats(epoch.depth, counter.allocs, 0, 0, 0, 0, counter.peak_bytes)
 
-    Allocator._close_epoch = close
+    ArenaRegistry.close = close
 
 
 def _detector_checks_only_sizes() -> None:
@@ -64,13 +66,20 @@ def _sum_leaks_a_temporary() -> None:
 
 
 def _no_oom_flush() -> None:
-    def malloc(self, nbytes):
-        try:
-            return self.device.malloc(nbytes)
-        except DeviceAllocationError as exc:
-            raise DeviceOutOfMemory(nbytes, self.stats(), str(exc)) from None
+    def from_device(self, nbytes):
+        return self._upstream.allocate(nbytes)
 
-    Allocator._malloc = malloc
+    CachingLayer._from_device = from_device
+
+
+def _finalizer_frees_at_once() -> None:
+    # The defect of issue 8: the finalizer runs the free path itself, wherever the collector
+    # happens to run it (inside a device's or a layer's critical section included).
+    def finalize(self):
+        if self._cell:
+            self._home.free(self, FINALIZE)
+
+    Storage.__del__ = finalize
 
 
 MUTANTS: dict[str, Callable[[], None]] = {
@@ -80,6 +89,7 @@ MUTANTS: dict[str, Callable[[], None]] = {
     "detector_checks_only_sizes": _detector_checks_only_sizes,
     "sum_leaks_a_temporary": _sum_leaks_a_temporary,
     "no_oom_flush": _no_oom_flush,
+    "finalizer_frees_at_once": _finalizer_frees_at_once,
 }
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gc
+import re
 
 import numpy as np
 import pytest
 
-from allocator import Buffer, SizeMismatchError
+from allocator import FREE_KINDS, Buffer, FreeCause, SizeMismatchError, UseAfterFreeError
+from allocator._arena import ArenaRegistry
+from allocator._buffer import MAX_ELEMENTS, element_count
 
 
 def test_full_zeros_empty_and_readback(alloc):
@@ -107,7 +110,8 @@ def test_numpy_integer_sizes_are_accepted(alloc):
 
 @pytest.mark.parametrize("value", ["1.0", None, 1 + 2j, [1.0]])
 def test_full_rejects_a_non_real_value(alloc, value):
-    with pytest.raises(TypeError, match="value must be a real number"):
+    message = f"^value must be a real number, got {type(value).__name__} {re.escape(repr(value))}$"
+    with pytest.raises(TypeError, match=message):
         alloc.full(4, value)
     assert alloc.stats().alloc_count == 0
 
@@ -118,7 +122,11 @@ def test_full_rejects_a_non_real_value(alloc, value):
         (np.ones(4, np.float64), TypeError, "a must have dtype float32, got float64"),
         (np.ones(4, np.int32), TypeError, "a must have dtype float32, got int32"),
         (np.ones((2, 3), np.float32), ValueError, r"a must be 1-D, got shape \(2, 3\)"),
-        (np.ones(0, np.float32), ValueError, "a must hold at least one element"),
+        (
+            np.ones(0, np.float32),
+            ValueError,
+            "^a must hold at least one element, got an empty array$",
+        ),
         ([1.0, 2.0], TypeError, "a must be a numpy.ndarray, got list"),
     ],
 )
@@ -161,8 +169,12 @@ def test_resize_zero_frees_with_views_alive(alloc):
     [
         (8, "x", ValueError, "resize_ supports only size 0"),
         (False, "x", ValueError, "resize_ supports only size 0"),
-        (0, "", ValueError, "reason must say who frees the block"),
-        (0, None, TypeError, "reason must be a str"),
+        (0.0, "x", TypeError, r"^size must be the integer 0, got float 0\.0$"),  # issue 8
+        ("0", "x", TypeError, r"^size must be the integer 0, got str '0'$"),
+        (None, "x", TypeError, r"^size must be the integer 0, got NoneType None$"),
+        (0, "", ValueError, "^reason must say who frees the block, got an empty string$"),
+        (0, None, TypeError, "^reason must be a str, got NoneType$"),
+        (0, 5, TypeError, "^reason must be a str, got int$"),
     ],
 )
 def test_bad_resize(alloc, size, reason, error, match):
@@ -188,12 +200,30 @@ def test_release_of_a_non_buffer_or_foreign_buffer(alloc, make_alloc):
         alloc.release(np.ones(4, np.float32))
     other = make_alloc()
     foreign = other.full(4, 1.0)
-    with pytest.raises(ValueError, match="buf belongs to another allocator"):
+    with pytest.raises(ValueError, match=r"^buf belongs to another allocator$"):
         alloc.release(foreign)
     with pytest.raises(ValueError, match="buffer_add: rhs belongs to another allocator"):
         alloc.add(alloc.full(4, 1.0), foreign)
-    with pytest.raises(TypeError, match="buffer_fma: arg2 must be a Buffer, got float"):
-        alloc.fma(alloc.full(4, 1.0), alloc.full(4, 1.0), 1.0)
+    mine = alloc.full(4, 1.0)
+    for args, message in [
+        ((1.0, mine, mine), "^buffer_fma: arg0 must be a Buffer, got float$"),
+        ((mine, "x", mine), "^buffer_fma: arg1 must be a Buffer, got str$"),
+        ((mine, mine, 1.0), "^buffer_fma: arg2 must be a Buffer, got float$"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            alloc.fma(*args)
+    for args, role in [((foreign, mine, mine), "arg0"), ((mine, foreign, mine), "arg1")]:
+        with pytest.raises(ValueError, match=f"^buffer_fma: {role} belongs to another allocator$"):
+            alloc.fma(*args)
+
+
+def test_a_buffer_subclass_is_a_buffer(alloc):
+    class Tagged(Buffer):
+        __slots__ = ()
+
+    a = alloc.full(4, 2.0)
+    tagged = Tagged(a.storage, 0, 4)
+    assert alloc.sum(alloc.add(tagged, tagged)) == 16.0
 
 
 def test_size_mismatch_names_the_op_and_sizes(alloc):
@@ -208,6 +238,117 @@ def test_repr_says_what_a_buffer_is(alloc):
     a = alloc.full(16, 1.0)
     assert repr(a) == f"<Buffer 16 x float32 on {alloc.backend}>"
     assert repr(a.view(4, 8)) == f"<Buffer 8 x float32 view [4:12] of 16 on {alloc.backend}>"
+    assert repr(a.view(0, 8)) == f"<Buffer 8 x float32 view [0:8] of 16 on {alloc.backend}>"
+    assert repr(a.storage) == f"<Storage 64 bytes on {alloc.backend}, live>"
     alloc.release(a)
     assert repr(a) == "<Buffer freed (released by release())>"
+    assert repr(a.storage) == f"<Storage 64 bytes on {alloc.backend}, released by release()>"
     assert repr(alloc).startswith(f"<Allocator backend={alloc.backend} live=0.00MiB")
+
+
+def test_resize_with_any_reason_is_a_release(alloc):
+    # Issue 8, defect 6: a reason that reads "arena_exit" made the buffer report "reclaimed by
+    # arena_exit at depth None". Why a block was freed is a kind plus a reason.
+    a = alloc.full(16, 1.0)
+    assert a.storage.resize_(np.int64(0), "arena_exit") == 1
+    assert a.storage.cause == FreeCause("release", "arena_exit")
+    assert a.freed_reason == "released by arena_exit"
+    with pytest.raises(UseAfterFreeError, match=r"^use-after-release: buffer_sum arg was released"):
+        alloc.sum(a)
+
+
+def test_every_free_records_its_cause(alloc):
+    released, resized, finalized_view = alloc.full(4, 1.0), alloc.full(4, 1.0), alloc.full(4, 1.0)
+    alloc.release(released)
+    resized.storage.resize_(0, "zero3.release_param")
+    alloc.arena_enter()
+    alloc.arena_enter()
+    reclaimed = alloc.full(4, 1.0)
+    alloc.arena_exit()
+    alloc.arena_exit()
+    assert released.storage.cause == FreeCause("release", "release()")
+    assert resized.storage.cause == FreeCause("release", "zero3.release_param")
+    assert reclaimed.storage.cause == FreeCause("arena_exit", "arena_exit", depth=1)
+    assert finalized_view.storage.cause is None  # live
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason", "depth", "message"),
+    [
+        (
+            "free",
+            "x",
+            None,
+            "kind='free': expected one of release, arena_exit, finalize, cap_evict, empty_cache,"
+            " oom_flush, teardown",
+        ),
+        ("release", "", None, "reason must say who frees the block, got an empty string"),
+        (
+            "arena_exit",
+            "arena_exit",
+            None,
+            "depth=None: an arena_exit cause needs the epoch's depth, and no other kind has one",
+        ),
+        (
+            "release",
+            "x",
+            0,
+            "depth=0: an arena_exit cause needs the epoch's depth, and no other kind has one",
+        ),
+    ],
+)
+def test_bad_free_causes(kind, reason, depth, message):
+    with pytest.raises(ValueError) as info:
+        FreeCause(kind, reason, depth)
+    assert str(info.value) == message
+
+
+def test_free_kinds():
+    # storage-level kinds first, then the reuse cache's (test_bad_free_causes pins the list)
+    assert FREE_KINDS[:3] == ("release", "arena_exit", "finalize")
+    assert FreeCause("arena_exit", "arena_exit", 2).describe() == (
+        "reclaimed by arena_exit at depth 2"
+    )
+    assert FreeCause("finalize", "finalize").describe() == "released by finalize"
+
+
+def test_an_op_on_freed_operands_with_the_detector_off_gives_an_empty_buffer(make_alloc):
+    off = make_alloc(arena_debug="off")
+    a = off.full(4, 1.0)
+    off.release(a)
+    for result in (off.add(a, a), off.mul(a, a), off.fma(a, a, a), off.copy(a)):
+        assert (result.size, result.offset, result.nbytes, result.freed) == (0, 0, 0, False)
+        assert (result.storage.nbytes, result.storage.block) == (0, None)
+        assert repr(result) == "<Buffer empty>"
+
+
+def test_a_kernel_that_fails_frees_its_output_as_a_release(alloc, monkeypatch):
+    freed = []
+    free = ArenaRegistry.free
+
+    def spy(registry, st, cause):
+        freed.append((st, cause))
+        return free(registry, st, cause)
+
+    def boom(out, value):
+        raise RuntimeError("kernel failed")
+
+    monkeypatch.setattr(ArenaRegistry, "free", spy)
+    monkeypatch.setattr(alloc.device, "fill", boom)
+    with pytest.raises(RuntimeError, match=r"^kernel failed$"):
+        alloc.full(4, 1.0)
+    ((storage, cause),) = freed
+    assert cause == storage.cause == FreeCause("release", "release()")
+    stats = alloc.stats()
+    assert (stats.live_bytes, stats.alloc_count, stats.free_count) == (0, 1, 1)
+
+
+def test_element_counts_up_to_what_a_device_can_address():
+    assert element_count(MAX_ELEMENTS, "n") == MAX_ELEMENTS
+    assert element_count(np.int32(0), "offset", minimum=0) == 0
+    with pytest.raises(ValueError) as info:
+        element_count(MAX_ELEMENTS + 1, "n")
+    assert str(info.value) == (
+        f"n={MAX_ELEMENTS + 1} elements is {4 * (MAX_ELEMENTS + 1)} bytes, more than a device"
+        f" can address (at most {MAX_ELEMENTS} float32 elements)"
+    )

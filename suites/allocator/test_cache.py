@@ -166,6 +166,11 @@ def test_persistent_oom_raises_with_every_field_and_changes_nothing(sim):
         before.alloc_count,
     )
     assert after.oom_flushes == 1
+    # issue 8, defect 6: the failed allocation is neither a hit nor a miss
+    assert (after.cache_misses, after.alloc_count) == (before.cache_misses, before.alloc_count)
+    assert after.alloc_count == after.cache_hits + after.cache_misses
+    bare = DeviceOutOfMemory(64, error.stats)  # no reason: no parenthesis, reason ""
+    assert bare.reason == "" and str(bare).endswith(f"device_total={4 * BLOCK}")
     clone = pickle.loads(pickle.dumps(error))
     assert (type(clone), str(clone), clone.stats) == (DeviceOutOfMemory, str(error), error.stats)
     assert held.size == N
@@ -211,7 +216,18 @@ def test_bad_simulator_arguments():
     assert device.now_us == 0
 
 
-@pytest.mark.parametrize("config", ["sim", {"backend": "sim"}])
-def test_allocator_config_must_be_an_allocator_config(config):
-    with pytest.raises(TypeError, match="config must be an AllocatorConfig, got"):
+@pytest.mark.parametrize(("config", "kind"), [("sim", "str"), ({"backend": "sim"}, "dict")])
+def test_allocator_config_must_be_an_allocator_config(config, kind):
+    with pytest.raises(TypeError, match=f"^config must be an AllocatorConfig, got {kind}$"):
         Allocator(config)
+
+
+@pytest.mark.parametrize("sim", [{"sim_latency_us": 5}], indirect=True)
+def test_ops_and_readbacks_mark_every_block_they_touch_busy(sim):
+    a, b = sim.full(N, 1.0), sim.full(N, 2.0)  # fills complete at t=5 and t=10
+    c = sim.add(a, b)  # reads a and b, writes c: complete at t=15
+    assert [buf.storage.block.busy_until for buf in (a, b, c)] == [15, 15, 15]
+    assert sim.sum(c) == 3.0 * N  # a readback: its kernel ends at t=20, and the host waits
+    assert (c.storage.block.busy_until, sim.device.now_us) == (20, 20)
+    sim.to_numpy(a)
+    assert (a.storage.block.busy_until, sim.device.now_us) == (25, 25)

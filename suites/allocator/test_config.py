@@ -129,3 +129,68 @@ def test_unusable_env_values_raise_naming_the_variable(name, value):
 def test_config_fields_are_validated(field, value, error):
     with pytest.raises(error, match=field):
         dataclasses.replace(AllocatorConfig(), **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field", "parsed"),
+    [
+        ("DEVMEM_SIM_LATENCY_US", "", "sim_latency_us", 0),
+        ("DEVMEM_SIM_LATENCY_US", "0", "sim_latency_us", 0),
+        ("DEVMEM_SIM_LATENCY_US", str(2**64 - 1), "sim_latency_us", 2**64 - 1),
+        ("DEVMEM_SIM_CAPACITY_BYTES", "", "sim_capacity_bytes", 4 << 30),
+        ("DEVMEM_SIM_CAPACITY_BYTES", "1", "sim_capacity_bytes", 1),
+        ("DEVMEM_SIM_CAPACITY_BYTES", str(2**64 - 1), "sim_capacity_bytes", 2**64 - 1),
+    ],
+)
+def test_env_boundaries_are_accepted(name, value, field, parsed):
+    assert getattr(AllocatorConfig.from_env({name: value}), field) == parsed
+
+
+@pytest.mark.parametrize("field", ["cache_cap_bytes", "sim_capacity_bytes", "sim_latency_us"])
+def test_a_field_of_2_to_the_64_minus_1_is_accepted_and_one_more_is_not(field):
+    assert getattr(dataclasses.replace(AllocatorConfig(), **{field: 2**64 - 1}), field) == 2**64 - 1
+    with pytest.raises(ValueError, match=rf"^{field}=18446744073709551616: expected"):
+        dataclasses.replace(AllocatorConfig(), **{field: 2**64})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("backend", "tpu", "backend='tpu': expected one of cpu, sim, cuda"),
+        ("arena_debug", "1", "arena_debug='1': expected one of off, abort, raise"),
+        ("cache_cap_bytes", -1, "cache_cap_bytes=-1: expected 0 <= cache_cap_bytes <= 2**64-1"),
+        (
+            "sim_capacity_bytes",
+            0,
+            "sim_capacity_bytes=0: expected 1 <= sim_capacity_bytes <= 2**64-1",
+        ),
+        ("sim_latency_us", -1, "sim_latency_us=-1: expected 0 <= sim_latency_us <= 2**64-1"),
+        ("sim_latency_us", 1.5, "sim_latency_us must be an int, got float 1.5"),
+    ],
+)
+def test_field_errors_give_the_exact_accepted_values(field, value, message):
+    with pytest.raises((ValueError, TypeError)) as info:
+        dataclasses.replace(AllocatorConfig(), **{field: value})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("DEVMEM_BACKEND", "gpu", "DEVMEM_BACKEND='gpu': expected one of cpu, sim, cuda"),
+        (
+            "DEVMEM_SIM_CAPACITY_BYTES",
+            "0",
+            "DEVMEM_SIM_CAPACITY_BYTES='0': expected a decimal integer >= 1",
+        ),
+        (
+            "DEVMEM_SIM_LATENCY_US",
+            "-3",
+            "DEVMEM_SIM_LATENCY_US='-3': expected a decimal integer >= 0",
+        ),
+    ],
+)
+def test_env_errors_give_the_exact_accepted_values(name, value, message):
+    with pytest.raises(ValueError) as info:
+        AllocatorConfig.from_env({name: value})
+    assert str(info.value) == message

@@ -4,11 +4,17 @@ which skip here with the reason.)"""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
+from allocator import fork_unsafe_reason
+from allocator.device import backend_unavailable_reason
+from allocator.device.cuda import kernel_probe_reason
 from harness import Outcome
 
-from . import _cuda_probes
+from . import _cuda_probes, _fake_cupy
 
 MIB = 1 << 20
 
@@ -28,18 +34,31 @@ def test_without_a_device_the_error_carries_cupys_reason(death):
     assert report["fork_unsafe"] is None
 
 
+def test_without_nvrtc_cuda_is_unavailable_with_cupys_reason(death):
+    report = death.run(_cuda_probes.without_nvrtc).assert_clean().returned
+    assert report["error"] == (
+        "device 0: a tiny CuPy kernel failed to compile or run: RuntimeError: "
+        + _fake_cupy.NVRTC_MISSING
+    )
+    assert report["fork_unsafe"] == "allocator: the cuda backend initialized CUDA on device 0"
+
+
 def check_backend_logic(outcome: Outcome) -> dict:
     outcome.assert_clean()
     report = outcome.returned
     assert report["violations"] == 0, "a block was freed while a kernel was using it"
+    assert report["wrong_device"] == [], "an operation ran on the current device, not its own"
     return report
 
 
 @pytest.mark.parametrize("latency", [0, 3], ids=["events-done", "events-pending"])
 def test_backend_logic_over_fake_cupy(death, latency):
     report = check_backend_logic(death.run(_cuda_probes.backend_logic, latency))
-    assert report["fork_unsafe"].startswith("allocator: the cuda backend initialized CUDA")
+    expected = "allocator: the cuda backend initialized CUDA on device 1"
+    assert report["allocator_fork_unsafe"] == expected and report["device_id"] == 1
+    assert report["fork_unsafe"] == expected  # through harness.add_fork_safety_check
     assert "style='fork' is refused" in report["fork_refused"]
+    assert expected in report["fork_refused"]
     assert report["add"] == [8.0] * 16 and report["fma_sum"] == 16 * 18.0
     cap = report["cap"]
     assert (cap["cache_bytes"], cap["cap_evictions"], cap["cache_cap_bytes"]) == (MIB, 28, MIB)
@@ -52,8 +71,19 @@ def test_backend_logic_over_fake_cupy(death, latency):
     assert report["flushes_on_other_error"] == 0
     assert report["interop_live_delta"] == 1004  # rounded up to whole float32 elements
     assert report["interop_owner"] == "Buffer" and report["interop_after_drop"] == 0
-    assert report["interop_zero"] == 0
-    assert "needs an allocator on the cuda backend, got 'sim'" in report["interop_wrong_backend"]
+    assert report["interop_device"] == 1 and report["interop_memory"] == [1001, True]
+    assert report["interop_zero"] == [0, 0, 1]
+    oom = report["interop_oom"]
+    assert oom["is_cupy_oom"] and oom["is_device_oom"] and oom["pickles_as"] == "DeviceOutOfMemory"
+    assert oom["message"].startswith(f"out of device memory on cuda: requested={64 * MIB} bytes")
+    device_reason = f"cudaMalloc({64 * MIB}): cudaErrorMemoryAllocation: out of memory"
+    assert oom["reason"] == device_reason and oom["message"].endswith(f" ({device_reason})")
+    assert oom["cupy_fields"][0] == 64 * MIB and oom["cupy_fields"][2] == 0
+    assert report["after_collect"] == 7 * MIB and report["flushes_after_collect"] == 1
+    assert report["interop_wrong_backend"] == (
+        "cupy_allocator needs an allocator on the cuda backend, got 'sim' (set"
+        " DEVMEM_BACKEND=cuda or pass Allocator(AllocatorConfig(backend='cuda')))"
+    )
     free, total = report["memory_info"]
     assert total == 10 * MIB and 0 <= free <= total
 
@@ -62,3 +92,69 @@ def test_teeth_an_eviction_that_frees_without_waiting_is_caught(death):
     outcome = death.run(_cuda_probes.backend_logic, 3, "evict_without_wait")
     with pytest.raises(AssertionError, match="freed while a kernel was using it"):
         check_backend_logic(outcome)
+
+
+def test_teeth_kernels_on_the_current_device_are_caught(death):
+    outcome = death.run(_cuda_probes.backend_logic, 0, "kernels_on_the_current_device")
+    with pytest.raises(AssertionError, match="ran on the current device, not its own"):
+        check_backend_logic(outcome)
+
+
+def test_dropping_the_allocator_frees_its_blocks(death):
+    report = death.run(_cuda_probes.teardown).assert_clean().returned
+    assert (report["cached"], report["device_blocks"]) == (3 * 1024, 4)
+    assert (report["device_blocks_after"], report["frees"]) == (0, 4)
+
+
+def test_no_cuda_free_during_interpreter_shutdown(death):
+    report = death.run(_cuda_probes.teardown, True).assert_clean().returned
+    assert (report["device_blocks_after"], report["frees"]) == (4, 0)
+
+
+def _fake_cupy_on_path(tmp_path, monkeypatch, nvrtc: bool) -> None:
+    """A ``cupy`` module in ``tmp_path`` that installs the fake (on ``PYTHONPATH`` for child
+    interpreters, on ``sys.path`` for ``find_spec`` here; this process never imports it), and a
+    fake ``nvidia-smi`` that lists one GPU."""
+    (tmp_path / "cupy.py").write_text(
+        f"from suites.allocator import _fake_cupy\n_fake_cupy.install(nvrtc={nvrtc})\n"
+    )
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_the_availability_check_runs_a_kernel_in_a_child(tmp_path, monkeypatch):
+    _fake_cupy_on_path(tmp_path, monkeypatch, nvrtc=True)
+    assert kernel_probe_reason() is None
+    assert backend_unavailable_reason("cuda") is None
+    assert "cupy" not in sys.modules and fork_unsafe_reason() is None  # CUDA stayed in the child
+
+
+def test_without_nvrtc_the_availability_check_gives_cupys_reason(tmp_path, monkeypatch):
+    _fake_cupy_on_path(tmp_path, monkeypatch, nvrtc=False)
+    expected = (
+        "device 0: a tiny CuPy kernel failed to compile or run: RuntimeError: "
+        + _fake_cupy.NVRTC_MISSING
+    )
+    assert kernel_probe_reason() == expected
+    assert backend_unavailable_reason("cuda") == expected
+
+
+def test_a_probe_that_hangs_or_dies_silently_is_a_reason(tmp_path, monkeypatch):
+    (tmp_path / "cupy.py").write_text(
+        "import os, time\nif os.environ.get('HANG'): time.sleep(60)\nos._exit(3)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert kernel_probe_reason() == "the CuPy kernel probe exited with status 3"
+    monkeypatch.setenv("HANG", "1")
+    assert kernel_probe_reason(timeout=1) == "the CuPy kernel probe did not finish within 1 s"
+
+
+def test_the_interop_draws_from_the_default_allocator_by_default(death):
+    env = {"DEVMEM_BACKEND": "cuda", "DEVMEM_CACHE_CAP_BYTES": None, "DEVMEM_ARENA_DEBUG": None}
+    outcome = death.run(_cuda_probes.interop_on_the_default_allocator, env=env)
+    assert outcome.assert_clean().returned == {"owner_is_default": True, "live": 64}

@@ -12,6 +12,8 @@ import pytest
 
 import allocator
 import harness
+from allocator._per_process import PerProcess
+from allocator.device import backend_unavailable_reason
 
 from . import _default_probes
 from ._knobs import pinned_env
@@ -96,10 +98,34 @@ def test_module_level_functions_forward_to_the_default_allocator():
     methods = {
         name
         for name, _ in inspect.getmembers(allocator.Allocator, inspect.isfunction)
-        if not name.startswith("_")
+        if not name.startswith("_") and "__mutmut_" not in name  # mutmut's mutant copies
     }
     functions = {name for name in allocator.__all__ if inspect.isfunction(getattr(allocator, name))}
     assert methods <= functions, f"methods without a module-level function: {methods - functions}"
     for name in methods:
         doc = inspect.getdoc(getattr(allocator, name))
         assert doc.startswith("On the default allocator:"), name
+
+
+def test_a_per_process_value_is_built_once_and_again_in_a_forked_child(death):
+    built = []
+
+    def factory() -> int:
+        built.append(len(built) + 1)
+        return built[-1]
+
+    value = PerProcess(factory)
+    assert (value.get(), value.get(), built) == (1, 1, [1])
+
+    def in_child() -> list[int]:
+        return [value.get(), value.get()]  # dropped at the fork: built anew, once
+
+    assert death.run(in_child, style="fork").assert_clean().returned == [2, 2]
+    assert value.get() == 1
+
+
+def test_backend_names_are_checked():
+    assert backend_unavailable_reason("cpu") is None and backend_unavailable_reason("sim") is None
+    with pytest.raises(ValueError) as info:
+        backend_unavailable_reason("tpu")
+    assert str(info.value) == "backend='tpu': expected one of cpu, sim, cuda"

@@ -4,7 +4,8 @@ Rules: allocate, release, drop a reference (finalization), take a view, ``resize
 enter and exit with a random keep, and binary ops (which the detector, in ``raise`` mode, must
 refuse exactly when an operand was freed). After every step the invariants hold: ``live_bytes``
 equals the bytes of the model's live storages, ``cache_bytes <= cap``, every freed buffer has
-size 0, and the counts agree.
+size 0, and the counts agree. Each epoch's peak is checked against its definition: the most
+bytes live at once since it opened, above what was live when it opened (DESIGN 2.5).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.allocs = 0
         self.frees = 0
         self.held: list[Handle] = []  # the handles not yet dropped (hypothesis keeps others)
+        self.marks: list[list[int]] = []  # per open epoch: [live at its open, most live since]
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -141,8 +143,10 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @rule()
     def arena_enter(self):
+        live = self.alloc.stats().live_bytes
         assert self.alloc.arena_enter() == self.depth
         self.depth += 1
+        self.marks.append([live, live])
 
     @precondition(lambda self: self.depth > 0)
     @rule(data=st.data())
@@ -162,6 +166,8 @@ class AllocatorMachine(RuleBasedStateMachine):
                 s.epoch = inner - 1 if inner else None
         assert stats.reclaimed_buffers == len(reclaimed)
         assert stats.reclaimed_bytes == sum(s.nbytes for s in reclaimed)
+        opened_at, most = self.marks.pop()
+        assert stats.peak_bytes == most - opened_at
         self.depth -= 1
 
     def _any_buffer(self, storage):
@@ -182,6 +188,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert stats.free_count == self.frees
         assert stats.arena_depth == self.depth
         assert stats.peak_bytes >= stats.live_bytes
+
+    @invariant()
+    def epochs_see_the_most_live_bytes(self):
+        live = self.alloc.stats().live_bytes
+        for mark in self.marks:
+            mark[1] = max(mark[1], live)
 
     @invariant()
     def cache_stays_under_the_cap(self):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -94,8 +95,11 @@ def test_a_fork_child_can_allocate_while_another_thread_holds_the_lock(hold_s):
     kept = alloc.full(16, 1.0)
     holding = threading.Event()
 
-    def hold() -> None:
-        with alloc._lock:
+    def hold() -> None:  # every layer's lock, and the device's, in the documented order
+        locks = [layer._lock for layer in alloc._layers()] + [alloc.device._lock]
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
             holding.set()
             time.sleep(hold_s)
 

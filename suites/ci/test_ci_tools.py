@@ -1,7 +1,9 @@
-"""The CI tooling: ``ci/check.sh`` option handling, the nightly summary, ``ci/import_all.py``."""
+"""The CI tooling: ``ci/check.sh`` option handling, the nightly summary, ``ci/import_all.py``,
+``ci/mutation.py``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -156,3 +158,156 @@ def test_a_passing_check_ends_by_printing_the_second_command():
     assert last == ["check passed.", "Run the suites again, in any shell: .venv/bin/pytest -n auto"]
     readme = (ROOT / "README.md").read_text()
     assert "\n.venv/bin/pytest -n auto  # then, in any shell" in readme
+
+
+# -- ci/mutation.py ------------------------------------------------------------------------------
+
+sys.path.insert(0, str(ROOT / "ci"))
+import mutation  # noqa: E402
+
+
+def test_mutated_files_follow_the_mutmut_configuration():
+    files = [path.as_posix() for path in mutation.mutated_files()]
+    assert "allocator/_cache.py" in files and "allocator/device/sim.py" in files
+    assert "harness/_outcome.py" in files
+    assert "allocator/device/cuda.py" not in files and "harness/_run.py" not in files
+    assert mutation.module_name(Path("allocator/device/__init__.py")) == "allocator.device"
+    assert mutation.module_name(Path("harness/_outcome.py")) == "harness._outcome"
+
+
+def test_equivalent_lists_parse_names_and_reasons():
+    text = "# header\n\nm.x_f__mutmut_1  # same value either way\nm.x_g__mutmut_2 #why\n"
+    assert mutation.parse_equivalents(text, "m.txt") == [
+        mutation.Equivalent("m.x_f__mutmut_1", "same value either way"),
+        mutation.Equivalent("m.x_g__mutmut_2", "why"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("m.x_f__mutmut_1\n", r"^m\.txt:1: expected '<mutant name>  # <reason>'"),
+        ("\nm.x_f__mutmut_1  #   \n", r"^m\.txt:2: expected"),
+        ("a  # r\na  # again\n", r"^m\.txt:2: a is listed twice$"),
+    ],
+)
+def test_bad_equivalent_lines_are_refused_with_their_line(text, message):
+    with pytest.raises(mutation.MutationError, match=message):
+        mutation.parse_equivalents(text, "m.txt")
+
+
+def _result() -> mutation.ModuleResult:
+    codes = {
+        "m.x_a__mutmut_1": 1,
+        "m.x_a__mutmut_2": 0,
+        "m.x_a__mutmut_3": 0,
+        "m.x_a__mutmut_4": 36,
+        "m.x_a__mutmut_5": 33,
+        "m.x_a__mutmut_6": None,
+    }
+    listed = [mutation.Equivalent("m.x_a__mutmut_2", "no test can tell")]
+    return mutation.tally("m", codes, listed)
+
+
+def test_tally_counts_verdicts_and_applies_the_list():
+    result = _result()
+    assert (result.total, result.killed) == (6, 2)  # a failure and a timeout
+    assert [e.name for e in result.equivalent] == ["m.x_a__mutmut_2"]
+    assert result.survivors == ["m.x_a__mutmut_3"]
+    assert result.no_tests == ["m.x_a__mutmut_5"]
+    assert result.other == {"not checked": 1} and result.stale == []
+    assert result.score == pytest.approx(100 * 2 / 5)
+
+
+def test_stale_equivalent_entries_are_reported():
+    listed = [
+        mutation.Equivalent("m.x_a__mutmut_1", "r"),
+        mutation.Equivalent("m.x_b__mutmut_9", "r"),
+    ]
+    result = mutation.tally("m", {"m.x_a__mutmut_1": 1}, listed)
+    assert result.stale == ["m.x_a__mutmut_1 (killed now)", "m.x_b__mutmut_9 (not a mutant of m)"]
+    assert mutation.verdict([result], ["m"], 0) == [
+        "m: stale equivalent entry m.x_a__mutmut_1 (killed now)",
+        "m: stale equivalent entry m.x_b__mutmut_9 (not a mutant of m)",
+    ]
+
+
+def test_the_report_and_the_verdict():
+    result = _result()
+    result.seconds = 12.3
+    clean = mutation.tally("allocator.x", {"allocator.x.x_f__mutmut_1": 1}, [])
+    report = mutation.render([result, clean], ["m"])
+    assert "| m | 6 | 2 | 1 | 1 | 1 | 40.0% | 12 s |" in report
+    assert "| allocator.x | 1 | 1 | 0 | 0 | 0 | 100.0% | - |" in report
+    assert "- m.x_a__mutmut_2: no test can tell" in report
+    assert "- m.x_a__mutmut_3: survived (mutmut show m.x_a__mutmut_3)" in report
+    assert "- m.x_a__mutmut_5: no test reaches it" in report
+    assert "m together: 2 killed of 6 mutants, 1 equivalent: score 40.0%" in report
+    assert mutation.verdict([result, clean], ["allocator"], 97) == []
+    assert mutation.verdict([result, clean], ["m"], 30) == [
+        "m: 1 unexplained survivors, 1 mutants no test reaches"
+    ]
+    assert mutation.verdict([clean], ["allocator"], 100) == []
+
+
+def test_no_run_reports_the_last_results_and_fails_without_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(mutation, "MUTANTS_DIR", tmp_path)
+    assert mutation.main(["--no-run", "--module", "allocator._locks"]) == 1
+    meta = tmp_path / "allocator" / "_locks.py.meta"
+    meta.parent.mkdir()
+    meta.write_text(json.dumps({"exit_code_by_key": {"allocator._locks.x_new_lock__mutmut_1": 1}}))
+    out = tmp_path / "report.md"
+    assert mutation.main(["--no-run", "--module", "allocator._locks", "--out", str(out)]) == 0
+    assert "| allocator._locks | 1 | 1 | 0 | 0 | 0 | 100.0% | - |" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--module", "allocator.nothing"], "--module allocator.nothing: expected one of"),
+        (["--max-children", "0"], "--max-children must be >= 1, got 0"),
+        (["--min-score", "101"], "--min-score must be between 0 and 100, got 101"),
+    ],
+)
+def test_bad_mutation_arguments_exit_2(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        mutation.main(["--no-run", *args])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_checked_in_equivalent_lists_parse():
+    for path in sorted(mutation.EQUIVALENT_DIR.glob("*.txt")):
+        module = path.stem
+        assert module in {mutation.module_name(p) for p in mutation.mutated_files()}, path
+        for entry in mutation.load_equivalents(module):
+            assert entry.name.startswith(f"{module}.x"), entry
+
+
+def test_the_mutmut_plugin_spills_each_new_hit_once(tmp_path):
+    from suites import _mutmut
+
+    hits = _mutmut._SpillingHits(tmp_path / "hits")
+    for name in ("m.x_f", "m.x_g", "m.x_f"):
+        hits.add(name)
+    assert hits == {"m.x_f", "m.x_g"}
+    assert (tmp_path / "hits").read_text() == "m.x_f\nm.x_g\n"
+    stack = _mutmut._ThreadLocalCallStack()
+    token = stack.set(("m.x_f", 1))
+    assert stack.get() == ("m.x_f", 1)
+    stack.reset(token)
+    assert stack.get() == (None, 0)
+
+
+def test_run_mutmut_accepts_a_module_without_mutants_and_reports_failures(tmp_path):
+    fake = tmp_path / "mutmut"
+    fake.write_text(
+        '#!/bin/sh\ncase "$2" in\n'
+        f"  empty.x*) echo '{mutation.NOTHING_MATCHES}'; exit 1;;\n"
+        "  broken.x*) echo 'Traceback: boom'; exit 1;;\n"
+        "esac\nexit 0\n"
+    )
+    fake.chmod(0o755)
+    assert mutation.run_mutmut("fine", 1, str(fake)) >= 0
+    assert mutation.run_mutmut("empty", 1, str(fake)) >= 0
+    with pytest.raises(mutation.MutationError, match=r"mutmut run failed on broken \(status 1\)"):
+        mutation.run_mutmut("broken", 1, str(fake))

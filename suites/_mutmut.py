@@ -1,0 +1,107 @@
+"""A pytest plugin for running these suites under mutmut (``ci/mutation.py``); inert otherwise.
+
+mutmut runs the tests in-process, with every mutated function behind a trampoline: once
+unmutated to map which tests reach which function (``MUTANT_UNDER_TEST=stats``), then once per
+mutant with only the tests that reach it. Three things keep that map and those runs true here:
+
+- Death-test children report the functions they reached. A child's trampoline hits stay in
+  the child, which leaves with ``os._exit``, so without this a function reached only in
+  children (the CuPy interop, the simulator's fatal checks) would have "no tests", and a death
+  test would never be run against any mutant. After a fork, the child's set of hits writes
+  each new name to a file; at the test's teardown the parent adds them to the test's hits.
+  (Children started by exec are not covered.)
+- mutmut's call stack lives in a thread-local instead of a ``ContextVar``: its trampolines set
+  it on every call, also inside the allocator's teardown finalizers, which the collector runs,
+  and CPython 3.11 crashes (SIGSEGV) when a finalizer run by the collector sets a ``ContextVar``
+  while other threads do too, as the thread tests do.
+- In a mutant's run, tests run fastest first (by the durations mutmut measured), so ``-x``
+  stops a killed mutant early.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+_UNDER_TEST = os.environ.get("MUTANT_UNDER_TEST")
+
+
+class _ThreadLocalCallStack(threading.local):
+    """mutmut's call stack (``get``/``set``/``reset``, as its ContextVar) kept per thread."""
+
+    value: tuple[str | None, int] = (None, 0)
+
+    def get(self) -> tuple[str | None, int]:
+        return self.value
+
+    def set(self, value: tuple[str | None, int]) -> tuple[str | None, int]:
+        previous, self.value = self.value, value
+        return previous
+
+    def reset(self, previous: tuple[str | None, int]) -> None:
+        self.value = previous
+
+
+class _SpillingHits(set):
+    """A child's trampoline hits: each new function name is also appended to ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def add(self, name: str) -> None:
+        if name not in self:
+            super().add(name)
+            with open(self.path, "a", encoding="utf-8") as spill:
+                spill.write(name + "\n")
+
+
+class _ChildHits:
+    """Collects the hits of the death-test children forked during a test."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self.directory = Path(tempfile.mkdtemp(prefix="devmem-mutmut-hits-"))
+        os.register_at_fork(after_in_child=self._in_child)
+
+    def _in_child(self) -> None:
+        self.state()._stats = _SpillingHits(self.directory / str(os.getpid()))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item, nextitem) -> None:
+        hits = self.state()._stats
+        for path in list(self.directory.iterdir()):
+            hits.update(path.read_text(encoding="utf-8").split())
+            path.unlink()
+
+    def pytest_unconfigure(self, config) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _UNDER_TEST is None:
+        return
+    try:
+        from mutmut.core import MutmutCallStack
+        from mutmut.state import state
+    except ImportError:
+        return
+    MutmutCallStack._ctx = _ThreadLocalCallStack()
+    if _UNDER_TEST == "stats":
+        config.pluginmanager.register(_ChildHits(state), "devmem-mutmut-child-hits")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _UNDER_TEST in (None, "", "stats", "fail"):
+        return
+    try:
+        from mutmut.state import state
+    except ImportError:
+        return
+    durations = state().duration_by_test
+    items.sort(key=lambda item: durations.get(item.nodeid, 0.0))

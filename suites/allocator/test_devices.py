@@ -1,0 +1,141 @@
+"""The backends alone: the CPU stub, the simulated device and their shared helpers (DESIGN 2.2).
+
+The allocator's suites drive them through every layer; these pin what a backend itself promises:
+block ids and sizes, float32 arrays, the simulator's capacity, failure injection and logical
+clock, the host-memory guard, and the fatal line.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import numpy as np
+import pytest
+
+from allocator.device import CpuDevice, DeviceAllocationError, SimDevice
+from allocator.device import base as device_base
+
+from . import _fatal_probes
+
+
+def test_cpu_blocks_are_numbered_float32_arrays_always_ready():
+    cpu = CpuDevice()
+    first, second = cpu.malloc(64), cpu.malloc(128)
+    assert (first.id, second.id, first.nbytes) == (1, 2, 64)
+    assert first.array.dtype == np.float32 and first.array.shape == (16,)
+    cpu.record(first)
+    assert cpu.ready(first) and first.event is None  # events always complete on the stub
+    cpu.free(first)
+    assert first.array is None
+    assert cpu.memory_info() == (0, 0)
+
+
+def test_sim_blocks_are_numbered_and_accounted():
+    sim = SimDevice(256)
+    assert (sim.latency_us, sim.used_bytes, sim.now_us) == (0, 0, 0)
+    first, second = sim.malloc(64), sim.malloc(128)
+    assert (first.id, second.id, first.event, first.busy_until) == (1, 2, 0, 0)
+    assert first.array.dtype == np.float32 and sim.memory_info() == (64, 256)
+    sim.free(first)
+    assert first.array is None and sim.used_bytes == 128
+
+
+def test_a_one_byte_sim_device_is_a_device():
+    sim = SimDevice(1)
+    with pytest.raises(DeviceAllocationError, match=r"^sim: 4 bytes requested, 1 of 1 free$"):
+        sim.malloc(4)
+
+
+def test_injected_failures_count_down_one_by_one():
+    sim = SimDevice(1024)
+    sim.fail_next_mallocs()  # one
+    with pytest.raises(DeviceAllocationError, match=r"^sim: injected allocation failure$"):
+        sim.malloc(4)
+    sim.malloc(4)
+    sim.fail_next_mallocs(2)
+    for _ in range(2):
+        with pytest.raises(DeviceAllocationError, match=r"^sim: injected allocation failure$"):
+            sim.malloc(4)
+    sim.malloc(4)
+    sim.fail_next_mallocs(0)
+    sim.malloc(4)
+    assert sim.used_bytes == 12
+
+
+def test_a_host_allocation_failure_gives_the_capacity_back(monkeypatch):
+    sim = SimDevice(1024)
+
+    def no_memory(nbytes):
+        raise DeviceAllocationError("host: none left")
+
+    monkeypatch.setattr("allocator.device.sim.host_array", no_memory)
+    with pytest.raises(DeviceAllocationError, match=r"^host: none left$"):
+        sim.malloc(64)
+    assert sim.used_bytes == 0
+
+
+def test_the_logical_clock():
+    sim = SimDevice(1 << 20, latency_us=5)
+    a, b = sim.malloc(64), sim.malloc(64)
+    sim.launch(a)  # t = 0..5
+    sim.launch(b)  # queued behind it: t = 5..10
+    assert (a.busy_until, b.busy_until, sim.tail_us) == (5, 10, 10)
+    sim.advance(0)
+    sim.advance(30)
+    sim.advance(20)
+    assert sim.now_us == 50
+    sim.launch(a)  # the stream is idle: starts now
+    assert a.busy_until == 55
+    sim.record(a)
+    assert (a.event, sim.ready(a)) == (55, False)
+    sim.wait(a)
+    assert (sim.now_us, sim.ready(a)) == (55, True)
+    sim.launch(b)
+    sim.synchronize()
+    assert sim.now_us == 60
+
+
+def test_the_host_memory_guard(monkeypatch):
+    total = device_base._host_memory_bytes()
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert total >= 1 << 28 and total % page == 0
+    monkeypatch.setattr(device_base, "_HOST_BYTES", 4096)
+    assert device_base.host_array(4096).shape == (1024,)  # exactly the host's memory: allowed
+    assert device_base.host_array(64).dtype == np.float32
+    with pytest.raises(DeviceAllocationError) as info:
+        device_base.host_array(4100)
+    assert str(info.value) == "4100 bytes exceeds the host's physical memory (4096 bytes)"
+
+
+def test_the_host_memory_probe_says_0_where_the_platform_does_not_tell(monkeypatch):
+    def unknown(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(device_base.os, "sysconf", unknown)
+    assert device_base._host_memory_bytes() == 0
+
+
+def test_numpy_refusing_an_allocation_is_a_device_failure(monkeypatch):
+    def refuse(count, dtype):
+        raise MemoryError("Unable to allocate")
+
+    fake_numpy = types.SimpleNamespace(empty=refuse, float32=np.float32)
+    monkeypatch.setattr(device_base, "np", fake_numpy)
+    with pytest.raises(DeviceAllocationError) as info:
+        device_base.host_array(64)
+    assert str(info.value) == "host allocation of 64 bytes failed: Unable to allocate"
+
+
+def test_readbacks_copy_and_sum_in_float64(alloc):
+    buf = alloc.from_numpy(np.array([1e8, 1.0, -1e8], dtype=np.float32))
+    assert alloc.sum(buf) == 1.0  # float32 accumulation would give 0.0
+    host = alloc.to_numpy(buf)
+    host[:] = 7.0
+    assert alloc.to_numpy(buf).tolist() == [1e8, 1.0, -1e8]  # a copy, not the device array
+    alloc.release(buf)
+
+
+def test_a_fatal_line_survives_characters_it_cannot_encode(death):
+    outcome = death.run(_fatal_probes.fatal_with_a_lone_surrogate)
+    outcome.assert_aborted(r"(?m)^devmem: fatal: bad byte \?$")
