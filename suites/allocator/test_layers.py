@@ -129,6 +129,58 @@ def test_caching_layer_reuses_exact_sizes_and_counts_hits_and_misses():
     assert len(layer) == 2 and layer.counters()[0] == 3 * KIB
 
 
+def test_caching_layer_keeps_a_free_list_per_stream():
+    # PyTorch's caching allocator: get_free_block looks only at the requesting stream's blocks
+    upstream = Recorder(latency=10)
+    device = upstream.device
+    own, other = device.new_stream(default=True), device.new_stream("other")
+    layer = CachingLayer(upstream)
+    a = layer.allocate(KIB, own)
+    device.launch(own, a)  # in flight until t=10
+    layer.deallocate(a, RELEASE)
+    b = layer.allocate(KIB, other)  # another stream never gets it, whatever its events say
+    assert b is not a and b.stream is other
+    assert layer.allocate(KIB, own) is a  # its own stream at once: stream order makes it safe
+    assert device.now_us == 0 and layer.counters()[2:4] == (1, 2)
+
+
+def test_caching_layer_holds_a_recorded_block_until_the_other_streams_events_complete():
+    upstream = Recorder(latency=10)
+    device = upstream.device
+    own, side = device.new_stream(default=True), device.new_stream("side")
+    layer = CachingLayer(upstream)
+    a = layer.allocate(KIB, own)
+    device.launch(side, a)  # a kernel of the side stream reads it: t = 0..10
+    a.stream_uses = {side}  # record_stream(side)
+    layer.deallocate(a, RELEASE)
+    assert layer.awaiting() == ((a, (side,)),)
+    assert (layer.counters()[0], len(layer)) == (KIB, 1)  # cached bytes, not reusable yet
+    b = layer.allocate(KIB, own)
+    assert b is not a
+    device.advance(10)
+    assert layer.awaiting() == ((a, ()),)  # done: moved to its free list at the next take
+    assert layer.allocate(KIB, own) is a
+    assert (a.stream_uses, layer.awaiting(), device.now_us) == (None, (), 10)
+
+
+def test_caching_layer_caps_and_flushes_awaiting_blocks_too():
+    upstream = Recorder(latency=10)
+    device = upstream.device
+    own, side = device.new_stream(default=True), device.new_stream("side")
+    layer = CachingLayer(upstream, cap_bytes=KIB)
+    blocks = [layer.allocate(KIB, own) for _ in range(2)]
+    for block in blocks:
+        device.launch(side, block)  # t = 0..10, then 10..20
+        block.stream_uses = {side}
+    upstream.take_calls()
+    layer.deallocate(blocks[0], RELEASE)  # cached, awaiting
+    layer.deallocate(blocks[1], RELEASE)  # past the cap: freed after waiting on its events
+    assert upstream.take_calls() == [("deallocate", KIB, "cap_evict")]
+    assert device.now_us == 20 and layer.counters()[4] == 1
+    assert layer.flush() == KIB and layer.awaiting() == () and len(layer) == 0
+    assert upstream.take_calls() == [("deallocate_many", [KIB], "empty_cache")]
+
+
 def test_caching_layer_evicts_past_the_cap_with_the_cap_evict_cause():
     upstream = Recorder()
     layer = CachingLayer(upstream, cap_bytes=2 * KIB)
