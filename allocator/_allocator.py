@@ -38,7 +38,6 @@ back to the front end, so there is no reference cycle to wait for the collector 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import numbers
 import weakref
@@ -51,7 +50,7 @@ from ._arena import ArenaRegistry, Epoch
 from ._buffer import FLOAT32_BYTES, Buffer, Storage, element_count
 from ._cache import CachingLayer
 from ._config import AllocatorConfig, default_config
-from ._current_stream import CurrentStream, check_stream
+from ._current_stream import CurrentStream, StreamScope, check_stream
 from ._detector import Detector
 from ._device_layer import DeviceLayer
 from ._errors import DeviceOutOfMemory
@@ -147,7 +146,9 @@ class Allocator:
         return Buffer(st, 0, n)
 
     def empty(self, n: int) -> Buffer:
-        """A buffer of ``n`` float32 elements with unspecified contents.
+        """A buffer of ``n`` float32 elements with unspecified contents, allocated on the
+        calling thread's current stream (:meth:`current_stream`), which its block then belongs
+        to. Every other allocation and op runs on that stream too.
 
         Args:
             n: element count, >= 1.
@@ -361,7 +362,7 @@ class Allocator:
         block, else :attr:`default_stream`."""
         return self._current.stream
 
-    def use_stream(self, stream: Stream) -> contextlib.AbstractContextManager[Stream]:
+    def use_stream(self, stream: Stream) -> StreamScope:
         """A context manager that makes ``stream`` the calling thread's current stream::
 
             side = alloc.new_stream("side")
@@ -376,7 +377,7 @@ class Allocator:
             TypeError: ``stream`` is not a Stream.
             ValueError: ``stream`` belongs to another allocator.
         """
-        return self._current.scope(check_stream(self.device, stream), self.device)
+        return StreamScope(self._current, check_stream(self.device, stream), self.device)
 
     # -- arenas ----------------------------------------------------------------------------------
 

@@ -155,10 +155,13 @@ class Storage:
         try:
             block = self._cell[0]
         except IndexError:
-            state = self.freed_reason or "empty"
+            if self.cause is None:  # the size-0 result of an op on freed operands
+                raise ValueError(
+                    f"record_stream({stream.name!r}) on an empty buffer: it has no block"
+                ) from None
             raise ValueError(
                 f"record_stream({stream.name!r}) on a buffer whose block is gone (it was"
-                f" {state}): record the stream before the free"
+                f" {self.freed_reason}): record the stream before the free"
             ) from None
         own = block.stream
         if stream is own:

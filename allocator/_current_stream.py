@@ -9,14 +9,12 @@ before, also after an exception.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 
 from .device.base import Device
 from .device.stream import Stream
 
-__all__ = ["CurrentStream", "check_stream"]
+__all__ = ["CurrentStream", "StreamScope", "check_stream"]
 
 
 def check_stream(device: Device, stream: object, name: str = "stream") -> Stream:
@@ -35,19 +33,39 @@ def check_stream(device: Device, stream: object, name: str = "stream") -> Stream
 
 class CurrentStream(threading.local):
     """One allocator's current stream in each thread (``stream``), its default stream in a
-    thread that never entered a :meth:`scope`."""
+    thread that never entered a :class:`StreamScope`."""
 
     def __init__(self, default: Stream) -> None:
         self.stream = default
 
-    @contextlib.contextmanager
-    def scope(self, stream: Stream, device: Device) -> Iterator[Stream]:
-        """Make ``stream`` (validated) current in this thread for the ``with`` block; on
-        ``cuda`` its CuPy stream is current too, so CuPy's own kernels run on it."""
-        previous = self.stream
-        self.stream = stream
-        try:
-            with device.stream_scope(stream):
-                yield stream
-        finally:
-            self.stream = previous
+
+class StreamScope:
+    """The context manager ``use_stream`` returns: ``stream`` (validated by the caller) is the
+    thread's current stream in the ``with`` block, and the one current before is restored at
+    its exit, also after an exception. On ``cuda`` the device's own scope
+    (:meth:`~allocator.device.base.Device.stream_scope`) is entered too, so that CuPy's kernels
+    in the block run on the stream. A plain class rather than a generator: entering one is
+    on the path of every ZeRO-3 gather."""
+
+    __slots__ = ("_current", "_device_scope", "_previous", "_stream")
+
+    def __init__(self, current: CurrentStream, stream: Stream, device: Device) -> None:
+        self._current = current
+        self._stream = stream
+        self._device_scope = device.stream_scope(stream)
+        self._previous: Stream | None = None
+
+    def __enter__(self) -> Stream:
+        current = self._current
+        self._previous = current.stream
+        scope = self._device_scope
+        if scope is not None:
+            scope.__enter__()
+        current.stream = self._stream
+        return self._stream
+
+    def __exit__(self, *exc) -> None:
+        self._current.stream = self._previous
+        scope = self._device_scope
+        if scope is not None:
+            scope.__exit__(*exc)

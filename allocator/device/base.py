@@ -129,10 +129,10 @@ class Device:
         """The backend's own object for a new stream (none on the stub)."""
         return None
 
-    def stream_scope(self, stream: Stream) -> contextlib.AbstractContextManager:
-        """A context manager under which third-party kernels (CuPy's) run on ``stream`` too;
-        nothing to do except on ``cuda``."""
-        return contextlib.nullcontext()
+    def stream_scope(self, stream: Stream) -> contextlib.AbstractContextManager | None:
+        """A context manager under which third-party kernels (CuPy's) run on ``stream`` too,
+        or ``None`` where there is nothing to do (everywhere but ``cuda``)."""
+        return None
 
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         """Make kernels queued on ``stream`` from now on wait for those queued on ``other``."""

@@ -113,6 +113,12 @@ def test_record_stream_marks_the_block_and_checks_its_argument(alloc, make_alloc
         "record_stream('side') on a buffer whose block is gone (it was released by"
         " release()): record the stream before the free"
     )
+    off = make_alloc()  # detector off: an op on freed operands gives an empty buffer
+    gone = off.full(4, 1.0)
+    off.release(gone)
+    empty = off.add(gone, gone)
+    with pytest.raises(ValueError, match=r"^record_stream\('#1'\) on an empty buffer: it has no"):
+        empty.record_stream(off.new_stream())
 
 
 def test_streams_synchronize_and_wait_on_every_backend(alloc):
