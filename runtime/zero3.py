@@ -42,28 +42,19 @@ import collections
 import dataclasses
 import itertools
 import math
-import numbers
 from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from allocator import Allocator, Buffer
 
+from ._checks import integer
+
 __all__ = ["RELEASE_REASON", "GraphRun", "Param", "Release", "Zero3"]
 
 RELEASE_REASON = "release_param"
 """The reason the final release gives ``resize_``: what the detector says about a later use
 (``use-after-release: buffer_sum arg was released by release_param``)."""
-
-
-def _count(value: object, name: str, minimum: int) -> int:
-    if type(value) is not int and (
-        isinstance(value, bool) or not isinstance(value, numbers.Integral)
-    ):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +162,7 @@ class Zero3:
     def __init__(self, alloc: Allocator, world_size: int, *, legacy_release: bool = False):
         if not isinstance(alloc, Allocator):
             raise TypeError(f"alloc must be an allocator.Allocator, got {type(alloc).__name__}")
-        self.world_size = _count(world_size, "world_size", 1)
+        self.world_size = integer(world_size, "world_size", 1)
         if not isinstance(legacy_release, bool):
             raise TypeError(f"legacy_release must be a bool, got {type(legacy_release).__name__}")
         self.alloc = alloc
@@ -197,7 +188,7 @@ class Zero3:
         """
         if not isinstance(param_id, Hashable):
             raise TypeError(f"param_id must be hashable, got {type(param_id).__name__}")
-        numel = _count(numel, "numel", 1)
+        numel = integer(numel, "numel", 1)
         if not isinstance(persistent, bool):
             raise TypeError(f"persistent must be a bool, got {type(persistent).__name__}")
         if param_id in self._entries:
@@ -226,7 +217,7 @@ class Zero3:
             ValueError: ``rank`` is not in ``0 .. world_size - 1``.
         """
         entry = self._entry(param_id)
-        rank = _count(rank, "rank", 0)
+        rank = integer(rank, "rank", 0)
         if rank >= self.world_size:
             raise ValueError(f"rank must be < world_size={self.world_size}, got {rank}")
         shard = entry.param.shard_numel
@@ -303,7 +294,7 @@ class Zero3:
                 view of its gathered storage (e.g. a view of another parameter).
         """
         entry = self._entry(param_id)
-        n_users = _count(n_users, "n_users", 1)
+        n_users = integer(n_users, "n_users", 1)
         base = self._check_view(view, param_id, "release")
         if entry.countdown == 0:
             entry.countdown = n_users
@@ -381,7 +372,7 @@ class Zero3:
             raise TypeError(f"x must be a Buffer, got {type(x).__name__}")
         if x.freed:
             raise ValueError(f"x was freed ({x.freed_reason})")
-        prefetch = _count(prefetch, "prefetch", 0)
+        prefetch = integer(prefetch, "prefetch", 0)
         layers = [tuple(params) for params in layers]
         if not layers:
             raise ValueError("layers must name at least one layer")

@@ -24,6 +24,7 @@ from allocator._device_layer import DeviceLayer
 from allocator._free_cause import FINALIZE, RELEASE
 from allocator._statistics import FOLD_EVERY, Statistics
 from allocator.device import DeviceAllocationError, SimDevice
+from allocator.device.stream import Stream
 
 KIB = 1024
 S = SimDevice(1).new_stream(default=True)
@@ -129,12 +130,19 @@ def test_caching_layer_reuses_exact_sizes_and_counts_hits_and_misses():
     assert len(layer) == 2 and layer.counters()[0] == 3 * KIB
 
 
-def test_caching_layer_keeps_a_free_list_per_stream():
-    # PyTorch's caching allocator: get_free_block looks only at the requesting stream's blocks
+def _streamed(cap_bytes: int = 0) -> tuple[Recorder, CachingLayer, Stream, Stream]:
+    """A caching layer over a recorder whose kernels take 10 us, and two of its streams: the
+    default one and another."""
     upstream = Recorder(latency=10)
     device = upstream.device
-    own, other = device.new_stream(default=True), device.new_stream("other")
-    layer = CachingLayer(upstream)
+    streams = device.new_stream(default=True), device.new_stream("other")
+    return upstream, CachingLayer(upstream, cap_bytes), *streams
+
+
+def test_caching_layer_keeps_a_free_list_per_stream():
+    # PyTorch's caching allocator: get_free_block looks only at the requesting stream's blocks
+    upstream, layer, own, other = _streamed()
+    device = upstream.device
     a = layer.allocate(KIB, own)
     device.launch(own, a)  # in flight until t=10
     layer.deallocate(a, RELEASE)
@@ -145,10 +153,8 @@ def test_caching_layer_keeps_a_free_list_per_stream():
 
 
 def test_caching_layer_holds_a_recorded_block_until_the_other_streams_events_complete():
-    upstream = Recorder(latency=10)
+    upstream, layer, own, side = _streamed()
     device = upstream.device
-    own, side = device.new_stream(default=True), device.new_stream("side")
-    layer = CachingLayer(upstream)
     a = layer.allocate(KIB, own)
     device.launch(side, a)  # a kernel of the side stream reads it: t = 0..10
     a.stream_uses = {side}  # record_stream(side)
@@ -164,10 +170,8 @@ def test_caching_layer_holds_a_recorded_block_until_the_other_streams_events_com
 
 
 def test_caching_layer_caps_and_flushes_awaiting_blocks_too():
-    upstream = Recorder(latency=10)
+    upstream, layer, own, side = _streamed(cap_bytes=KIB)
     device = upstream.device
-    own, side = device.new_stream(default=True), device.new_stream("side")
-    layer = CachingLayer(upstream, cap_bytes=KIB)
     blocks = [layer.allocate(KIB, own) for _ in range(2)]
     for block in blocks:
         device.launch(side, block)  # t = 0..10, then 10..20

@@ -3,9 +3,8 @@
 The pre-fix release path is the constructor's own ``legacy_release=True``; the one here is the
 fix without its ``record_stream``: the storage is freed from the consumer's stream, but its
 block goes back to the gather stream's free list at once, while the consumer's kernels may
-still read it. ``apply(name, monkeypatch)`` patches through pytest's ``monkeypatch`` (undone
-after the test); without it (in a death-test child) the patch is permanent for that process.
-No pytest import.
+still read it. ``apply(name)`` patches it in for the rest of the process: call it in a
+death-test child. No pytest import.
 """
 
 from __future__ import annotations
@@ -27,18 +26,12 @@ MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {
 }
 
 
-def apply(name: str | None, monkeypatch=None) -> None:
-    """Patch mutant ``name`` in (``None``: nothing).
+def apply(name: str | None) -> None:
+    """Patch mutant ``name`` in for good (``None``: nothing); call it in a child.
 
     Raises:
-        ValueError: an unknown name.
+        KeyError: no mutant has that name.
     """
-    if name is None:
-        return
-    if name not in MUTANTS:
-        raise ValueError(f"unknown mutant {name!r}; expected one of {', '.join(MUTANTS)}")
-    owner, attribute, value = MUTANTS[name]()
-    if monkeypatch is not None:
-        monkeypatch.setattr(owner, attribute, value)
-    else:
+    if name is not None:
+        owner, attribute, value = MUTANTS[name]()
         setattr(owner, attribute, value)
