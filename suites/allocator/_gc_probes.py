@@ -112,10 +112,10 @@ def exit_under_collection(extras: list[int], mutant: str | None = None) -> list[
     return results
 
 
-def stress(seconds_of_work: int = 1, mutant: str | None = None) -> dict:
+def stress(scale: int = 1, mutant: str | None = None) -> dict:
     """Threads x streams x finalizers from reference cycles x a cap x injected OOMs, on ``sim``
     with a kernel latency, with the collector running every few allocations. Four threads, each
-    on a stream of its own, each do ``400 * seconds_of_work`` random steps: allocate and fill
+    on a stream of its own, each do ``400 * scale`` random steps: allocate and fill
     (sizes 16 to 2048 bytes), release, record another thread's stream on a buffer, drop into a
     reference cycle, drop plainly, wait for its stream, or inject a device failure; then
     everything is dropped and collected. Blocks recorded on other streams wait for their events
@@ -147,7 +147,7 @@ def stress(seconds_of_work: int = 1, mutant: str | None = None) -> dict:
         held = []
         try:
             with alloc.use_stream(streams[seed]):
-                for _ in range(400 * seconds_of_work):
+                for _ in range(400 * scale):
                     step = rng.random()
                     if step < 0.4:
                         try:
