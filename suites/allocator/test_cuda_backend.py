@@ -64,8 +64,8 @@ def test_backend_logic_over_fake_cupy(death, latency):
     assert (cap["cache_bytes"], cap["cap_evictions"], cap["cache_cap_bytes"]) == (MIB, 28, MIB)
     assert report["events_made_after_reuse"] == report["events_made"]  # events are pooled
     assert report["events_made"] <= 32
-    if latency == 0:
-        assert report["hits"] >= 4
+    # the stream rule: the same stream reuses a cached block at once, its event done or not
+    assert report["hits"] >= 4
     assert report["oom"]["oom_flushes"] == 1 and report["oom"]["cache_bytes"] == 0
     assert report["other_error"].startswith("CUDARuntimeError: cudaErrorIllegalAddress")
     assert report["flushes_on_other_error"] == 0
