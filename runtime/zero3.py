@@ -33,7 +33,7 @@ Order of operations, per parameter:
 - ``wait``: the current stream waits for the gather stream (``wait_allgather``).
 - ``release``: a countdown armed at ``n_users`` when it is 0, then decremented; when it reaches
   0 on a non-persistent parameter, the base is unregistered, the current stream recorded on it
-  and its storage ``resize_(0, "release_param")``\\ d (legacy: unregistered only).
+  and its storage freed by ``resize_(0, "release_param")`` (legacy: unregistered only).
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class Zero3:
 
         The countdown is armed at ``n_users`` when it is 0, then decremented. When it reaches 0
         on a non-persistent parameter, the base leaves the registry, the current stream is
-        recorded on it and its storage is ``resize_(0, "release_param")``\\ d: the block is
+        recorded on it and its storage freed by ``resize_(0, "release_param")``: the block is
         freed now, although ``view`` and every other view of it are still alive (each then has
         size 0; using one is a use-after-release). With ``legacy_release`` the base only leaves
         the registry: the block lives as long as a view does. A persistent parameter keeps its
