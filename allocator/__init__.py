@@ -1,10 +1,12 @@
-"""A compact device allocator: reuse cache with a byte cap, arenas, a use-after-free detector.
+"""A compact device allocator: streams, reuse cache with a byte cap, arenas, a use-after-free
+detector.
 
 Backends: ``cpu`` (a NumPy stub with no cache), ``sim`` (a simulated device with a capacity,
-a reuse cache and completion events on a logical clock) and ``cuda`` (CuPy). The module-level
-functions act on a process-wide default allocator configured from ``DEVMEM_*`` environment
-variables, read once per process (a forked child re-reads its own); ``Allocator(config=...)``
-builds another one explicitly. See ``../shared/DESIGN.md`` section 2 for the contract.
+a reuse cache and streams with completion events on logical clocks) and ``cuda`` (CuPy). The
+module-level functions act on a process-wide default allocator configured from ``DEVMEM_*``
+environment variables, read once per process (a forked child re-reads its own);
+``Allocator(config=...)`` builds another one explicitly. See ``../shared/DESIGN.md`` section 2
+for the contract.
 
 Example::
 
@@ -26,6 +28,8 @@ from ._default import (
     arena_enter,
     arena_exit,
     copy,
+    current_stream,
+    default_stream,
     empty,
     empty_cache,
     fma,
@@ -33,11 +37,13 @@ from ._default import (
     full,
     get_allocator,
     mul,
+    new_stream,
     release,
     run_in_arena,
     stats,
     sum,
     to_numpy,
+    use_stream,
     zeros,
 )
 from ._errors import (
@@ -52,6 +58,7 @@ from ._free_cause import FREE_KINDS, FreeCause
 from ._scope import ArenaScope
 from ._stats import AllocatorStats, EpochStats
 from .device import fork_unsafe_reason
+from .device.stream import Stream
 
 __all__ = [
     "ARENA_DEBUG_MODES",
@@ -70,13 +77,16 @@ __all__ = [
     "FreeCause",
     "SizeMismatchError",
     "Storage",
+    "Stream",
     "UseAfterFreeError",
     "add",
     "arena",
     "arena_enter",
     "arena_exit",
     "copy",
+    "current_stream",
     "default_config",
+    "default_stream",
     "empty",
     "empty_cache",
     "fma",
@@ -85,12 +95,14 @@ __all__ = [
     "full",
     "get_allocator",
     "mul",
+    "new_stream",
     "parse_cache_cap",
     "release",
     "run_in_arena",
     "stats",
     "sum",
     "to_numpy",
+    "use_stream",
     "zeros",
 ]
 

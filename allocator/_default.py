@@ -18,6 +18,7 @@ from ._buffer import Buffer
 from ._per_process import PerProcess
 from ._scope import ArenaScope
 from ._stats import AllocatorStats, EpochStats
+from .device.stream import Stream
 
 __all__ = [
     "add",
@@ -25,6 +26,8 @@ __all__ = [
     "arena_enter",
     "arena_exit",
     "copy",
+    "current_stream",
+    "default_stream",
     "empty",
     "empty_cache",
     "fma",
@@ -32,11 +35,13 @@ __all__ = [
     "full",
     "get_allocator",
     "mul",
+    "new_stream",
     "release",
     "run_in_arena",
     "stats",
     "sum",
     "to_numpy",
+    "use_stream",
     "zeros",
 ]
 
@@ -146,3 +151,23 @@ def arena() -> ArenaScope:
 @_on_default(Allocator.run_in_arena)
 def run_in_arena(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return _default.get().run_in_arena(fn, *args, **kwargs)
+
+
+@_on_default(Allocator.new_stream)
+def new_stream(name: str | None = None) -> Stream:
+    return _default.get().new_stream(name)
+
+
+def default_stream() -> Stream:
+    """The default allocator's default stream (see :attr:`Allocator.default_stream`)."""
+    return _default.get().default_stream
+
+
+@_on_default(Allocator.current_stream)
+def current_stream() -> Stream:
+    return _default.get().current_stream()
+
+
+@_on_default(Allocator.use_stream)
+def use_stream(stream: Stream):
+    return _default.get().use_stream(stream)

@@ -10,8 +10,13 @@ may take only locks further down the list:
    counters.
 3. ``CACHE`` (:class:`~allocator._cache.CachingLayer`): the reuse cache and its counters.
 4. ``DEVICE_LAYER`` (:class:`~allocator._device_layer.DeviceLayer`): two counters.
-5. ``BACKEND``: a backend's own state (:class:`~allocator.device.SimDevice`'s clock and
-   capacity, :class:`~allocator.device.cuda.CudaDevice`'s event pool).
+5. ``BACKEND``: a backend's own state (:class:`~allocator.device.SimDevice`'s host clock,
+   its streams' clocks and its capacity, :class:`~allocator.device.cuda.CudaDevice`'s event
+   pool).
+
+Streams add no lock: the current stream is per thread (``threading.local``), the per-stream
+free lists and the blocks awaiting other streams' events are the reuse cache's, under
+``CACHE``.
 
 Rules that keep this order safe under the garbage collector, threads and fork:
 
