@@ -533,7 +533,7 @@ def test_the_exit_walk_skips_a_storage_claimed_meanwhile_and_goes_on():
     # tracked storage without a block, skips it, and reclaims the rest.
     registry, _ = _registry()
     epoch = registry.open()
-    claimed, other = registry.allocate(KIB), registry.allocate(2 * KIB)
+    claimed, other = registry.allocate(KIB, S), registry.allocate(2 * KIB, S)
     block = claimed._cell.pop()  # what free() does first
     stats = registry.close((), expected=epoch)
     assert (stats.reclaimed_buffers, stats.reclaimed_bytes) == (1, 2 * KIB)
