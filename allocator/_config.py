@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 
+from ._errors import ConfigError
 from ._per_process import PerProcess
 
 __all__ = [
@@ -63,7 +64,7 @@ def _parse_count(name: str, value: str | None, default: int, *, minimum: int) ->
     if value is None or value == "":
         return default
     if not _DIGITS.fullmatch(value) or int(value) < minimum:
-        raise ValueError(f"{name}={value!r}: expected a decimal integer >= {minimum}")
+        raise ConfigError(f"{name}={value!r}: expected a decimal integer >= {minimum}")
     return int(value)
 
 
@@ -131,14 +132,14 @@ class AllocatorConfig:
                 configuration is read once, so the warning appears once per process.
 
         Raises:
-            ValueError: ``DEVMEM_BACKEND``, ``DEVMEM_SIM_CAPACITY_BYTES`` or
+            ConfigError: (a ``ValueError``) ``DEVMEM_BACKEND``, ``DEVMEM_SIM_CAPACITY_BYTES`` or
                 ``DEVMEM_SIM_LATENCY_US`` holds a value it cannot use; the message names the
                 variable. (A malformed cap is not an error: it warns and stays unbounded.)
         """
         env = os.environ if environ is None else environ
         backend = env.get("DEVMEM_BACKEND") or "cpu"
         if backend not in BACKENDS:
-            raise ValueError(f"DEVMEM_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)}")
+            raise ConfigError(f"DEVMEM_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)}")
         cap, warning = parse_cache_cap(env.get("DEVMEM_CACHE_CAP_BYTES"))
         if warning is not None:
             if warn is None:
