@@ -25,17 +25,14 @@ three times the gather's own allocation and data movement.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
 import sys
-from pathlib import Path
 
+import _common  # bench/_common.py, beside this script
 import numpy as np
 from alloc import per_call_us  # bench/alloc.py, beside this script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
@@ -120,21 +117,8 @@ def render(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=9, help="runs per figure (default 9)")
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument(
-        "--check", action="store_true", help="exit 1 when a measured figure misses its target"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=ROOT / "bench" / "results" / "zero3.json",
-        help="where to write the JSON results (default bench/results/zero3.json)",
-    )
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    parser = _common.parser("zero3", __doc__, repeat=9, quick="fewer iterations")
+    args = _common.parse(parser, argv)
     number = 200 if args.quick else 2_000
     backends: dict[str, dict] = {}
     for backend in ("cpu", "sim", "cuda"):
@@ -147,31 +131,20 @@ def main(argv: list[str] | None = None) -> int:
             assert row["live_bytes_after"] == 0, row
         backends[backend] = {"sizes": sizes}
     results = {
-        "machine": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-        },
+        "machine": _common.machine(),
         "repeat": args.repeat,
         "calls_per_run": number,
         "world_size": WORLD,
         "backends": backends,
     }
-    print(render(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
-    missed = [
-        f"{backend} {row['padded_bytes']} bytes"
+    verdicts = {
+        f"{backend} {row['padded_bytes']} B zero3 <= {TARGET_RATIO:g}x alloc+upload+free": row[
+            "meets_target"
+        ]
         for backend, rows in backends.items()
         for row in rows.get("sizes", ())
-        if not row["meets_target"]
-    ]
-    if missed and args.check:
-        print(f"targets missed: {', '.join(missed)}", file=sys.stderr)
-        return 1
-    return 0
+    }
+    return _common.finish(args, results, render(results), verdicts)
 
 
 if __name__ == "__main__":
