@@ -1,10 +1,12 @@
-"""A compact device allocator: reuse cache with a byte cap, arenas, a use-after-free detector.
+"""A compact device allocator: streams, reuse cache with a byte cap, arenas, a use-after-free
+detector.
 
 Backends: ``cpu`` (a NumPy stub with no cache), ``sim`` (a simulated device with a capacity,
-a reuse cache and completion events on a logical clock) and ``cuda`` (CuPy). The module-level
-functions act on a process-wide default allocator configured from ``DEVMEM_*`` environment
-variables, read once per process (a forked child re-reads its own); ``Allocator(config=...)``
-builds another one explicitly. See ``../shared/DESIGN.md`` section 2 for the contract.
+a reuse cache and streams with completion events on logical clocks) and ``cuda`` (CuPy). The
+module-level functions act on a process-wide default allocator configured from ``DEVMEM_*``
+environment variables, read once per process (a forked child re-reads its own);
+``Allocator(config=...)`` builds another one explicitly. See ``../shared/DESIGN.md`` section 2
+for the contract.
 
 A memory history (``record_history``, ``history()``) records every allocation and free with its
 Python stack; ``snapshot()`` and ``dump_snapshot(path)`` write it in the format of
@@ -38,6 +40,8 @@ from ._default import (
     arena_enter,
     arena_exit,
     copy,
+    current_stream,
+    default_stream,
     dump_snapshot,
     empty,
     empty_cache,
@@ -48,6 +52,7 @@ from ._default import (
     history,
     live_blocks,
     mul,
+    new_stream,
     record_history,
     release,
     run_in_arena,
@@ -55,12 +60,14 @@ from ._default import (
     stats,
     sum,
     to_numpy,
+    use_stream,
     zeros,
 )
 from ._errors import (
     AllocatorError,
     ArenaError,
     BackendUnavailable,
+    ConfigError,
     DeviceOutOfMemory,
     SizeMismatchError,
     UseAfterFreeError,
@@ -70,6 +77,7 @@ from ._scope import ArenaScope
 from ._snapshot import LiveBlock, StackFrame
 from ._stats import AllocatorStats, EpochStats
 from .device import fork_unsafe_reason
+from .device.stream import Stream
 
 __all__ = [
     "ARENA_DEBUG_MODES",
@@ -84,6 +92,7 @@ __all__ = [
     "ArenaScope",
     "BackendUnavailable",
     "Buffer",
+    "ConfigError",
     "DeviceOutOfMemory",
     "EpochStats",
     "FreeCause",
@@ -91,13 +100,16 @@ __all__ = [
     "SizeMismatchError",
     "StackFrame",
     "Storage",
+    "Stream",
     "UseAfterFreeError",
     "add",
     "arena",
     "arena_enter",
     "arena_exit",
     "copy",
+    "current_stream",
     "default_config",
+    "default_stream",
     "dump_snapshot",
     "empty",
     "empty_cache",
@@ -109,6 +121,7 @@ __all__ = [
     "history",
     "live_blocks",
     "mul",
+    "new_stream",
     "parse_cache_cap",
     "record_history",
     "release",
@@ -117,6 +130,7 @@ __all__ = [
     "stats",
     "sum",
     "to_numpy",
+    "use_stream",
     "zeros",
 ]
 

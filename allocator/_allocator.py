@@ -2,14 +2,15 @@
 
 What it adds over the arena registry (:mod:`allocator._arena`): argument validation, the ops and
 readbacks (every operand through the use-after-free detector, :mod:`allocator._detector`), the
-translation of a device failure into :class:`DeviceOutOfMemory`, and the drain of the
-finalizers' queue at the start of every public call. The stack, each layer over its upstream
-and testable alone::
+streams (each thread's current one, :mod:`allocator._current_stream`, on which every allocation
+and op runs), the translation of a device failure into :class:`DeviceOutOfMemory`, and the
+drain of the finalizers' queue at the start of every public call. The stack, each layer over
+its upstream and testable alone::
 
     Allocator (this module)   validation, ops through the detector, drains, DeviceOutOfMemory
     ArenaRegistry  (_arena)   storages, the one free path, the finalizers' queue, epochs
     Statistics (_statistics)  live/peak bytes, counts, epoch counters (push/pop)
-    CachingLayer   (_cache)   reuse cache, byte cap, flush-and-retry (none on the cpu stub)
+    CachingLayer   (_cache)   reuse cache per stream, byte cap, flush-and-retry (none on cpu)
     DeviceLayer (_device_layer) allocate/deallocate over the backend, waits before frees
     Device         (device/)  cpu, sim or cuda
 
@@ -19,13 +20,17 @@ Order of operations:
 
 - every public call first frees the blocks that finalizers queued since the last one, with no
   lock held (a finalizer itself never runs allocator logic, DESIGN 2.9);
-- allocate: down the stack (a ready cached block of the exact size, else the device; on failure
-  the cache collects garbage, flushes and retries once), counted on the way back up, tracked by
-  the open arena; a failure raises :class:`DeviceOutOfMemory` and changes no live count;
+- allocate, on the thread's current stream: down the stack (a cached block of the exact size
+  and the same stream, else the device; on failure the cache collects garbage, flushes and
+  retries once), counted on the way back up, tracked by the open arena; a failure raises
+  :class:`DeviceOutOfMemory` and changes no live count;
+- an op: its output allocated, then ``device.launch(stream, out, *inputs)`` (the simulator's
+  clock and race check), then the kernel on that stream;
 - free (release, ``resize_(0)``, finalization, arena exit): one path, in the registry; the
-  block is counted as freed first, then cached, or freed after waiting on its completion event
-  if the cap refuses it. Why it was freed (a :class:`~allocator._free_cause.FreeCause`) travels
-  down with it.
+  block is counted as freed first, then its events are recorded (its stream's and those of the
+  streams ``record_stream`` named) and it is cached, or freed after waiting on them if the cap
+  refuses it. Why it was freed (a :class:`~allocator._free_cause.FreeCause`) travels down with
+  it.
 
 Memory history (:mod:`allocator._history`): while it records, two more layers sit in the stack,
 one over the statistics layer and one over the device layer; off, the stack is exactly the one
@@ -52,6 +57,7 @@ from ._arena import ArenaRegistry, Epoch
 from ._buffer import FLOAT32_BYTES, Buffer, Storage, element_count
 from ._cache import CachingLayer
 from ._config import AllocatorConfig, default_config
+from ._current_stream import CurrentStream, StreamScope, check_stream
 from ._detector import Detector
 from ._device_layer import DeviceLayer
 from ._errors import DeviceOutOfMemory
@@ -62,6 +68,7 @@ from ._snapshot import LiveBlock
 from ._statistics import Statistics
 from ._stats import AllocatorStats, EpochStats
 from .device import Device, DeviceAllocationError, make_device
+from .device.stream import Stream
 
 __all__ = ["Allocator"]
 
@@ -102,6 +109,8 @@ class Allocator:
         device: the backend (e.g. a :class:`~allocator.device.SimDevice`, whose
             ``fail_next_mallocs`` and ``advance`` tests use).
         backend: the backend's name.
+        default_stream: the :class:`Stream` every thread runs on until it enters
+            :meth:`use_stream` (id 0, named ``"default"``; CuPy's null stream on ``cuda``).
     """
 
     def __init__(self, config: AllocatorConfig | None = None) -> None:
@@ -121,6 +130,8 @@ class Allocator:
             self._cache.on_oom = _reclaimer(weakref.ref(self._arenas))
         self._pending = self._arenas.pending
         self._detector = Detector(self._arenas, self.config.arena_debug)
+        self.default_stream = self.device.new_stream(default=True)
+        self._current = CurrentStream(self.default_stream)
         self._history = Recorder(self.device)
         if self.config.history != "off":
             self.record_history(True, stacks=self.config.history == "stacks")
@@ -141,7 +152,7 @@ class Allocator:
             self._arenas.drain()
         nbytes = n * FLOAT32_BYTES
         try:
-            st = self._arenas.allocate(nbytes)
+            st = self._arenas.allocate(nbytes, self._current.stream)
         except DeviceAllocationError as exc:
             if self._history.recording:
                 self._history.oom(nbytes, self.device.memory_info()[0])
@@ -149,7 +160,9 @@ class Allocator:
         return Buffer(st, 0, n)
 
     def empty(self, n: int) -> Buffer:
-        """A buffer of ``n`` float32 elements with unspecified contents.
+        """A buffer of ``n`` float32 elements with unspecified contents, allocated on the
+        calling thread's current stream (:meth:`current_stream`), which its block then belongs
+        to. Every other allocation and op runs on that stream too.
 
         Args:
             n: element count, >= 1.
@@ -211,10 +224,12 @@ class Allocator:
     # -- ops: every operand goes through the detector's choke point ----------------------------
 
     def _run(self, out: Buffer, inputs: tuple, kernel: Callable, *args) -> Buffer:
-        """Launch ``kernel(out_array, *input_arrays, *args)``; free ``out`` if it fails."""
+        """Launch ``kernel(stream, out_array, *input_arrays, *args)`` on the current stream;
+        free ``out`` if it fails."""
+        stream = self._current.stream
         try:
-            self.device.launch(out._st._cell[0], *[buf._st._cell[0] for buf in inputs])
-            kernel(out._array(), *[buf._array() for buf in inputs], *args)
+            self.device.launch(stream, out._st._cell[0], *[buf._st._cell[0] for buf in inputs])
+            kernel(stream, out._array(), *[buf._array() for buf in inputs], *args)
         except BaseException:
             self._arenas.free(out._st, RELEASE)
             raise
@@ -271,30 +286,33 @@ class Allocator:
     def sum(self, a: Buffer) -> float:
         """The sum of ``a``'s elements, accumulated in float64 (op ``buffer_sum``, role ``arg``).
 
-        A readback: it waits for the kernels before it. Returns 0.0 for a freed buffer when the
-        detector is off. Raises as :meth:`add` (but never ``SizeMismatchError``).
+        A readback on the current stream: the host waits for that stream's kernels. Returns 0.0
+        for a freed buffer when the detector is off. Raises as :meth:`add` (but never
+        ``SizeMismatchError``).
         """
         if self._pending:
             self._arenas.drain()
         n = self._detector.require_live("buffer_sum", a)
         if not n:
             return 0.0
-        self.device.launch(a._st._cell[0])
-        return self.device.sum(a._array())
+        stream = self._current.stream
+        self.device.launch(stream, a._st._cell[0])
+        return self.device.sum(stream, a._array())
 
     def to_numpy(self, a: Buffer) -> np.ndarray:
         """A host copy of ``a`` as a 1-D float32 NumPy array (op ``buffer_read``, role ``arg``).
 
-        A readback: it waits for the kernels before it. Returns an empty array for a freed
-        buffer when the detector is off. Raises as :meth:`sum`.
+        A readback on the current stream: the host waits for that stream's kernels. Returns an
+        empty array for a freed buffer when the detector is off. Raises as :meth:`sum`.
         """
         if self._pending:
             self._arenas.drain()
         n = self._detector.require_live("buffer_read", a)
         if not n:
             return np.empty(0, dtype=np.float32)
-        self.device.launch(a._st._cell[0])
-        return self.device.download(a._array())
+        stream = self._current.stream
+        self.device.launch(stream, a._st._cell[0])
+        return self.device.download(stream, a._array())
 
     # -- freeing ---------------------------------------------------------------------------------
 
@@ -329,6 +347,51 @@ class Allocator:
         self._arenas.drain()
         cache = self._cache
         return 0 if cache is None else cache.flush()
+
+    # -- streams ---------------------------------------------------------------------------------
+
+    def new_stream(self, name: str | None = None) -> Stream:
+        """A new stream of this allocator's device (PyTorch's ``torch.cuda.Stream()``).
+
+        Its kernels run in order, independently of other streams' until a
+        :meth:`Stream.wait_stream` orders them. Make it current with :meth:`use_stream`.
+
+        Args:
+            name: a label for messages (the simulator's race check names streams by it);
+                default ``"#<id>"``.
+
+        Raises:
+            TypeError: ``name`` is not a ``str``.
+            ValueError: ``name`` is empty.
+        """
+        if name is not None:
+            if not isinstance(name, str):
+                raise TypeError(f"name must be a str, got {type(name).__name__}")
+            if not name:
+                raise ValueError("name must be a non-empty string (or None for '#<id>')")
+        return self.device.new_stream(name)
+
+    def current_stream(self) -> Stream:
+        """The calling thread's current stream: the one of its innermost :meth:`use_stream`
+        block, else :attr:`default_stream`."""
+        return self._current.stream
+
+    def use_stream(self, stream: Stream) -> StreamScope:
+        """A context manager that makes ``stream`` the calling thread's current stream::
+
+            side = alloc.new_stream("side")
+            with alloc.use_stream(side):
+                y = alloc.add(x, x)  # allocated on, and computed on, side
+
+        Other threads keep theirs. Blocks nest; leaving one restores the stream current
+        before it, also after an exception. On ``cuda`` the stream's ``cupy.cuda.Stream`` (on
+        the allocator's device) is current in the block too.
+
+        Raises:
+            TypeError: ``stream`` is not a Stream.
+            ValueError: ``stream`` belongs to another allocator.
+        """
+        return StreamScope(self._current, check_stream(self.device, stream), self.device)
 
     # -- arenas ----------------------------------------------------------------------------------
 
@@ -519,9 +582,10 @@ class Allocator:
         """The allocator's memory in the format of ``torch.cuda.memory._snapshot()``.
 
         ``segments`` lists every device block the allocator holds (live, or cached in the reuse
-        cache, ``inactive``, or freed but waiting on its event, ``active_pending_free``);
-        ``device_traces[0]`` the recorded events; ``snapshot["devmem"]`` our own annotations
-        and statistics, where PyTorch's readers never look. See :mod:`allocator._snapshot` for
+        cache, ``inactive``, or freed but waiting on other streams' events,
+        ``active_pending_free``); ``device_traces[0]`` the recorded events;
+        ``snapshot["devmem"]`` our own annotations and statistics, where PyTorch's readers never
+        look. See :mod:`allocator._snapshot` for
         every field. PyTorch's tools read it: ``python -m torch.cuda._memory_viz trace
         snapshot.pickle``, or drop the file on https://pytorch.org/memory_viz.
 

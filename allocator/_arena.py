@@ -12,9 +12,9 @@ ordinary finalization). Source: TorchLean's ``withCudaArena``
 
 Order of operations:
 
-- ``allocate(nbytes)``: a block from upstream, then a :class:`Storage` over it, then, if an
-  arena is open, its registration in the innermost epoch (under the registry lock). With no
-  arena open, no lock of this layer is taken.
+- ``allocate(nbytes, stream)``: a block from upstream (for ``stream``), then a :class:`Storage`
+  over it, then, if an arena is open, its registration in the innermost epoch (under the
+  registry lock). With no arena open, no lock of this layer is taken.
 - ``free(storage, cause)`` (``release``, ``resize_``): take the block from the storage (one
   atomic ``list.pop``: whoever gets it frees it), record the cause, untrack it if an epoch
   tracks it (under the registry lock), then hand the block upstream.
@@ -50,6 +50,7 @@ from ._stats import EpochStats
 if TYPE_CHECKING:
     from ._free_cause import FreeCause
     from ._statistics import Statistics
+    from .device.base import Stream
 
 __all__ = ["SWEEP_MIN", "ArenaRegistry", "Epoch", "keep_storages"]
 
@@ -147,13 +148,14 @@ class ArenaRegistry:
 
     # -- storages ------------------------------------------------------------------------------
 
-    def allocate(self, nbytes: int) -> Storage:
-        """A new storage over a block of ``nbytes`` bytes, tracked by the innermost epoch.
+    def allocate(self, nbytes: int, stream: Stream) -> Storage:
+        """A new storage over a block of ``nbytes`` bytes on ``stream``, tracked by the
+        innermost epoch.
 
         Raises:
             DeviceAllocationError: from upstream.
         """
-        st = Storage(self, self._upstream.allocate(nbytes), nbytes)
+        st = Storage(self, self._upstream.allocate(nbytes, stream), nbytes)
         if self._epochs:
             lock = self._lock
             lock.acquire()

@@ -9,6 +9,10 @@ run at any allocation, inside the allocator's own critical sections too (DESIGN 
 
 A freed buffer keeps its Python object with ``size == 0`` and remembers who freed it; using it in
 an op is a use-after-free, which the detector reports (see :mod:`allocator._detector`).
+
+A storage's block belongs to the stream it was allocated on; ``record_stream(s)`` marks it as
+used on another stream, so that its free waits for that stream's kernels before the block's own
+stream may reuse it (PyTorch's ``Tensor.record_stream``; see :mod:`allocator._cache`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import operator
 from typing import TYPE_CHECKING
 
 from ._free_cause import FreeCause
+from .device.stream import Stream
 
 if TYPE_CHECKING:
     from ._arena import ArenaRegistry, Epoch
@@ -116,6 +121,59 @@ class Storage:
         """Elements in the block; 0 once it is freed."""
         return self.nbytes // FLOAT32_BYTES if self._cell else 0
 
+    @property
+    def stream(self) -> Stream | None:
+        """The stream the block was allocated on and belongs to; ``None`` once it is freed."""
+        cell = self._cell
+        return cell[0].stream if cell else None
+
+    @property
+    def stream_uses(self) -> frozenset[Stream]:
+        """The other streams :meth:`record_stream` recorded on the block (empty once freed)."""
+        cell = self._cell
+        uses = cell[0].stream_uses if cell else None
+        return frozenset(uses or ())
+
+    def record_stream(self, stream: Stream) -> None:
+        """Mark the block as used by kernels queued on ``stream`` (PyTorch's
+        ``Tensor.record_stream``).
+
+        When the block is freed, an event is recorded on ``stream``, and the block's own stream
+        reuses it only once that event has completed (no other stream ever reuses it). Call it
+        before the free, from the stream that used it last, e.g. ``buf.record_stream(
+        alloc.current_stream())``. Recording the block's own stream does nothing.
+        Source: DeepSpeed's ``free_param`` and its ``release_param`` fix
+        (``../shared/seeds/deepspeed-zero3-release-lifetime.txt``).
+
+        Raises:
+            TypeError: ``stream`` is not a Stream.
+            ValueError: ``stream`` belongs to another allocator, or the block was already freed
+                (recording after the free would be too late to protect anything).
+        """
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be a Stream, got {type(stream).__name__}")
+        try:
+            block = self._cell[0]
+        except IndexError:
+            if self.cause is None:  # the size-0 result of an op on freed operands
+                raise ValueError(
+                    f"record_stream({stream.name!r}) on an empty buffer: it has no block"
+                ) from None
+            raise ValueError(
+                f"record_stream({stream.name!r}) on a buffer whose block is gone (it was"
+                f" {self.freed_reason}): record the stream before the free"
+            ) from None
+        own = block.stream
+        if stream is own:
+            return
+        if own is not None and stream.device is not own.device:
+            raise ValueError(f"stream {stream.name!r} belongs to another allocator")
+        uses = block.stream_uses
+        if uses is None:
+            block.stream_uses = {stream}
+        else:
+            uses.add(stream)
+
     def resize_(self, size: int, reason: str) -> int:
         """Free the block now, even while views of it are alive (what ZeRO-3's fix does).
 
@@ -188,6 +246,16 @@ class Buffer:
     def storage(self) -> Storage:
         """The storage this buffer views (shared by all of its views)."""
         return self._st
+
+    @property
+    def stream(self) -> Stream | None:
+        """The stream its storage's block belongs to (see :attr:`Storage.stream`)."""
+        return self._st.stream
+
+    def record_stream(self, stream: Stream) -> None:
+        """Mark the storage's block as used on ``stream``; see :meth:`Storage.record_stream`,
+        which raises the same errors."""
+        self._st.record_stream(stream)
 
     @property
     def freed(self) -> bool:

@@ -1,31 +1,45 @@
-"""The caching layer: an exact-size reuse cache of device blocks, a byte cap, flush-and-retry.
+"""The caching layer: a reuse cache of device blocks per stream, a byte cap, flush-and-retry.
 
 What it adds over its upstream (the :class:`~allocator._device_layer.DeviceLayer`): a block
-freed by a storage is kept for the next allocation of exactly the same byte size instead of
-going back to the device, up to a byte cap; a failed device allocation collects garbage,
-flushes the cache and retries once; and its own counters (hits, misses, evictions, flushes).
-Source: TorchLean's ``take_cached_block``/``return_cached_block`` and its cache cap
-(``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``). The ``cpu`` stub has no caching
-layer: the statistics layer sits on the device layer directly.
+freed by a storage is kept for the next allocation of exactly the same byte size *on the same
+stream* instead of going back to the device, up to a byte cap; a failed device allocation
+collects garbage, flushes the cache and retries once; and its own counters (hits, misses,
+evictions, flushes). Sources: TorchLean's ``take_cached_block``/``return_cached_block`` and its
+cache cap (``../shared/seeds/torchlean-cuda-arena-and-cache-cap.txt``); the stream rules are
+PyTorch's caching allocator's (``c10/cuda/CUDACachingAllocator.cpp``). The ``cpu`` stub has no
+caching layer: the statistics layer sits on the device layer directly.
+
+The stream rule (DESIGN 2.4). A block belongs to the stream it was allocated on (PyTorch:
+``Block::stream``; its free lists are per stream, ``get_free_block`` looks only at the
+requesting stream's). Freed, it may be reused **at once** by a later allocation on that stream:
+the stream runs its kernels in order, so the next life's kernels start after the last life's.
+No other stream ever gets it. If ``record_stream`` marked it as used on other streams
+(``block.stream_uses``), its free records an event on each of them (``insert_events``) and the
+block waits, cached but not reusable, until they have all completed; every allocation first
+moves the blocks whose events are done back to their stream's free list (``process_events``).
 
 Order of operations:
 
-- ``allocate(nbytes)``: take a cached block of that size whose completion event is done (never
-  wait) and count a hit; else allocate from the device and count a miss once it succeeded. On a
-  device failure: call ``on_oom`` (the allocator collects cyclic garbage and frees the blocks
-  the collection queued, as CuPy's pool does), count a flush, flush the whole cache (each block
-  waited on, then freed) and retry once; a second failure propagates.
-- ``deallocate(block, cause)``: record the block's completion event, then decide. With a cap, a
-  block that would grow the cache past it (``nbytes > cap or cache_bytes > cap - nbytes``) is
-  not cached: it is freed to the device after waiting on its event (``cap_evictions``, cause
-  ``cap_evict``).
-- ``flush(cause)``: empty the cache, then free every block it held (waiting on each).
+- ``allocate(nbytes, stream)``: move the awaiting blocks whose events completed to their free
+  lists; take a cached block of that size from ``stream``'s free list (never waiting) and count
+  a hit; else allocate from the device and count a miss once it succeeded. On a device failure:
+  call ``on_oom`` (the allocator collects cyclic garbage and frees the blocks the collection
+  queued, as CuPy's pool does), count a flush, flush the whole cache (each block waited on,
+  then freed) and retry once; a second failure propagates.
+- ``deallocate(block, cause)``: record the block's events (on its stream and on each stream of
+  ``stream_uses``), then decide. With a cap, a block that would grow the cache past it
+  (``nbytes > cap or cache_bytes > cap - nbytes``) is not cached: it is freed to the device
+  after waiting on its events (``cap_evictions``, cause ``cap_evict``). Otherwise it joins its
+  stream's free list, or, with ``stream_uses``, the blocks awaiting their events.
+- ``flush(cause)``: empty the cache (free lists and awaiting blocks), then free every block it
+  held (waiting on each).
 
-The free lists are a dict of lists keyed by byte size. The lock guards them and the counters;
-the device is called with it released, except ``ready`` and ``record`` (which only read or set
-the block's event). ``cache_bytes`` is the running total the cap decision reads (up on push,
-down on reuse, zero on flush). Dropping the layer (its allocator) flushes it (cause
-``teardown``), except during interpreter shutdown.
+The free lists are a dict per stream of lists keyed by byte size; the awaiting blocks a list.
+The lock guards them and the counters; the device is called with it released, except
+``ready``, ``pending_streams`` and ``record`` (which only read or set the block's events).
+``cache_bytes`` (awaiting blocks included: they are cached, not live) is the running total the
+cap decision reads (up on push, down on reuse, zero on flush). Dropping the layer (its
+allocator) flushes it (cause ``teardown``), except during interpreter shutdown.
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ from collections.abc import Callable, Iterable
 from . import _locks
 from ._device_layer import DeviceLayer
 from ._free_cause import CAP_EVICT, EMPTY_CACHE, OOM_FLUSH, TEARDOWN, FreeCause
-from .device.base import Block, DeviceAllocationError
+from .device.base import Block, DeviceAllocationError, Stream
 
 __all__ = ["CachingLayer"]
 
@@ -63,6 +77,7 @@ class CachingLayer:
 
     __slots__ = (
         "__weakref__",
+        "_awaiting",
         "_device",
         "_free",
         "_lock",
@@ -84,7 +99,8 @@ class CachingLayer:
     ) -> None:
         self._upstream = upstream
         self._device = upstream.device
-        self._free: dict[int, list[Block]] = {}
+        self._free: dict[Stream, dict[int, list[Block]]] = {}
+        self._awaiting: list[Block] = []
         self._lock = _locks.new_lock(self, _locks.CACHE)
         self.cache_bytes = 0
         self.cap_bytes = cap_bytes
@@ -94,8 +110,8 @@ class CachingLayer:
         self.oom_flushes = 0
         self.on_oom = on_oom
 
-    def allocate(self, nbytes: int) -> Block:
-        """A block of ``nbytes`` bytes: a cached one whose completion event is done (never
+    def allocate(self, nbytes: int, stream: Stream) -> Block:
+        """A block of ``nbytes`` bytes for ``stream``: a cached one of that stream (never
         waiting), else a new one from the device.
 
         Raises:
@@ -104,30 +120,27 @@ class CachingLayer:
         lock = self._lock
         lock.acquire()
         try:
-            blocks = self._free.get(nbytes)
-            if blocks:
-                ready = self._device.ready
-                if ready(blocks[-1]):
+            if self._awaiting:
+                self._process_events()
+            sizes = self._free.get(stream)
+            if sizes:
+                blocks = sizes.get(nbytes)
+                if blocks:
                     block = blocks.pop()
-                else:  # the newest block's kernels still run; an older one may be done
-                    block = next((block for block in blocks if ready(block)), None)
-                    if block is not None:
-                        blocks.remove(block)
-                if block is not None:
                     self.cache_bytes -= nbytes
                     self.hits += 1
                     return block
         finally:
             lock.release()
-        block = self._from_device(nbytes)
+        block = self._from_device(nbytes, stream)
         with lock:
             self.misses += 1
         return block
 
-    def _from_device(self, nbytes: int) -> Block:
+    def _from_device(self, nbytes: int, stream: Stream) -> Block:
         upstream = self._upstream
         try:
-            return upstream.allocate(nbytes)
+            return upstream.allocate(nbytes, stream)
         except DeviceAllocationError:
             pass
         on_oom = self.on_oom
@@ -136,21 +149,45 @@ class CachingLayer:
         with self._lock:
             self.oom_flushes += 1
         self.flush(OOM_FLUSH)
-        return upstream.allocate(nbytes)
+        return upstream.allocate(nbytes, stream)
+
+    def _process_events(self) -> None:
+        """Move the awaiting blocks whose other streams' events completed to their stream's
+        free list (lock held; PyTorch: ``process_events``)."""
+        ready = self._device.ready
+        waiting = []
+        for block in self._awaiting:
+            if ready(block):
+                block.stream_uses = None
+                self._push(block)
+            else:
+                waiting.append(block)
+        self._awaiting = waiting
+
+    def _push(self, block: Block) -> None:
+        """Put ``block`` on its stream's free list (lock held)."""
+        sizes = self._free.get(block.stream)
+        if sizes is None:
+            self._free[block.stream] = {block.nbytes: [block]}
+            return
+        blocks = sizes.get(block.nbytes)
+        if blocks is None:
+            sizes[block.nbytes] = [block]
+        else:
+            blocks.append(block)
 
     def _put(self, block: Block) -> bool:
-        """Record ``block``'s event and cache it unless the cap refuses it (lock held)."""
+        """Record ``block``'s events and cache it unless the cap refuses it (lock held)."""
         self._device.record(block)
         nbytes = block.nbytes
         cap = self.cap_bytes
         if cap and (nbytes > cap or self.cache_bytes > cap - nbytes):
             self.evictions += 1
             return False
-        blocks = self._free.get(nbytes)
-        if blocks is None:
-            self._free[nbytes] = [block]
+        if block.stream_uses:
+            self._awaiting.append(block)
         else:
-            blocks.append(block)
+            self._push(block)
         self.cache_bytes += nbytes
         return True
 
@@ -187,8 +224,15 @@ class CachingLayer:
             The bytes handed back.
         """
         with self._lock:
-            blocks = [block for size_list in self._free.values() for block in size_list]
+            blocks = [
+                block
+                for sizes in self._free.values()
+                for size_list in sizes.values()
+                for block in size_list
+            ]
+            blocks += self._awaiting
             self._free = {}
+            self._awaiting = []
             self.cache_bytes = 0
         self._upstream.deallocate_many(blocks, cause)
         return sum(block.nbytes for block in blocks)
@@ -206,14 +250,31 @@ class CachingLayer:
             )
 
     def blocks(self) -> list[Block]:
-        """The cached blocks, a copy taken under the lock (for snapshots)."""
+        """The cached blocks, a copy taken under the lock (for snapshots): those on the streams'
+        free lists, then those awaiting other streams' events."""
         with self._lock:
-            return [block for size_list in self._free.values() for block in size_list]
+            listed = [
+                block
+                for sizes in self._free.values()
+                for blocks in sizes.values()
+                for block in blocks
+            ]
+            return listed + self._awaiting
+
+    def awaiting(self) -> tuple[tuple[Block, tuple[Stream, ...]], ...]:
+        """The cached blocks not yet reusable, each with the streams whose events it still
+        waits on (a block whose events completed is listed with none until the next
+        allocation moves it to its free list). For memory snapshots: PyTorch calls such a
+        block ``active_awaiting_free``."""
+        pending = self._device.pending_streams
+        with self._lock:
+            return tuple((block, pending(block)) for block in self._awaiting)
 
     def __len__(self) -> int:
-        """The number of blocks cached."""
+        """The number of blocks cached (awaiting blocks included)."""
         with self._lock:
-            return sum(len(blocks) for blocks in self._free.values())
+            listed = sum(len(blocks) for sizes in self._free.values() for blocks in sizes.values())
+            return listed + len(self._awaiting)
 
     def __del__(self) -> None:
         # The allocator was dropped: hand the cached blocks back to the device. Nothing can hold

@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 
+from ._errors import ConfigError
 from ._per_process import PerProcess
 
 __all__ = [
@@ -69,7 +70,7 @@ def _parse_count(name: str, value: str | None, default: int, *, minimum: int) ->
     if value is None or value == "":
         return default
     if not _DIGITS.fullmatch(value) or int(value) < minimum:
-        raise ValueError(f"{name}={value!r}: expected a decimal integer >= {minimum}")
+        raise ConfigError(f"{name}={value!r}: expected a decimal integer >= {minimum}")
     return int(value)
 
 
@@ -145,7 +146,7 @@ class AllocatorConfig:
                 configuration is read once, so the warning appears once per process.
 
         Raises:
-            ValueError: ``DEVMEM_BACKEND``, ``DEVMEM_SIM_CAPACITY_BYTES``,
+            ConfigError: (a ``ValueError``) ``DEVMEM_BACKEND``, ``DEVMEM_SIM_CAPACITY_BYTES``,
                 ``DEVMEM_SIM_LATENCY_US`` or ``DEVMEM_HISTORY`` holds a value it cannot use; the
                 message names the variable. (A malformed cap is not an error: it warns and stays
                 unbounded.)
@@ -153,7 +154,7 @@ class AllocatorConfig:
         env = os.environ if environ is None else environ
         backend = env.get("DEVMEM_BACKEND") or "cpu"
         if backend not in BACKENDS:
-            raise ValueError(f"DEVMEM_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)}")
+            raise ConfigError(f"DEVMEM_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)}")
         cap, warning = parse_cache_cap(env.get("DEVMEM_CACHE_CAP_BYTES"))
         if warning is not None:
             if warn is None:
@@ -164,7 +165,7 @@ class AllocatorConfig:
         mode = "off" if debug in ("", "0") else "raise" if debug == "raise" else "abort"
         history = env.get("DEVMEM_HISTORY", "")
         if history not in _HISTORY_VALUES:
-            raise ValueError(f"DEVMEM_HISTORY={history!r}: expected 0, 1 or stacks")
+            raise ConfigError(f"DEVMEM_HISTORY={history!r}: expected 0, 1 or stacks")
         return cls(
             backend=backend,
             cache_cap_bytes=cap,

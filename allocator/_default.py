@@ -17,11 +17,13 @@ import numpy as np
 
 from ._allocator import Allocator
 from ._buffer import Buffer
+from ._errors import ConfigError
 from ._history import DEFAULT_MAX_ENTRIES
 from ._per_process import PerProcess
 from ._scope import ArenaScope
 from ._snapshot import LiveBlock
 from ._stats import AllocatorStats, EpochStats
+from .device.stream import Stream
 
 __all__ = [
     "add",
@@ -29,6 +31,8 @@ __all__ = [
     "arena_enter",
     "arena_exit",
     "copy",
+    "current_stream",
+    "default_stream",
     "dump_snapshot",
     "empty",
     "empty_cache",
@@ -39,6 +43,7 @@ __all__ = [
     "history",
     "live_blocks",
     "mul",
+    "new_stream",
     "record_history",
     "release",
     "run_in_arena",
@@ -46,6 +51,7 @@ __all__ = [
     "stats",
     "sum",
     "to_numpy",
+    "use_stream",
     "zeros",
 ]
 
@@ -56,10 +62,19 @@ def get_allocator() -> Allocator:
     """The process-wide default allocator, built from the environment at the first call.
 
     Raises:
-        ValueError: a ``DEVMEM_*`` variable holds a value it cannot use.
+        ConfigError: (a ``ValueError``) a ``DEVMEM_*`` variable holds a value it cannot use.
         BackendUnavailable: ``DEVMEM_BACKEND`` names a backend that cannot run here.
     """
-    return _default.get()
+    return _get()
+
+
+def _get() -> Allocator:
+    """The default allocator; a bad ``DEVMEM_*`` value is raised from here, so its traceback
+    shows the caller's line and the one-line message, not the configuration's internals."""
+    try:
+        return _default.get()
+    except ConfigError as exc:
+        raise exc.with_traceback(None) from None
 
 
 def _on_default(method: Callable) -> Callable[[Callable], Callable]:
@@ -74,113 +89,133 @@ def _on_default(method: Callable) -> Callable[[Callable], Callable]:
 
 @_on_default(Allocator.empty)
 def empty(n: int) -> Buffer:
-    return _default.get().empty(n)
+    return _get().empty(n)
 
 
 @_on_default(Allocator.full)
 def full(n: int, value: float) -> Buffer:
-    return _default.get().full(n, value)
+    return _get().full(n, value)
 
 
 @_on_default(Allocator.zeros)
 def zeros(n: int) -> Buffer:
-    return _default.get().zeros(n)
+    return _get().zeros(n)
 
 
 @_on_default(Allocator.from_numpy)
 def from_numpy(a: np.ndarray) -> Buffer:
-    return _default.get().from_numpy(a)
+    return _get().from_numpy(a)
 
 
 @_on_default(Allocator.to_numpy)
 def to_numpy(a: Buffer) -> np.ndarray:
-    return _default.get().to_numpy(a)
+    return _get().to_numpy(a)
 
 
 @_on_default(Allocator.add)
 def add(a: Buffer, b: Buffer) -> Buffer:
-    return _default.get().add(a, b)
+    return _get().add(a, b)
 
 
 @_on_default(Allocator.mul)
 def mul(a: Buffer, b: Buffer) -> Buffer:
-    return _default.get().mul(a, b)
+    return _get().mul(a, b)
 
 
 @_on_default(Allocator.fma)
 def fma(a: Buffer, b: Buffer, c: Buffer) -> Buffer:
-    return _default.get().fma(a, b, c)
+    return _get().fma(a, b, c)
 
 
 @_on_default(Allocator.sum)
 def sum(a: Buffer) -> float:
-    return _default.get().sum(a)
+    return _get().sum(a)
 
 
 @_on_default(Allocator.copy)
 def copy(a: Buffer) -> Buffer:
-    return _default.get().copy(a)
+    return _get().copy(a)
 
 
 @_on_default(Allocator.release)
 def release(buf: Buffer) -> int:
-    return _default.get().release(buf)
+    return _get().release(buf)
 
 
 @_on_default(Allocator.stats)
 def stats() -> AllocatorStats:
-    return _default.get().stats()
+    return _get().stats()
 
 
 @_on_default(Allocator.empty_cache)
 def empty_cache() -> int:
-    return _default.get().empty_cache()
+    return _get().empty_cache()
 
 
 @_on_default(Allocator.arena_enter)
 def arena_enter() -> int:
-    return _default.get().arena_enter()
+    return _get().arena_enter()
 
 
 @_on_default(Allocator.arena_exit)
 def arena_exit(keep: Iterable[Buffer] = ()) -> EpochStats:
-    return _default.get().arena_exit(keep)
+    return _get().arena_exit(keep)
 
 
 @_on_default(Allocator.arena)
 def arena() -> ArenaScope:
-    return _default.get().arena()
+    return _get().arena()
 
 
 @_on_default(Allocator.run_in_arena)
 def run_in_arena(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return _default.get().run_in_arena(fn, *args, **kwargs)
+    return _get().run_in_arena(fn, *args, **kwargs)
+
+
+@_on_default(Allocator.new_stream)
+def new_stream(name: str | None = None) -> Stream:
+    return _get().new_stream(name)
+
+
+def default_stream() -> Stream:
+    """The default allocator's default stream (see :attr:`Allocator.default_stream`)."""
+    return _get().default_stream
+
+
+@_on_default(Allocator.current_stream)
+def current_stream() -> Stream:
+    return _get().current_stream()
+
+
+@_on_default(Allocator.use_stream)
+def use_stream(stream: Stream):
+    return _get().use_stream(stream)
 
 
 @_on_default(Allocator.record_history)
 def record_history(
     enabled: bool = True, *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
 ) -> None:
-    _default.get().record_history(enabled, max_entries=max_entries, stacks=stacks)
+    _get().record_history(enabled, max_entries=max_entries, stacks=stacks)
 
 
 @_on_default(Allocator.history)
 def history(
     *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
 ) -> contextlib.AbstractContextManager[Allocator]:
-    return _default.get().history(max_entries=max_entries, stacks=stacks)
+    return _get().history(max_entries=max_entries, stacks=stacks)
 
 
 @_on_default(Allocator.snapshot)
 def snapshot() -> dict:
-    return _default.get().snapshot()
+    return _get().snapshot()
 
 
 @_on_default(Allocator.dump_snapshot)
 def dump_snapshot(path: str | os.PathLike) -> None:
-    _default.get().dump_snapshot(path)
+    _get().dump_snapshot(path)
 
 
 @_on_default(Allocator.live_blocks)
 def live_blocks() -> list[LiveBlock]:
-    return _default.get().live_blocks()
+    return _get().live_blocks()

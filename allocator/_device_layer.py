@@ -7,9 +7,11 @@ event first.
 
 Order of operations:
 
-- ``allocate(nbytes)``: ``device.malloc``; count it only once it succeeded. A failure is the
-  device's :class:`~allocator.device.DeviceAllocationError`, unchanged.
-- ``deallocate(block, cause)``: ``device.wait(block)``, then ``device.free(block)``, then count.
+- ``allocate(nbytes, stream)``: ``device.malloc``, then the block belongs to ``stream``
+  (``block.stream``); count it only once it succeeded. A failure is the device's
+  :class:`~allocator.device.DeviceAllocationError`, unchanged.
+- ``deallocate(block, cause)``: ``device.wait(block)`` (every event recorded on it, on its own
+  stream and on the streams ``record_stream`` named), then ``device.free(block)``, then count.
 
 Its lock guards the two counters only; the device is called with it released.
 """
@@ -20,7 +22,7 @@ from collections.abc import Iterable
 
 from . import _locks
 from ._free_cause import FreeCause
-from .device.base import Block, Device
+from .device.base import Block, Device, Stream
 
 __all__ = ["DeviceLayer"]
 
@@ -45,13 +47,14 @@ class DeviceLayer:
         self.mallocs = 0
         self.frees = 0
 
-    def allocate(self, nbytes: int) -> Block:
-        """A new device block of ``nbytes`` bytes.
+    def allocate(self, nbytes: int, stream: Stream) -> Block:
+        """A new device block of ``nbytes`` bytes, belonging to ``stream``.
 
         Raises:
             DeviceAllocationError: the device has no room (its reason is the message).
         """
         block = self.device.malloc(nbytes)
+        block.stream = stream
         with self._lock:
             self.mallocs += 1
         return block

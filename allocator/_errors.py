@@ -21,6 +21,7 @@ __all__ = [
     "AllocatorError",
     "ArenaError",
     "BackendUnavailable",
+    "ConfigError",
     "DeviceOutOfMemory",
     "SizeMismatchError",
     "UseAfterFreeError",
@@ -52,6 +53,17 @@ class UseAfterFreeError(AllocatorError):
 
 class ArenaError(AllocatorError):
     """Arena misuse: ``arena_exit`` with no open arena, or scopes closed out of order."""
+
+
+class ConfigError(AllocatorError, ValueError):
+    """A ``DEVMEM_*`` variable holds a value the allocator cannot use.
+
+    Raised at the default allocator's first use (the environment is read once per process), by
+    the module-level function that the caller called. The message is one line naming the
+    variable, its value and what is accepted, e.g.
+    ``DEVMEM_BACKEND='gpu': expected one of cpu, sim, cuda``. A malformed
+    ``DEVMEM_CACHE_CAP_BYTES`` is not an error: it warns and the cache stays unbounded.
+    """
 
 
 class BackendUnavailable(AllocatorError):

@@ -36,9 +36,10 @@ itself never records anything. When the allocator is dropped, the layers are tak
 its own teardown runs (a weak-reference callback that only rebinds attributes), so the
 teardown's frees are not recorded either.
 
-Streams: until the allocator has streams every block is on the default stream, 0 in PyTorch's
-format. :func:`block_stream` and :func:`awaiting_free` are the one place that reads a block's
-stream and whether a freed block still waits on an event: streams change those two functions.
+Streams: a block is reported on its stream's id (the default stream is 0, as in PyTorch's
+format; ``alloc.new_stream()`` numbers the others from 1). :func:`block_stream` and
+:func:`awaiting_free` are the one place that reads a block's stream and whether a freed block
+still waits on other streams' events.
 
 The recorder's lock (rank ``HISTORY`` in :mod:`allocator._locks`) guards the ring and its maps;
 under it only a backend's ``ready`` and clock are called. Stacks and addresses are read before
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from ._device_layer import DeviceLayer
     from ._statistics import EpochCounter, Statistics
     from .device.base import Block, Device
+    from .device.stream import Stream
 
 __all__ = [
     "ACTIONS",
@@ -86,19 +88,17 @@ _NO_FRAMES: tuple = ()
 
 
 def block_stream(block: Block) -> int:
-    """The stream ``block`` belongs to, in PyTorch's format (0 is the default stream).
-
-    Every block is on the default stream until the allocator has streams.
-    """
-    return 0
+    """The id of the stream ``block`` was allocated on, PyTorch's ``stream`` field (0 is the
+    default stream; a block not yet handed out counts as the default stream's)."""
+    stream = block.stream
+    return 0 if stream is None else stream.id
 
 
 def awaiting_free(device: Device, block: Block) -> bool:
-    """Whether the freed ``block`` still waits on an event before it can be reused (a snapshot's
-    ``active_pending_free``; ``free_completed`` is recorded once this turns false).
-
-    Today: the completion event recorded when it was cached has not completed (the reuse cache
-    takes only blocks whose event is done). Never waits.
+    """Whether the freed ``block`` still waits on the events of other streams that used it
+    (``buf.record_stream``) before it can be reused (a snapshot's ``active_awaiting_free``;
+    ``free_completed`` is recorded once this turns false). A block used on its own stream only
+    is reusable at once: stream order makes that safe. Never waits.
     """
     return not device.ready(block)
 
@@ -352,13 +352,14 @@ class HistoryLayer:
         self._upstream = upstream
         self._recorder = recorder
 
-    def allocate(self, nbytes: int) -> Block:
-        """A block from upstream, recorded once it exists (a failure records nothing here).
-        Frees found completed are recorded first, as PyTorch's malloc processes its events."""
+    def allocate(self, nbytes: int, stream: Stream) -> Block:
+        """A block from upstream on ``stream``, recorded once it exists (a failure records
+        nothing here). Frees found completed are recorded first, as PyTorch's malloc processes
+        its events."""
         recorder = self._recorder
         if recorder.pending:
             recorder.poll()
-        block = self._upstream.allocate(nbytes)
+        block = self._upstream.allocate(nbytes, stream)
         recorder.allocated(block)
         return block
 
@@ -401,13 +402,13 @@ class DeviceHistoryLayer:
         self._recorder = recorder
         self.device = upstream.device
 
-    def allocate(self, nbytes: int) -> Block:
-        """A device block, recorded once the device returned it.
+    def allocate(self, nbytes: int, stream: Stream) -> Block:
+        """A device block for ``stream``, recorded once the device returned it.
 
         Raises:
             DeviceAllocationError: from the device; nothing is recorded.
         """
-        block = self._upstream.allocate(nbytes)
+        block = self._upstream.allocate(nbytes, stream)
         self._recorder.segment_allocated(block)
         return block
 

@@ -12,9 +12,14 @@ may take only locks further down the list:
 4. ``DEVICE_LAYER`` (:class:`~allocator._device_layer.DeviceLayer`): two counters.
 5. ``HISTORY`` (:class:`~allocator._history.Recorder`): the memory history's ring and maps.
    Taken by the history layers (also under the registry lock, during an arena exit); under it
-   only a backend's ``ready`` and clock are called.
-6. ``BACKEND``: a backend's own state (:class:`~allocator.device.SimDevice`'s clock and
-   capacity, :class:`~allocator.device.cuda.CudaDevice`'s event pool).
+   only a backend's ``ready``, its streams' queries and its clock are called.
+6. ``BACKEND``: a backend's own state (:class:`~allocator.device.SimDevice`'s host clock,
+   its streams' clocks and its capacity, :class:`~allocator.device.cuda.CudaDevice`'s event
+   pool).
+
+Streams add no lock: the current stream is per thread (``threading.local``), the per-stream
+free lists and the blocks awaiting other streams' events are the reuse cache's, under
+``CACHE``.
 
 Rules that keep this order safe under the garbage collector, threads and fork:
 

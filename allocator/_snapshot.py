@@ -10,7 +10,7 @@ trace_plot|segment_plot``, and the https://pytorch.org/memory_viz page::
 
 A segment is one device block (the reuse cache keeps exact sizes and never splits a block), so
 each has exactly one block: ``active_allocated`` while a storage holds it,
-``active_pending_free`` once freed while it still waits on its completion event (what PyTorch's
+``active_pending_free`` once freed while it still waits on other streams' events (what PyTorch's
 caching allocator writes, and what the memory_viz page reads, for the state its docstring calls
 ``active_awaiting_free``), ``inactive`` while it waits in the reuse cache. An event has PyTorch's
 keys ``action``, ``addr`` (``device_free`` instead for ``oom``), ``size``, ``stream``,

@@ -16,8 +16,9 @@ bytes 1000, and the outer's peak becomes ``max(1000, 1000 + 2000) = 3000``.
 
 Order of operations:
 
-- ``allocate(nbytes)``: get the block from upstream first; count it only once it exists (a
-  failed allocation changes no counter).
+- ``allocate(nbytes, stream)``: get the block from upstream first (for ``stream``, which this
+  layer only passes down); count it only once it exists (a failed allocation changes no
+  counter).
 - ``deallocate(block, cause)``: count the block as freed first, then hand it upstream (to the
   reuse cache, so cached bytes are never live).
 
@@ -41,7 +42,7 @@ from typing import Protocol
 
 from . import _locks
 from ._free_cause import FreeCause
-from .device.base import Block
+from .device.base import Block, Stream
 
 __all__ = ["FOLD_EVERY", "EpochCounter", "Statistics", "Upstream"]
 
@@ -54,8 +55,9 @@ FOLD_EVERY = 4096
 class Upstream(Protocol):
     """What a layer needs of the layer under it (RMM's ``device_memory_resource``)."""
 
-    def allocate(self, nbytes: int) -> Block:
-        """A block of ``nbytes`` bytes; raises ``DeviceAllocationError`` if there is none."""
+    def allocate(self, nbytes: int, stream: Stream) -> Block:
+        """A block of ``nbytes`` bytes belonging to ``stream``; raises
+        ``DeviceAllocationError`` if there is none."""
 
     def deallocate(self, block: Block, cause: FreeCause) -> None:
         """Take back ``block``, freed because of ``cause``."""
@@ -121,13 +123,13 @@ class Statistics:
         self.allocs = 0
         self.frees = 0
 
-    def allocate(self, nbytes: int) -> Block:
-        """A block of ``nbytes`` bytes from upstream, counted.
+    def allocate(self, nbytes: int, stream: Stream) -> Block:
+        """A block of ``nbytes`` bytes for ``stream`` from upstream, counted.
 
         Raises:
             DeviceAllocationError: from upstream; nothing is counted.
         """
-        block = self._upstream.allocate(nbytes)
+        block = self._upstream.allocate(nbytes, stream)
         log = self._log
         log.append(nbytes)
         if len(log) >= FOLD_EVERY:

@@ -8,7 +8,7 @@ Definitions, per device trace, after each event:
 - live bytes: allocated and not yet freed (``alloc`` adds, ``free_requested`` subtracts), the
   allocator's ``live_bytes``;
 - reserved bytes: held from the device (``segment_alloc`` adds, ``segment_free`` subtracts);
-  cached bytes are reserved minus live (the reuse cache, blocks awaiting their event included);
+  cached bytes are reserved minus live (the reuse cache, blocks awaiting events included);
 - an allocation site: the innermost frame of an ``alloc`` (for a comprehension or a lambda,
   with the function around it), where the allocator's own frames are already left out.
 

@@ -29,15 +29,15 @@ prediction or a bound is broken. Not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import _common  # bench/_common.py, beside this script
+
+ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
@@ -50,7 +50,7 @@ from runtime.checkpoint import (  # noqa: E402
 
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
 GROUP_LAYERS = 17  # the presets' compile groups (107 usable kernels, 6 per layer)
-RESULTS = ROOT / "bench" / "results"
+RESULTS = _common.RESULTS
 
 
 def policies(n: int) -> list[tuple[str, int | None]]:
@@ -215,18 +215,14 @@ def plot(rows: list[dict], curves: dict[str, list[dict]], n_curve: int, path: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per row (default 3)")
-    parser.add_argument("--quick", action="store_true", help="N up to 128 only (a smoke run)")
+    parser = _common.parser("checkpoint", __doc__, repeat=3, quick="N up to 128 only")
     parser.add_argument("--backend", choices=("cpu", "sim"), default="cpu")
     parser.add_argument("--elems", type=int, default=64, help="floats per buffer (default 64)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "checkpoint.json")
     parser.add_argument("--plot", type=Path, default=RESULTS / "checkpoint.png")
     parser.add_argument("--no-plot", action="store_true", help="skip the plot")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any row is not ok")
-    args = parser.parse_args(argv)
-    if args.repeat < 1 or args.elems < 1:
-        parser.error("--repeat and --elems must be >= 1")
+    args = _common.parse(parser, argv)
+    if args.elems < 1:
+        parser.error(f"--elems must be >= 1, got {args.elems}")
     sizes = [n for n in SIZES if n <= 128] if args.quick else list(SIZES)
     started = time.perf_counter()
     rows = []
@@ -236,28 +232,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  N={n}: done ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
     n_curve = sizes[-1]
     curves = tradeoff(n_curve, args)
-    print(render(rows))
     results = {
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-        },
+        "machine": _common.machine(),
         "backend": args.backend,
         "elems": args.elems,
         "repeat": args.repeat,
         "rows": rows,
         "tradeoff": {"n_layers": n_curve, "families": curves},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
+    table = render(rows)
     if not args.no_plot:
-        print(plot(rows, curves, n_curve, args.plot))
-    bad = [row for row in rows + [p for ps in curves.values() for p in ps] if row["problems"]]
-    if bad:
-        print(f"{len(bad)} row(s) not ok", file=sys.stderr)
-    return 1 if args.check and bad else 0
+        table += "\n" + plot(rows, curves, n_curve, args.plot)
+    every = rows + [point for points in curves.values() for point in points]
+    verdicts = {
+        "counts and peaks as planned": all(
+            "differs from the plan's prediction" not in row["problems"] for row in every
+        ),
+        "sqrt/every_n within Chen's bound": all(
+            "above Chen's bound" not in row["problems"] for row in every
+        ),
+        "revolve at its minimum with s+1 activations": all(
+            not {"not Revolve's minimum", "more than s+1 activations"} & set(row["problems"])
+            for row in every
+        ),
+    }
+    return _common.finish(args, results, table, verdicts)
 
 
 if __name__ == "__main__":

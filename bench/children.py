@@ -17,7 +17,8 @@ Targets (verdicts on ratios, so a busy or slow machine gives the same verdict):
 
 Usage::
 
-    .venv/bin/python bench/children.py [--repeat 100] [--forked-tests 200] [--out PATH] [--check]
+    .venv/bin/python bench/children.py [--repeat 100] [--quick] [--forked-tests 200] [--out PATH]
+        [--check]
 
 Prints a table and the verdicts and writes JSON (default ``bench/results/children.json``).
 Exits 1 on a missed target only under ``--check``. Not a test.
@@ -25,10 +26,7 @@ Exits 1 on a missed target only under ``--check``. Not a test.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,12 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common  # bench/_common.py, beside this script
+
 TRIVIAL = ("os:getpid", ())
 NUMPY = ("pkgutil:resolve_name", ("numpy:__version__",))
 STYLES = ("fork", "forkserver", "exec")
 LIMITS = {"fork_over_raw": 4.0, "forkserver_over_raw": 4.0, "exec_over_forkserver_numpy": 5.0}
 """Upper bounds for the first two ratios, a lower bound for the third."""
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "children.json"
 
 
 def raw_fork() -> float:
@@ -118,7 +117,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
     """Run every measurement; return the results as plain data."""
     import pkgutil  # the NumPy target's own module: its import is not what we measure
 
-    import numpy
+    import numpy  # noqa: F401  (a test process of this project has it: fork children inherit it)
 
     import harness
 
@@ -147,12 +146,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
     }
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "numpy": numpy.__version__,
-        },
+        "machine": _common.machine(),
         "repeat": repeat,
         "raw_fork_ms": statistics.median(raws) * 1000,
         "children": children,
@@ -184,29 +178,21 @@ def format_table(results: dict) -> str:
     forked = results["pytest_forked"]
     label = "pytest-forked, per test" + ("" if forked["all_passed"] else " (tests FAILED)")
     lines.append(f"| {label} | {forked['per_test_ms']:.2f} ms | |")
-    ratios, checks, limits = results["ratios"], results["checks"], results["limits"]
-    verdict = {True: "met", False: "MISSED"}
     lines += [
         "",
         f"Medians of {results['repeat']} children per cell (exec: a quarter), each right after a"
         f" raw fork; (Nx) = over the raw fork. pytest-forked: {forked['tests']} trivial tests,"
         f" {forked['forked_s']:.2f} s with --forked vs {forked['plain_s']:.2f} s without (median"
         f" of {forked['runs']} runs).",
-        f"verdict: fork/raw {ratios['fork_over_raw']:.1f}x <= {limits['fork_over_raw']:g}x"
-        f" {verdict[checks['fork_over_raw']]}; forkserver/raw"
-        f" {ratios['forkserver_over_raw']:.1f}x <= {limits['forkserver_over_raw']:g}x"
-        f" {verdict[checks['forkserver_over_raw']]}; exec/forkserver (NumPy)"
-        f" {ratios['exec_over_forkserver_numpy']:.1f}x >= {limits['exec_over_forkserver_numpy']:g}x"
-        f" {verdict[checks['exec_over_forkserver_numpy']]}",
     ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the table; write the JSON. Returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--repeat", type=int, default=100, help="children per measurement (exec: a quarter)"
+    """Run the benchmark; print the table and the verdict; write the JSON. Returns the exit
+    status (1 only under ``--check`` with a missed target)."""
+    parser = _common.parser(
+        "children", __doc__, repeat=100, quick="20 children per cell, 50 pytest-forked tests"
     )
     parser.add_argument(
         "--forked-tests", type=int, default=200, help="trivial tests per pytest-forked run"
@@ -214,21 +200,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--forked-repeat", type=int, default=3, help="pytest runs with and without --forked"
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
-    parser.add_argument(
-        "--check", action="store_true", help="exit with status 1 if a target is missed"
-    )
-    options = parser.parse_args(argv)
-    for name in ("repeat", "forked_tests", "forked_repeat"):
+    options = _common.parse(parser, argv)
+    for name in ("forked_tests", "forked_repeat"):
         if getattr(options, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-
+    if options.quick:
+        options.repeat, options.forked_tests, options.forked_repeat = 20, 50, 1
     results = measure(options.repeat, options.forked_tests, options.forked_repeat)
-    print(format_table(results))
-    options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {options.out}")
-    return 1 if options.check and not all(results["checks"].values()) else 0
+    ratios, limits = results["ratios"], results["limits"]
+    verdicts = {
+        f"fork/raw {ratios['fork_over_raw']:.1f}x <= {limits['fork_over_raw']:g}x": results[
+            "checks"
+        ]["fork_over_raw"],
+        f"forkserver/raw {ratios['forkserver_over_raw']:.1f}x"
+        f" <= {limits['forkserver_over_raw']:g}x": results["checks"]["forkserver_over_raw"],
+        f"exec/forkserver (NumPy) {ratios['exec_over_forkserver_numpy']:.1f}x"
+        f" >= {limits['exec_over_forkserver_numpy']:g}x": results["checks"][
+            "exec_over_forkserver_numpy"
+        ],
+    }
+    return _common.finish(options, results, format_table(results), verdicts)
 
 
 if __name__ == "__main__":

@@ -18,19 +18,15 @@ every ratio is taken against a reference measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-import numpy as np
+import _common  # bench/_common.py, beside this script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
@@ -153,46 +149,30 @@ def render(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=7, help="runs per figure (default 7)")
-    parser.add_argument(
-        "--quick", action="store_true", help="batch up to 64, entries up to 10,000 (a smoke run)"
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="exit with status 1 when a target is missed"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=ROOT / "bench" / "results" / "ring.json",
-        help="where to write the JSON results (default bench/results/ring.json)",
-    )
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    parser = _common.parser("ring", __doc__, repeat=7, quick="batch up to 64, entries up to 10,000")
+    args = _common.parse(parser, argv)
     batches = BATCHES[:3] if args.quick else BATCHES
     entries = ENTRIES[:5] if args.quick else ENTRIES
     results = {
-        "machine": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-        },
+        "machine": _common.machine(),
         "repeat": args.repeat,
         "tasks_per_second": bench_tasks_per_second(args.repeat, batches),
         "lookup": bench_lookup(args.repeat, entries, 200),
     }
-    print(render(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
-    met = all(m["meets_target"] for m in results["tasks_per_second"].values())
-    met = met and results["lookup"]["meets_target"]
-    if args.check and not met:
-        print("bench/ring.py --check: a target was missed", file=sys.stderr)
-        return 1
-    return 0
+    lookup = results["lookup"]
+    verdicts = {
+        f"(a) {replay} rate at batch {batches[-1]} >= {TARGET_RATE_RATIO:g}x batch {batches[0]}": (
+            mode["meets_target"]
+        )
+        for replay, mode in results["tasks_per_second"].items()
+    }
+    verdicts[f"(b) lookup growth <= {TARGET_LOOKUP_GROWTH:g}x"] = (
+        lookup["growth_first_to_last"] <= TARGET_LOOKUP_GROWTH
+    )
+    verdicts[f"(b) other buffers <= {TARGET_OTHER_BUFFERS:g}x"] = (
+        lookup["other_buffers_ratio"] <= TARGET_OTHER_BUFFERS
+    )
+    return _common.finish(args, results, render(results), verdicts)
 
 
 if __name__ == "__main__":

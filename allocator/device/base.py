@@ -1,24 +1,32 @@
 """What a backend is: the raw device under the allocator.
 
-A :class:`Device` allocates and frees blocks, records and queries each block's completion event,
-and exposes an array module (``xp``: NumPy or CuPy) whose element-wise operations are the
-kernels. It keeps no cache and no statistics: those are the allocator's layers above it.
+A :class:`Device` allocates and frees blocks, makes streams (:mod:`allocator.device.stream`),
+records and queries each block's completion events, and exposes an array module (``xp``: NumPy
+or CuPy) whose element-wise operations are the kernels, each run on a stream. It keeps no cache
+and no statistics: those are the allocator's layers above it.
 
 Order of operations, the contract every backend keeps:
 
 1. ``malloc`` either returns a block or raises :class:`DeviceAllocationError`; it never returns a
-   partly made block.
-2. ``launch(*blocks)`` is called before a kernel that reads or writes those blocks runs.
-3. ``record(block)`` is called when a block is returned to the reuse cache: it records the
-   block's completion event on the stream, after every kernel launched so far.
-4. ``ready(block)`` says whether that event has completed, without waiting.
-   ``wait(block)`` blocks until it has.
-5. ``free(block)`` hands the block back. The reuse cache calls it only after ``wait(block)``;
-   the simulator aborts the process if a block is freed while a kernel using it is in flight.
+   partly made block. The device layer then sets ``block.stream``, the stream it was allocated
+   on (a block belongs to that stream for good, as in PyTorch's caching allocator).
+2. ``launch(stream, *blocks)`` is called before a kernel on ``stream`` that reads or writes those
+   blocks runs; then the kernel method runs with the same stream (``fill(stream, out, value)``).
+3. ``record(block)`` is called when a block is freed by its storage: it records an event on the
+   block's own stream and one on each stream of ``block.stream_uses`` (the streams
+   ``record_stream`` named), each after every kernel queued on that stream so far
+   (PyTorch: ``insert_events``).
+4. ``ready(block)`` says whether the events on the *other* streams (``stream_uses``) have
+   completed, without waiting: then the block may be reused on its own stream, whose order makes
+   the rest safe. ``wait(block)`` blocks the host until every event recorded on it completed.
+5. ``free(block)`` hands the block back. The layers call it only after ``wait(block)``; the
+   simulator aborts the process if a block is freed while a kernel using it is in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import sys
 import time
@@ -26,10 +34,13 @@ from types import ModuleType
 
 import numpy as np
 
+from .stream import Stream
+
 __all__ = [
     "Block",
     "Device",
     "DeviceAllocationError",
+    "Stream",
     "fatal",
     "fork_unsafe_reason",
     "host_array",
@@ -51,18 +62,27 @@ class Block:
     Attributes:
         nbytes: the block's size in bytes (a multiple of 4).
         array: the whole block as a 1-D float32 array of the device's ``xp`` module.
-        event: the completion event recorded when the block was last returned to the cache
+        event: the completion event recorded on the block's own stream when it was last freed
             (backend-specific; ``None`` until then).
         id: a number unique per device, used in diagnostics (``block #7``).
+        stream: the :class:`Stream` it was allocated on, which it belongs to (set by the device
+            layer; ``None`` only for a block made by the device directly).
+        stream_uses: the other streams ``record_stream`` recorded on it during its current life
+            (a set), or ``None`` when there are none (PyTorch: ``Block::stream_uses``).
+        use_events: the events recorded on those streams when it was last freed
+            (backend-specific; ``None`` when there were none).
     """
 
-    __slots__ = ("array", "event", "id", "nbytes")
+    __slots__ = ("array", "event", "id", "nbytes", "stream", "stream_uses", "use_events")
 
     def __init__(self, block_id: int, nbytes: int, array) -> None:
         self.id = block_id
         self.nbytes = nbytes
         self.array = array
         self.event = None
+        self.stream: Stream | None = None
+        self.stream_uses: set[Stream] | None = None
+        self.use_events = None
 
     @property
     def address(self) -> int:
@@ -88,6 +108,9 @@ class Device:
     has_cache: bool = True
     xp: ModuleType = np
 
+    def __init__(self) -> None:
+        self._stream_ids = itertools.count(1)
+
     def malloc(self, nbytes: int) -> Block:
         """Allocate a block of ``nbytes`` bytes; raise :class:`DeviceAllocationError` if none."""
         raise NotImplementedError
@@ -96,21 +119,62 @@ class Device:
         """Hand ``block`` back to the device."""
         raise NotImplementedError
 
-    def launch(self, *blocks: Block) -> None:
-        """A kernel that uses ``blocks`` is about to run on the stream (bookkeeping only)."""
+    # -- streams -----------------------------------------------------------------------------
 
-    def record(self, block: Block) -> None:
-        """Record ``block.event`` on the stream, after every kernel launched so far."""
+    def new_stream(self, name: str | None = None, *, default: bool = False) -> Stream:
+        """A new stream of this device: the default one (id 0, named ``"default"``) when
+        ``default`` is true (the allocator makes exactly one), else the next id, named ``name``
+        or ``"#<id>"``. The caller has validated ``name``."""
+        stream_id = 0 if default else next(self._stream_ids)
+        if default:
+            name = "default"
+        elif name is None:
+            name = f"#{stream_id}"
+        return Stream(self, stream_id, name, self._stream_handle(default))
 
-    def ready(self, block: Block) -> bool:
-        """Whether ``block.event`` has completed. Never waits."""
+    def _stream_handle(self, default: bool) -> object:
+        """The backend's own object for a new stream (none on the stub)."""
+        return None
+
+    def stream_scope(self, stream: Stream) -> contextlib.AbstractContextManager | None:
+        """A context manager under which third-party kernels (CuPy's) run on ``stream`` too,
+        or ``None`` where there is nothing to do (everywhere but ``cuda``)."""
+        return None
+
+    def wait_stream(self, stream: Stream, other: Stream) -> None:
+        """Make kernels queued on ``stream`` from now on wait for those queued on ``other``."""
+
+    def synchronize_stream(self, stream: Stream) -> None:
+        """Block the host until every kernel queued on ``stream`` has completed."""
+
+    def stream_done(self, stream: Stream) -> bool:
+        """Whether every kernel queued on ``stream`` has completed. Never waits."""
         return True
 
+    def launch(self, stream: Stream, *blocks: Block) -> None:
+        """A kernel on ``stream`` that uses ``blocks`` is about to run (bookkeeping only)."""
+
+    # -- events ------------------------------------------------------------------------------
+
+    def record(self, block: Block) -> None:
+        """At a free: record ``block.event`` on ``block.stream`` and one event on each stream
+        of ``block.stream_uses`` (``block.use_events``), after every kernel queued there."""
+
+    def ready(self, block: Block) -> bool:
+        """Whether the events recorded on ``block.stream_uses`` have completed, so that the
+        block may be reused on its own stream. Never waits."""
+        return True
+
+    def pending_streams(self, block: Block) -> tuple[Stream, ...]:
+        """The streams of ``block.stream_uses`` whose events recorded at its last free have not
+        completed: what the block waits on before its own stream may reuse it. Never waits."""
+        return ()
+
     def wait(self, block: Block) -> None:
-        """Block the host until ``block.event`` has completed."""
+        """Block the host until every event recorded on ``block`` has completed."""
 
     def synchronize(self) -> None:
-        """Block the host until every kernel launched so far has completed."""
+        """Block the host until every kernel launched so far, on every stream, has completed."""
 
     def memory_info(self) -> tuple[int, int]:
         """``(free_bytes, total_bytes)`` of the device; ``(0, 0)`` where it has no such notion."""
@@ -122,40 +186,42 @@ class Device:
         ``sim``."""
         return time.time_ns() // 1000
 
-    # Kernels: element-wise operations of ``xp`` writing into a fresh output array.
+    # Kernels: element-wise operations of ``xp`` on ``stream`` writing into a fresh output
+    # array (the stub and the simulator run them eagerly; ``stream`` matters on ``cuda``).
 
-    def fill(self, out, value: float) -> None:
+    def fill(self, stream: Stream, out, value: float) -> None:
         """Set every element of ``out`` to ``value``."""
         out.fill(value)
 
-    def add(self, out, a, b) -> None:
+    def add(self, stream: Stream, out, a, b) -> None:
         """``out = a + b`` element-wise."""
         self.xp.add(a, b, out=out)
 
-    def mul(self, out, a, b) -> None:
+    def mul(self, stream: Stream, out, a, b) -> None:
         """``out = a * b`` element-wise."""
         self.xp.multiply(a, b, out=out)
 
-    def fma(self, out, a, b, c) -> None:
+    def fma(self, stream: Stream, out, a, b, c) -> None:
         """``out = a * b + c`` element-wise (``out`` never aliases ``c``)."""
         self.xp.multiply(a, b, out=out)
         self.xp.add(out, c, out=out)
 
-    def copy(self, out, a) -> None:
+    def copy(self, stream: Stream, out, a) -> None:
         """``out = a``."""
         self.xp.copyto(out, a)
 
-    def upload(self, dst, host: np.ndarray) -> None:
+    def upload(self, stream: Stream, dst, host: np.ndarray) -> None:
         """Copy the host array ``host`` into the device array ``dst`` (same length)."""
         dst[...] = host
 
-    def download(self, src) -> np.ndarray:
-        """Copy the device array ``src`` to a new host float32 array (synchronous)."""
+    def download(self, stream: Stream, src) -> np.ndarray:
+        """Copy the device array ``src`` to a new host float32 array (synchronous: the host
+        waits for ``stream``)."""
         return np.array(src, dtype=np.float32, copy=True)
 
-    def sum(self, src) -> float:
+    def sum(self, stream: Stream, src) -> float:
         """The sum of the device array ``src`` as a Python float, accumulated in float64
-        (a readback: synchronous)."""
+        (a readback: the host waits for ``stream``)."""
         return float(np.sum(src, dtype=np.float64))
 
 

@@ -2,6 +2,9 @@
 
 It lets CI run every suite without a device. As in the original stub, the allocator keeps no
 cache over it, so ``cache_bytes`` and ``cache_cap_bytes`` stay 0, and ``device_total_bytes`` is 0.
+Streams are accounting only: a block still belongs to the stream it was allocated on and
+remembers the streams ``record_stream`` named, but every kernel has completed at once, so
+waiting on a stream, or on a block's events, never waits.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ class CpuDevice(Device):
     has_cache = False
 
     def __init__(self) -> None:
+        super().__init__()
         self._ids = itertools.count(1)
 
     def malloc(self, nbytes: int) -> Block:

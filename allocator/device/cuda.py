@@ -8,10 +8,18 @@ Written against CuPy 14.2's documented API:
 - Every malloc, free, event operation, kernel and readback runs under
   ``cupy.cuda.Device(device_id)`` of the device the backend was built on, whatever device is
   current in the calling thread.
-- A block returned to the reuse cache records a ``cupy.cuda.Event(disable_timing=True)`` on the
-  current stream. Events come from a pool: a block keeps its event while it cycles through the
-  cache, and gives it back to the pool when the block is freed to the device.
-- ``ready`` is ``event.done`` (never waits); ``wait`` is ``event.synchronize()``.
+- Streams are ``cupy.cuda.Stream``s: the default stream is CuPy's null stream (PyTorch's default
+  stream too), every other one a ``cupy.cuda.Stream(non_blocking=True)`` made on the backend's
+  device (as PyTorch's stream pool makes them). Kernels, uploads and readbacks run with their
+  stream current (``with stream:``); ``wait_stream`` records a pooled event on the other stream
+  and makes this one ``wait_event`` it; a stream's ``synchronize`` and ``done`` are CuPy's.
+- A block freed by its storage records a ``cupy.cuda.Event(disable_timing=True)`` on its own
+  stream and one on each stream ``record_stream`` named (PyTorch's ``insert_events``). Events
+  come from a pool: a block keeps its own-stream event while it cycles through the cache, and
+  its events go back to the pool when they are no longer needed (at its next free, or when it
+  is freed to the device).
+- ``ready`` is ``done`` of the other streams' events (never waits); ``wait`` synchronizes every
+  event recorded on the block.
 - Only an out-of-memory error (``cudaErrorMemoryAllocation``) becomes
   :class:`~allocator.device.DeviceAllocationError`, so the cache flushes and retries; every other
   CUDA error propagates as CuPy raised it, with its name.
@@ -29,6 +37,7 @@ tests must then use the forkserver or exec styles instead of forking this proces
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 import os
@@ -41,7 +50,7 @@ import numpy as np
 
 from .. import _locks
 from .._errors import BackendUnavailable
-from .base import Block, Device, DeviceAllocationError, mark_fork_unsafe
+from .base import Block, Device, DeviceAllocationError, Stream, mark_fork_unsafe
 
 __all__ = [
     "CUDA_ERROR_MEMORY_ALLOCATION",
@@ -204,6 +213,18 @@ def _on_own_device(method: Callable) -> Callable:
     return run
 
 
+def _on_stream(method: Callable) -> Callable:
+    """Run ``method(self, stream, ...)`` under ``cupy.cuda.Device(self.device_id)`` with
+    ``stream``'s CuPy stream current."""
+
+    @functools.wraps(method)
+    def run(self: CudaDevice, stream: Stream, *args):
+        with self.xp.cuda.Device(self.device_id), stream.handle:
+            return method(self, stream, *args)
+
+    return run
+
+
 class CudaDevice(Device):
     """The CUDA backend (``DEVMEM_BACKEND=cuda``) on one device.
 
@@ -221,6 +242,7 @@ class CudaDevice(Device):
     has_cache = True
 
     def __init__(self, device_id: int | None = None) -> None:
+        super().__init__()
         cupy, self.device_id = load_cupy(device_id)
         self.xp = cupy
         self._runtime = cupy.cuda.runtime
@@ -251,22 +273,59 @@ class CudaDevice(Device):
         return CudaBlock(next(self._ids), nbytes, array, ptr, self)
 
     def free(self, block: CudaBlock) -> None:
-        """``cudaFree`` the block (the cache has waited on its event); pool its event. During
-        interpreter shutdown the ``cudaFree`` is skipped."""
+        """``cudaFree`` the block (the layers have waited on its events); pool its events.
+        During interpreter shutdown the ``cudaFree`` is skipped."""
         block.array = None
         ptr, block.ptr = block.ptr, 0
         if ptr and not _shutting_down():
             with self.xp.cuda.Device(self.device_id):
                 self._runtime.free(ptr)
         event, block.event = block.event, None
-        if event is not None:
+        uses, block.use_events = block.use_events, None
+        spare = [event] if event is not None else []
+        spare += [used for _, used in uses or ()]
+        if spare:
             with self._lock:
-                self._events.append(event)
+                self._events.extend(spare)
 
     @_on_own_device
     def memory_info(self) -> tuple[int, int]:
         free, total = self._runtime.memGetInfo()
         return int(free), int(total)
+
+    # -- streams -----------------------------------------------------------------------------
+
+    @_on_own_device
+    def _stream_handle(self, default: bool):
+        stream = self.xp.cuda.Stream
+        return stream.null if default else stream(non_blocking=True)
+
+    @contextlib.contextmanager
+    def stream_scope(self, stream: Stream):
+        with self.xp.cuda.Device(self.device_id), stream.handle:
+            yield
+
+    def _event(self):
+        """A pooled timing-free event, or a new one (called on the backend's device)."""
+        with self._lock:
+            event = self._events.pop() if self._events else None
+        return self.xp.cuda.Event(disable_timing=True) if event is None else event
+
+    @_on_own_device
+    def wait_stream(self, stream: Stream, other: Stream) -> None:
+        event = self._event()
+        event.record(other.handle)
+        stream.handle.wait_event(event)
+        with self._lock:  # the wait took the event's state when it was queued: reusable
+            self._events.append(event)
+
+    @_on_own_device
+    def synchronize_stream(self, stream: Stream) -> None:
+        stream.handle.synchronize()
+
+    @_on_own_device
+    def stream_done(self, stream: Stream) -> bool:
+        return bool(stream.handle.done)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -274,44 +333,57 @@ class CudaDevice(Device):
     def record(self, block: CudaBlock) -> None:
         event = block.event
         if event is None:
+            event = block.event = self._event()
+        event.record(block.stream.handle)  # after every kernel queued on its stream so far
+        old = block.use_events  # complete: the block was reused only once they were
+        fresh = None
+        if block.stream_uses:
+            fresh = []
+            for other in block.stream_uses:
+                used = old.pop()[1] if old else self._event()
+                used.record(other.handle)
+                fresh.append((other, used))
+        if old:
             with self._lock:
-                event = self._events.pop() if self._events else None
-            if event is None:
-                event = self.xp.cuda.Event(disable_timing=True)
-            block.event = event
-        event.record()  # on the current stream, after every kernel launched so far
+                self._events.extend(used for _, used in old)
+        block.use_events = fresh
 
     @_on_own_device
     def ready(self, block: CudaBlock) -> bool:
-        event = block.event
-        return event is None or event.done
+        return all(event.done for _, event in block.use_events or ())
+
+    @_on_own_device
+    def pending_streams(self, block: CudaBlock) -> tuple[Stream, ...]:
+        return tuple(other for other, event in block.use_events or () if not event.done)
 
     @_on_own_device
     def wait(self, block: CudaBlock) -> None:
         event = block.event
         if event is not None:
             event.synchronize()
+        for _, used in block.use_events or ():
+            used.synchronize()
 
     @_on_own_device
     def synchronize(self) -> None:
-        self.xp.cuda.get_current_stream().synchronize()
+        self.xp.cuda.Device(self.device_id).synchronize()
 
-    # -- kernels, host transfers and readback ------------------------------------------------
+    # -- kernels, host transfers and readback, each on its stream ----------------------------
 
-    fill = _on_own_device(Device.fill)
-    add = _on_own_device(Device.add)
-    mul = _on_own_device(Device.mul)
-    fma = _on_own_device(Device.fma)
-    copy = _on_own_device(Device.copy)
+    fill = _on_stream(Device.fill)
+    add = _on_stream(Device.add)
+    mul = _on_stream(Device.mul)
+    fma = _on_stream(Device.fma)
+    copy = _on_stream(Device.copy)
 
-    @_on_own_device
-    def upload(self, dst, host: np.ndarray) -> None:
+    @_on_stream
+    def upload(self, stream: Stream, dst, host: np.ndarray) -> None:
         dst.set(np.ascontiguousarray(host))
 
-    @_on_own_device
-    def download(self, src) -> np.ndarray:
+    @_on_stream
+    def download(self, stream: Stream, src) -> np.ndarray:
         return src.get()
 
-    @_on_own_device
-    def sum(self, src) -> float:
+    @_on_stream
+    def sum(self, stream: Stream, src) -> float:
         return float(self.xp.sum(src, dtype=self.xp.float64))

@@ -217,8 +217,9 @@ def interop_on_the_default_allocator() -> dict:
 
 def history_on_cuda(latency: int = 0) -> dict:
     """The memory history on the fake CuPy: releases under a 1 MiB cap, an OOM after the
-    flush, and more releases, while recording; what the snapshot checks say, and whether its
-    addresses are the device pointers (the cuda backend's block address is ``ptr``)."""
+    flush, and more releases of buffers recorded on a second stream, while recording; what the
+    snapshot checks say, and whether its addresses are the device pointers (the cuda backend's
+    block address is ``ptr``)."""
     from . import _history_probes
 
     _fake_cupy.install(total_bytes=4 * MIB, latency=latency)
@@ -232,8 +233,12 @@ def history_on_cuda(latency: int = 0) -> dict:
             alloc.empty(8 * MIB)  # never fits: the cache is flushed, then an oom
         except DeviceOutOfMemory:
             pass
-        for buf in [alloc.full(65536, 3.0), *held[8:11]]:  # a fill in flight after the flush
-            alloc.release(buf)  # cached again, under the cap: pending while the fill runs
+        side = alloc.new_stream("side")
+        with alloc.use_stream(side):
+            held.append(alloc.full(16, 0.0))  # a fill in flight on the side stream
+        for buf in [alloc.full(65536, 3.0), *held[8:11]]:
+            buf.record_stream(side)  # used on the side stream: its event there is awaited
+            alloc.release(buf)  # cached again, under the cap: pending while that event runs
         snapshot = alloc.snapshot()
     live = sorted(
         segment["address"]
@@ -246,3 +251,58 @@ def history_on_cuda(latency: int = 0) -> dict:
         "states": sorted({s["blocks"][0]["state"] for s in snapshot["segments"]}),
         "actions": sorted({e["action"] for e in snapshot["device_traces"][0]}),
     }
+
+
+def streams_logic(latency: int = 0, mutant: str | None = None) -> dict:
+    """Streams on the fake CuPy: a new stream is a non-blocking ``cupy.cuda.Stream`` made on the
+    backend's device (1, while device 0 is current), kernels of a ``use_stream`` block run with
+    it current, ``wait_stream`` records an event on the other stream and waits on it, and a
+    block recorded on another stream records an event there at its free and is reused by its
+    own stream once that event is done."""
+    fake = _fake_cupy.install(latency=latency, device_count=2, current=1)
+
+    def log() -> list:  # what happened since the last call: [what, stream] each
+        entries = [list(entry[:2]) for entry in fake.log]
+        fake.log.clear()
+        return entries
+
+    if mutant == "free_ignores_record_stream":
+        record = CudaDevice.record
+
+        def null_only(self, block):
+            block.stream_uses = None
+            record(self, block)
+
+        CudaDevice.record = null_only
+    alloc = Allocator(AllocatorConfig(backend="cuda"))
+    cupy = sys.modules["cupy"]
+    cupy.cuda.runtime.setDevice(0)
+    side = alloc.new_stream("side")
+    report: dict = {
+        "default_is_null": alloc.default_stream.handle is cupy.cuda.Stream.null,
+        "side": [side.handle.name, side.handle.non_blocking, side.handle.device],
+    }
+    log()
+    with alloc.use_stream(side):
+        a = alloc.full(16, 1.0)
+        report["current_inside"] = [cupy.cuda.get_current_stream() is side.handle, fake.current]
+    report["current_after"] = cupy.cuda.get_current_stream() is cupy.cuda.Stream.null
+    report["fill_log"] = log()
+    alloc.default_stream.wait_stream(side)
+    report["wait_log"] = log()
+    b = alloc.mul(a, a)  # on the default (null) stream
+    report["mul_log"] = log()
+    a.record_stream(alloc.default_stream)
+    block = a.storage.block
+    alloc.release(a)  # an event on side (its own) and one on the null stream (recorded)
+    report["free_log"] = log()
+    report["awaiting"] = [[s.name for s in streams] for _, streams in alloc._cache.awaiting()]
+    with alloc.use_stream(side):
+        again = alloc.empty(16)  # the null stream's event queried again: done after `latency`
+    report["reused"] = again.storage.block is block
+    report["sum"] = alloc.sum(b)
+    del again, b
+    alloc.empty_cache()
+    report["violations"] = len(fake.violations)
+    report["wrong_device"] = [list(entry) for entry in fake.wrong_device[:5]]
+    return report

@@ -3,8 +3,10 @@
 It models only what :mod:`allocator.device.cuda` relies on, after CuPy 14's documented API:
 ``cuda.runtime.malloc/free/memGetInfo/getDeviceCount/getDevice/setDevice`` and
 ``CUDARuntimeError`` (with ``status``), ``cuda.Device(id)`` as a context manager,
-``cuda.Event(disable_timing=True)`` (``record``, ``done``, ``synchronize``),
-``cuda.UnownedMemory``, ``cuda.MemoryPointer``, ``cuda.get_current_stream``,
+``cuda.Event(disable_timing=True)`` (``record(stream)``, ``done``, ``synchronize``),
+``cuda.Stream`` (``Stream.null``, ``Stream(non_blocking=True)``, ``with stream:``, ``done``,
+``synchronize``, ``wait_event``), ``cuda.UnownedMemory``, ``cuda.MemoryPointer``,
+``cuda.get_current_stream``, ``cuda.Device(id).synchronize``,
 ``cuda.memory.OutOfMemoryError``, ``ndarray(shape, dtype, memptr=...)`` over a device pointer
 with ``set``/``get``/``fill``, ``zeros``, ``ElementwiseKernel`` (only the availability probe's
 kernel) and the element-wise functions. Device memory is host NumPy memory.
@@ -14,10 +16,13 @@ an event operation while another device is current is recorded in ``FakeCuda.wro
 (real CUDA would fail, or touch the wrong device). ``install(nvrtc=False)`` makes every
 ``ElementwiseKernel`` fail at its first call, as CuPy does on a host without NVRTC.
 
-Kernels stay in flight on the one stream until the host waits: an event recorded after them
-completes when it is synchronized, or after it has been queried ``latency`` times; a stream
-synchronize or a readback completes everything. Freeing a pointer that an in-flight kernel uses
-is recorded in ``FakeCuda.violations`` (the real GPU would corrupt memory silently).
+Kernels stay in flight on the stream that was current when they ran, until the host waits: an
+event recorded on a stream after them completes when it is synchronized, or after it has been
+queried ``latency`` times; a stream's synchronize, or a readback, completes that stream's
+kernels; ``Device(id).synchronize()`` completes every stream's. Freeing a pointer that an
+in-flight kernel (of any stream) uses is recorded in ``FakeCuda.violations`` (the real GPU
+would corrupt memory silently). Every event record, stream wait and kernel's stream is logged
+(``FakeCuda.log``), for checks of which stream the backend used.
 
 Nothing here is a claim about real CUDA timing; it checks the order of operations only.
 """
@@ -63,7 +68,9 @@ class FakeCuda:
         self.device_of: dict[int, int] = {}
         self.wrong_device: list[tuple[str, int]] = []
         self.next_ptr = 1 << 20
-        self.in_flight: set[int] = set()
+        self.in_flight: dict[object, set[int]] = {}
+        self.stream = None  # the current stream (the null stream once installed)
+        self.log: list[tuple] = []
         self.violations: list[int] = []
         self.fail_next: list[int] = []
         self.events_made = 0
@@ -83,7 +90,7 @@ class FakeCuda:
         return ptr
 
     def free(self, ptr: int) -> None:
-        if ptr in self.in_flight:
+        if any(ptr in ptrs for ptrs in self.in_flight.values()):
             self.violations.append(ptr)
         self.check_device("free", self.device_of.pop(ptr))
         del self.memory[ptr]
@@ -98,10 +105,12 @@ class FakeCuda:
             ptr = getattr(array, "_ptr", None)
             if ptr is not None:
                 self.check_device("kernel", self.device_of[ptr])
-                self.in_flight.add(ptr)
+                self.in_flight.setdefault(self.stream, set()).add(ptr)
+                self.log.append(("kernel", self.stream.name, ptr))
 
-    def synchronize(self) -> None:
-        self.in_flight.clear()
+    def synchronize(self, stream=None) -> None:
+        """Complete ``stream``'s kernels (default: the current stream's)."""
+        self.in_flight.pop(self.stream if stream is None else stream, None)
 
 
 def install(
@@ -145,27 +154,32 @@ def install(
             assert disable_timing, "the backend must pool timing-free events"
             fake.events_made += 1
             self.device = fake.current
+            self.stream = None
             self._pending: set[int] = set()
             self._queries = 0
 
         def record(self, stream=None) -> None:
             fake.check_device("event.record", self.device)
-            self._pending = set(fake.in_flight)
+            self.stream = fake.stream if stream is None else stream
+            self._pending = set(fake.in_flight.get(self.stream, ()))
             self._queries = 0
+            fake.log.append(("event.record", self.stream.name))
+
+        def _complete(self) -> None:
+            fake.in_flight.get(self.stream, set()).difference_update(self._pending)
+            self._pending = set()
 
         @property
         def done(self) -> bool:
             fake.check_device("event.done", self.device)
             self._queries += 1
             if self._queries > fake.latency:
-                fake.in_flight.difference_update(self._pending)
-                self._pending = set()
-            return not (self._pending & fake.in_flight)
+                self._complete()
+            return not (self._pending & fake.in_flight.get(self.stream, set()))
 
         def synchronize(self) -> None:
             fake.check_device("event.synchronize", self.device)
-            fake.in_flight.difference_update(self._pending)
-            self._pending = set()
+            self._complete()
 
     class Device:
         def __init__(self, device: int = 0) -> None:
@@ -179,6 +193,9 @@ def install(
 
         def __exit__(self, *exc) -> None:
             fake.current = self._previous.pop()
+
+        def synchronize(self) -> None:
+            fake.in_flight.clear()
 
     class OutOfMemoryError(MemoryError):  # CuPy's signature
         def __init__(self, size, total, limit=0) -> None:
@@ -216,8 +233,42 @@ def install(
             self.mem, self.ptr, self.device_id = mem, mem.ptr + offset, mem.device_id
 
     class Stream:
+        """CuPy: ``Stream(null=False, non_blocking=False, ptds=False)``; ``Stream.null``."""
+
+        made = 0
+
+        def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
+            self.device = fake.current
+            self.non_blocking = non_blocking
+            if null:
+                self.name = "null"
+            else:
+                Stream.made += 1
+                self.name = f"stream{Stream.made}"
+            self._previous: list = []
+
+        def __enter__(self):
+            if self.name != "null":
+                fake.check_device("stream.enter", self.device)
+            self._previous.append(fake.stream)
+            fake.stream = self
+            return self
+
+        def __exit__(self, *exc) -> None:
+            fake.stream = self._previous.pop()
+
+        @property
+        def done(self) -> bool:
+            return not fake.in_flight.get(self)
+
         def synchronize(self) -> None:
-            fake.synchronize()
+            fake.synchronize(self)
+
+        def wait_event(self, event) -> None:
+            fake.log.append(("stream.wait_event", self.name, event.stream.name))
+
+    Stream.null = Stream(null=True)
+    fake.stream = Stream.null
 
     def ndarray(shape, dtype, memptr):
         count = int(np.prod(shape))
@@ -263,7 +314,8 @@ def install(
         Event=Event,
         UnownedMemory=UnownedMemory,
         MemoryPointer=MemoryPointer,
-        get_current_stream=Stream,
+        Stream=Stream,
+        get_current_stream=lambda: fake.stream,
     )
     module = types.ModuleType("cupy")
     module.__dict__.update(

@@ -12,6 +12,7 @@ reports what the allocator's counters say, for the parent to check. Source: issu
 from __future__ import annotations
 
 import gc
+import itertools
 import random
 import threading
 
@@ -125,16 +126,35 @@ def exit_under_collection(
     return results
 
 
-def stress(seconds_of_work: int = 1, mutant: str | None = None, history: bool = False) -> dict:
-    """Threads x finalizers from reference cycles x a cap x injected OOMs, on ``sim``, with the
-    collector running every few allocations. Four threads each do ``400 * seconds_of_work``
-    random steps: allocate (sizes 16 to 2048 bytes), release, drop into a reference cycle, drop
-    plainly, or inject a device failure; then everything is dropped and collected. Returns the
-    ledger and the errors the threads raised (only ``MemoryError`` is expected). ``history``:
-    the allocator records its memory history, with stacks."""
+def stress(scale: int = 1, mutant: str | None = None, history: bool = False) -> dict:
+    """Threads x streams x finalizers from reference cycles x a cap x injected OOMs, on ``sim``
+    with a kernel latency, with the collector running every few allocations. Four threads, each
+    on a stream of its own, each do ``400 * scale`` random steps: allocate and fill
+    (sizes 16 to 2048 bytes), release, record another thread's stream on a buffer, drop into a
+    reference cycle, drop plainly, wait for its stream, or inject a device failure; then
+    everything is dropped and collected. Blocks recorded on other streams wait for their events
+    in the cache, so the cache's event processing runs under its lock too. Besides the
+    collections the threshold starts, every third event recording (the simulator's ``record``,
+    which builds dicts under the reuse cache's lock, so a collection may start there) runs one:
+    a point inside the allocator's critical sections that every run reaches. Returns the ledger
+    and the errors the threads raised (only ``MemoryError`` is expected). ``history``: the
+    allocator records its memory history, with stacks."""
     _mutants.apply(mutant)
-    alloc = Allocator(AllocatorConfig(backend="sim", cache_cap_bytes=4096, sim_capacity_bytes=8192))
+    alloc = Allocator(
+        AllocatorConfig(
+            backend="sim", cache_cap_bytes=4096, sim_capacity_bytes=8192, sim_latency_us=5
+        )
+    )
+    record, records = alloc.device.record, itertools.count()
+
+    def record_and_collect(block) -> None:
+        record(block)
+        if next(records) % 3 == 0:
+            gc.collect(0)
+
+    alloc.device.record = record_and_collect
     alloc.record_history(history)
+    streams = [alloc.new_stream(f"worker{seed}") for seed in range(4)]
     errors: list[str] = []
     ooms = [0]
 
@@ -142,21 +162,26 @@ def stress(seconds_of_work: int = 1, mutant: str | None = None, history: bool = 
         rng = random.Random(seed)
         held = []
         try:
-            for _ in range(400 * seconds_of_work):
-                step = rng.random()
-                if step < 0.45:
-                    try:
-                        held.append(alloc.empty(rng.choice((4, 16, 64, 256, 512))))
-                    except MemoryError:
-                        ooms[0] += 1
-                elif step < 0.6 and held:
-                    alloc.release(held.pop(rng.randrange(len(held))))
-                elif step < 0.8 and held:
-                    _into_cyclic_garbage(held.pop(rng.randrange(len(held))))
-                elif step < 0.97 and held:
-                    held.pop(rng.randrange(len(held)))
-                else:
-                    alloc.device.fail_next_mallocs(rng.choice((1, 2)))
+            with alloc.use_stream(streams[seed]):
+                for _ in range(400 * scale):
+                    step = rng.random()
+                    if step < 0.4:
+                        try:
+                            held.append(alloc.full(rng.choice((4, 16, 64, 256, 512)), 1.0))
+                        except MemoryError:
+                            ooms[0] += 1
+                    elif step < 0.5 and held:
+                        alloc.release(held.pop(rng.randrange(len(held))))
+                    elif step < 0.6 and held:
+                        rng.choice(held).record_stream(rng.choice(streams))
+                    elif step < 0.75 and held:
+                        _into_cyclic_garbage(held.pop(rng.randrange(len(held))))
+                    elif step < 0.92 and held:
+                        held.pop(rng.randrange(len(held)))
+                    elif step < 0.97:
+                        streams[seed].synchronize()
+                    else:
+                        alloc.device.fail_next_mallocs(rng.choice((1, 2)))
         except BaseException as exc:  # reported to the parent
             errors.append(f"{type(exc).__name__}: {exc}")
         held.clear()

@@ -67,8 +67,8 @@ def _sum_leaks_a_temporary() -> None:
 
 
 def _no_oom_flush() -> None:
-    def from_device(self, nbytes):
-        return self._upstream.allocate(nbytes)
+    def from_device(self, nbytes, stream):
+        return self._upstream.allocate(nbytes, stream)
 
     CachingLayer._from_device = from_device
 

@@ -314,6 +314,14 @@ def test_sibling_epochs_fold_one_after_the_other(alloc):
     assert held.size == 0
 
 
+def test_an_epochs_allocations_add_up_across_reads_of_the_statistics(alloc):
+    alloc.arena_enter()
+    held = [alloc.full(4, 1.0) for _ in range(2)]
+    assert alloc.stats().alloc_count == 2  # folds the statistics mid-epoch
+    held += [alloc.full(4, 1.0) for _ in range(3)]
+    assert alloc.arena_exit().allocs == 5
+
+
 def test_two_keeps_in_one_exit_sum(alloc):
     alloc.arena_enter()
     alloc.arena_enter()

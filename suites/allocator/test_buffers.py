@@ -330,7 +330,7 @@ def test_a_kernel_that_fails_frees_its_output_as_a_release(alloc, monkeypatch):
         freed.append((st, cause))
         return free(registry, st, cause)
 
-    def boom(out, value):
+    def boom(stream, out, value):
         raise RuntimeError("kernel failed")
 
     monkeypatch.setattr(ArenaRegistry, "free", spy)

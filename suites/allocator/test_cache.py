@@ -41,28 +41,79 @@ def test_cached_bytes_are_not_live(sim):
 
 
 @pytest.mark.parametrize("sim", [{"sim_latency_us": 10}], indirect=True)
-def test_take_skips_a_block_whose_event_is_not_done(sim):
+def test_the_same_stream_reuses_a_block_at_once(sim):
+    # The stream rule (DESIGN 2.4, PyTorch's caching allocator): the block's own stream runs
+    # the next life's kernels after the last life's, so its event need not be done.
     a = sim.full(N, 1.0)  # its fill completes at t=10
     first = a.storage.block
-    sim.release(a)  # event recorded at the stream tail, t=10; host clock is still 0
+    sim.release(a)  # event recorded at t=10; the host clock is still 0
+    assert (first.event, sim.device.now_us) == (10, 0)
+    b = sim.full(N, 2.0)  # queued behind the old fill: t = 10..20, no race
+    assert b.storage.block is first
+    assert (sim.stats().cache_hits, sim.device.now_us, first.busy_until) == (1, 0, 20)
+
+
+@pytest.mark.parametrize("sim", [{"sim_latency_us": 10}], indirect=True)
+def test_another_stream_never_gets_the_block(sim):
+    a = sim.full(N, 1.0)
+    first = a.storage.block
+    sim.release(a)
+    side = sim.new_stream("side")
+    with sim.use_stream(side):
+        b = sim.empty(N)
+    assert b.storage.block is not first and b.stream is side
+    sim.device.advance(100)  # even once every event is done
+    with sim.use_stream(side):
+        c = sim.empty(N)
+    assert c.storage.block is not first and c.stream is side
+    stats = sim.stats()
+    assert (stats.cache_hits, stats.cache_misses, stats.cache_bytes) == (0, 3, BLOCK)
+    assert sim.empty(N).storage.block is first  # its own stream still gets it
+
+
+@pytest.mark.parametrize("sim", [{"sim_latency_us": 10}], indirect=True)
+def test_a_block_recorded_on_another_stream_waits_for_that_streams_event(sim):
+    a = sim.full(N, 1.0)  # default stream: t = 0..10
+    first = a.storage.block
+    side = sim.new_stream("side")
+    side.wait_stream(sim.default_stream)
+    with sim.use_stream(side):
+        sim.release(sim.copy(a))  # a read on side: t = 10..20
+    a.record_stream(side)
+    assert a.storage.stream_uses == {side} and a.stream is sim.default_stream
+    sim.release(a)  # an event on side (t=20): cached, but not reusable before it completes
+    assert sim.stats().cache_bytes == 2 * BLOCK  # awaiting blocks are cached bytes
+    assert [(blk, streams) for blk, streams in sim._cache.awaiting()] == [(first, (side,))]
     b = sim.empty(N)
-    assert b.storage.block is not first, "reused a block whose kernel was still in flight"
-    assert sim.stats().cache_hits == 0
-    sim.device.advance(10)
+    assert b.storage.block is not first, "reused a block whose other stream's kernel was in flight"
+    sim.device.advance(19)
+    assert sim.empty(N).storage.block is not first  # t=19: still in flight
+    side.synchronize()  # t=20
+    assert sim._cache.awaiting() == ((first, ()),)  # done; moved at the next allocation
     c = sim.empty(N)
-    assert c.storage.block is first
-    assert sim.stats().cache_hits == 1
+    assert c.storage.block is first and c.storage.stream_uses == frozenset()
+    assert sim._cache.awaiting() == ()
+    stats = sim.stats()
+    assert (stats.cache_hits, stats.cache_misses) == (1, 4)
 
 
 @pytest.mark.parametrize("sim", [{"sim_latency_us": 10}], indirect=True)
 def test_take_finds_an_older_ready_block_behind_a_busy_one(sim):
+    side = sim.new_stream("side")
     old, busy = sim.full(N, 1.0), sim.full(N, 2.0)  # fills complete at t=10 and t=20
     old_block = old.storage.block
-    sim.release(old)  # event at t=20
-    sim.device.advance(20)  # the old block's event is done
-    sim.copy(busy.view(0, 1))  # a kernel on the busy block, complete at t=30
-    sim.release(busy)  # event at t=30: the newest cached block is still busy
+    side.wait_stream(sim.default_stream)
+    with sim.use_stream(side):
+        sim.release(sim.copy(old))  # t = 20..30 on side
+        old.record_stream(side)
+    sim.release(old)  # waits for side's event at t=30
+    sim.device.advance(30)  # the old block's event is done
+    with sim.use_stream(side):
+        sim.release(sim.copy(busy))  # t = 30..40 on side
+        busy.record_stream(side)
+    sim.release(busy)  # waits for side's event at t=40: the newest awaiting block is busy
     assert sim.empty(N).storage.block is old_block
+    assert [streams for _, streams in sim._cache.awaiting()] == [(side,)]
 
 
 @pytest.mark.parametrize("sim", [{"cache_cap_bytes": 3 * BLOCK}], indirect=True)

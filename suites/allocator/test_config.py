@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import pickle
+import subprocess
+import sys
 
 import pytest
 
-from allocator import AllocatorConfig, parse_cache_cap
+from allocator import AllocatorConfig, ConfigError, parse_cache_cap
 
 WARNING = (
     "devmem: ignoring DEVMEM_CACHE_CAP_BYTES={!r}: expected an unsigned decimal byte count;"
@@ -112,8 +116,34 @@ def test_malformed_cap_in_env_calls_warn_once_and_is_unbounded(capsys):
     ],
 )
 def test_unusable_env_values_raise_naming_the_variable(name, value):
-    with pytest.raises(ValueError, match=f"^{name}={value!r}"):
+    with pytest.raises(ConfigError, match=f"^{name}={value!r}") as info:
         AllocatorConfig.from_env({name: value})
+    assert isinstance(info.value, ValueError)  # what except ValueError code expects
+    assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
+
+
+def test_a_bad_variable_fails_the_first_call_in_a_few_lines(tmp_path):
+    # Issue 14: the import succeeds and the first call used to raise a 20-line traceback
+    # through the configuration's internals. Now: the caller's line, the module-level
+    # function, and the one line that names the variable, the value and what is accepted.
+    script = tmp_path / "first_call.py"
+    script.write_text("import allocator\n\nallocator.full(4, 1.0)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVMEM_")}
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        env={**env, "DEVMEM_BACKEND": "gpu"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1
+    assert (
+        lines[-1] == "allocator.ConfigError: DEVMEM_BACKEND='gpu': expected one of cpu, sim, cuda"
+    )
+    assert 'first_call.py", line 3' in result.stderr
+    assert "_config.py" not in result.stderr and "_per_process.py" not in result.stderr
+    assert len(lines) <= 10, result.stderr  # it was 20
 
 
 @pytest.mark.parametrize(

@@ -64,8 +64,8 @@ def test_backend_logic_over_fake_cupy(death, latency):
     assert (cap["cache_bytes"], cap["cap_evictions"], cap["cache_cap_bytes"]) == (MIB, 28, MIB)
     assert report["events_made_after_reuse"] == report["events_made"]  # events are pooled
     assert report["events_made"] <= 32
-    if latency == 0:
-        assert report["hits"] >= 4
+    # the stream rule: the same stream reuses a cached block at once, its event done or not
+    assert report["hits"] >= 4
     assert report["oom"]["oom_flushes"] == 1 and report["oom"]["cache_bytes"] == 0
     assert report["other_error"].startswith("CUDARuntimeError: cudaErrorIllegalAddress")
     assert report["flushes_on_other_error"] == 0
@@ -169,3 +169,29 @@ def test_the_memory_history_on_cuda_adds_up(death, latency):
     assert {"segment_free", "oom"} <= set(report["actions"])  # the flush, then the oom
     cached = "active_pending_free" if latency else "inactive"  # events still running, or done
     assert report["states"] == ["active_allocated", cached]
+
+
+def check_streams(outcome: Outcome) -> dict:
+    report = check_backend_logic(outcome)
+    assert report["default_is_null"] and report["side"] == ["stream1", True, 1]
+    assert report["current_inside"] == [True, 1] and report["current_after"]
+    assert report["fill_log"] == [["kernel", "stream1"]]
+    assert report["wait_log"] == [["event.record", "stream1"], ["stream.wait_event", "null"]]
+    assert report["mul_log"] == [["kernel", "null"]] * 3  # out, a, a
+    # its own stream's event, then one on the stream record_stream named
+    assert report["free_log"] == [["event.record", "stream1"], ["event.record", "null"]], (
+        "no event on the recorded stream"
+    )
+    assert report["awaiting"] == [["default"]]  # the null stream's kernel is in flight
+    assert report["reused"] and report["sum"] == 16.0
+    return report
+
+
+def test_streams_over_fake_cupy(death):
+    check_streams(death.run(_cuda_probes.streams_logic, 1))
+
+
+def test_teeth_a_free_that_ignores_the_recorded_streams_is_caught(death):
+    outcome = death.run(_cuda_probes.streams_logic, 1, "free_ignores_record_stream")
+    with pytest.raises(AssertionError, match="no event on the recorded stream"):
+        check_streams(outcome)

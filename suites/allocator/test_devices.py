@@ -24,8 +24,14 @@ def test_cpu_blocks_are_numbered_float32_arrays_always_ready():
     first, second = cpu.malloc(64), cpu.malloc(128)
     assert (first.id, second.id, first.nbytes) == (1, 2, 64)
     assert first.array.dtype == np.float32 and first.array.shape == (16,)
+    stream = cpu.new_stream(default=True)
+    first.stream = stream
+    first.stream_uses = {cpu.new_stream("side")}
     cpu.record(first)
     assert cpu.ready(first) and first.event is None  # events always complete on the stub
+    assert cpu.pending_streams(first) == () and stream.query() and stream.handle is None
+    stream.synchronize()
+    stream.wait_stream(cpu.new_stream())
     cpu.free(first)
     assert first.array is None
     assert cpu.memory_info() == (0, 0)
@@ -77,23 +83,65 @@ def test_a_host_allocation_failure_gives_the_capacity_back(monkeypatch):
 
 def test_the_logical_clock():
     sim = SimDevice(1 << 20, latency_us=5)
+    s = sim.new_stream(default=True)
     a, b = sim.malloc(64), sim.malloc(64)
-    sim.launch(a)  # t = 0..5
-    sim.launch(b)  # queued behind it: t = 5..10
-    assert (a.busy_until, b.busy_until, sim.tail_us) == (5, 10, 10)
+    a.stream = b.stream = s
+    sim.launch(s, a)  # t = 0..5
+    sim.launch(s, b)  # queued behind it: t = 5..10
+    assert (a.busy_until, b.busy_until, sim.tail_us, s.handle.tail_us) == (5, 10, 10, 10)
     sim.advance(0)
     sim.advance(30)
     sim.advance(20)
     assert sim.now_us == 50
-    sim.launch(a)  # the stream is idle: starts now
+    sim.launch(s, a)  # the stream is idle: starts now
     assert a.busy_until == 55
-    sim.record(a)
-    assert (a.event, sim.ready(a)) == (55, False)
+    sim.record(a)  # freed at t=50: its event completes at t=55
+    assert (a.event, sim.ready(a)) == (55, True)  # reusable on its own stream at once
+    s2 = sim.new_stream("other")
+    s2.wait_stream(s)  # the next life's kernels on s2 start once s's have completed
+    sim.launch(s2, a)  # t = 55..60 on the other stream
+    a.stream_uses = {s2}  # what record_stream(s2) does
+    sim.record(a)  # events on s (t=55) and on s2 (t=60)
+    assert (a.event, a.use_events, sim.ready(a)) == (60, {s2: 60}, False)
     sim.wait(a)
-    assert (sim.now_us, sim.ready(a)) == (55, True)
-    sim.launch(b)
+    assert (sim.now_us, sim.ready(a)) == (60, True)
+    sim.launch(s, b)
     sim.synchronize()
-    assert sim.now_us == 60
+    assert sim.now_us == 65
+
+
+def test_each_stream_has_its_own_clock():
+    sim = SimDevice(1 << 20, latency_us=10)
+    one, two = sim.new_stream(default=True), sim.new_stream()
+    assert (one.id, one.name, two.id, two.name) == (0, "default", 1, "#1")
+    block = sim.malloc(64)
+    for _ in range(3):
+        sim.launch(one, block)  # t = 0..30
+    sim.launch(two, block)  # another stream starts at once: t = 0..10
+    assert (one.handle.tail_us, two.handle.tail_us, sim.tail_us) == (30, 10, 30)
+    assert not one.query() and not two.query()
+    two.synchronize()  # the host waits for two only
+    assert (sim.now_us, two.query(), one.query()) == (10, True, False)
+    two.wait_stream(one)  # two's next kernel starts after one's queued kernels
+    sim.launch(two, block)
+    assert two.handle.tail_us == 40 and sim.now_us == 10  # the host did not wait
+    one.wait_stream(two)
+    assert one.handle.tail_us == 40
+    one.wait_stream(one)  # waiting on itself changes nothing
+    sim.synchronize()
+    assert sim.now_us == 40 and one.query() and two.query()
+
+
+def test_streams_check_their_peers():
+    sim, other = SimDevice(1 << 20), SimDevice(1 << 20)
+    mine, theirs = sim.new_stream(default=True), other.new_stream("far")
+    with pytest.raises(TypeError, match=r"^other must be a Stream, got int$"):
+        mine.wait_stream(3)
+    with pytest.raises(
+        ValueError, match=r"^other \('far'\) belongs to another allocator than stream 'default'$"
+    ):
+        mine.wait_stream(theirs)
+    assert repr(theirs) == "<Stream 'far' (#1) on sim>"
 
 
 def test_the_host_memory_guard(monkeypatch):

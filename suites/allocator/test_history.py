@@ -211,33 +211,55 @@ def test_time_is_the_simulated_clock_on_sim(make_alloc):
 
 
 @pytest.mark.backends("sim")
-def test_a_block_freed_while_its_kernel_runs_awaits_its_event(make_alloc):
+def test_a_block_used_on_another_stream_awaits_its_event(make_alloc):
+    # Freed on its own stream only, a block is reusable at once (stream order makes it safe):
+    # free_completed follows free_requested. Recorded on a stream whose kernel is still in
+    # flight, it waits for that stream's event: active_pending_free until then.
     alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
     with alloc.history():
         alloc.release(alloc.full(4, 1.0))  # its fill completes at t=10; now t=0
+        assert actions(alloc)[-2:] == ["free_requested", "free_completed"]
+        with alloc.use_stream(side):
+            on_side = alloc.full(2, 0.0)  # a kernel on side, until t=10
+        buf = alloc.full(4, 1.0)  # the cached 16 B block, reused on its own stream
+        buf.record_stream(side)
+        alloc.release(buf)
         snapshot = alloc.snapshot()
-        (segment,) = snapshot["segments"]
-        assert segment["blocks"][0]["state"] == "active_pending_free"
+        states = {s["total_size"]: s["blocks"][0]["state"] for s in snapshot["segments"]}
+        assert states == {16: "active_pending_free", 8: "active_allocated"}
+        segment = next(s for s in snapshot["segments"] if s["total_size"] == 16)
         assert (segment["allocated_size"], segment["active_size"]) == (0, 16)
-        assert [e["action"] for e in snapshot["device_traces"][0]][-1] == "free_requested"
+        assert segment["stream"] == 0 and snapshot["device_traces"][0][-1]["stream"] == 0
+        assert [e["stream"] for e in snapshot["device_traces"][0] if e["size"] == 8] == [1, 1]
+        assert snapshot["device_traces"][0][-1]["action"] == "free_requested"
         _snapshot_checks.check_accounts(snapshot)  # TOTAL MEM counts it until it completes
         alloc.device.advance(10)
-        alloc.full(8, 1.0)  # an allocation finds it reusable first, as PyTorch's malloc does
-    assert actions(alloc)[-4:] == ["free_completed", "segment_alloc", "alloc", "free_requested"]
+        kept = alloc.full(8, 1.0)  # an allocation finds it reusable first, as PyTorch's malloc
+    assert actions(alloc)[-3:] == ["free_completed", "segment_alloc", "alloc"]
     states = {s["total_size"]: s["blocks"][0]["state"] for s in alloc.snapshot()["segments"]}
-    assert states == {16: "inactive", 32: "active_pending_free"}  # the 32 B fill runs to t=20
+    assert states == {16: "inactive", 8: "active_allocated", 32: "active_allocated"}
+    alloc.release(on_side)
+    alloc.release(kept)
 
 
 @pytest.mark.backends("sim")
 def test_a_flush_completes_a_pending_free_after_the_wait(make_alloc):
     alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
     with alloc.history():
-        alloc.release(alloc.full(4, 1.0))
+        with alloc.use_stream(side):
+            alloc.release(alloc.full(2, 0.0))  # a kernel on side, until t=10
+        buf = alloc.full(4, 1.0)
+        buf.record_stream(side)
+        alloc.release(buf)
         alloc.empty_cache()
     trace = alloc.snapshot()["device_traces"][0]
-    assert [(e["action"], e["time_us"]) for e in trace[-2:]] == [
-        ("free_completed", 10),
-        ("segment_free", 10),
+    # the flush frees the free lists first (waiting for side's fill), then the awaiting block
+    assert [(e["action"], e["size"], e["time_us"]) for e in trace[-3:]] == [
+        ("segment_free", 8, 10),
+        ("free_completed", 16, 10),
+        ("segment_free", 16, 10),
     ]
 
 
@@ -439,7 +461,8 @@ def test_devmem_history_off_records_nothing(death, pin):
 
 def test_a_bad_devmem_history_is_an_error_naming_the_variable(death, pin):
     outcome = death.run(_history_probes.default_allocator, "knob", env=pin(DEVMEM_HISTORY="yes"))
-    assert outcome.raised is not None and outcome.raised.type == "ValueError"
+    assert outcome.raised is not None and outcome.raised.type == "allocator.ConfigError"
+    assert "ValueError" in outcome.raised.bases
     assert outcome.raised.message == "DEVMEM_HISTORY='yes': expected 0, 1 or stacks"
 
 

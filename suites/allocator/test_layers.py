@@ -24,8 +24,12 @@ from allocator._device_layer import DeviceLayer
 from allocator._free_cause import FINALIZE, RELEASE
 from allocator._statistics import FOLD_EVERY, Statistics
 from allocator.device import DeviceAllocationError, SimDevice
+from allocator.device.stream import Stream
 
 KIB = 1024
+S = SimDevice(1).new_stream(default=True)
+"""The stream the layers' allocations name: a key to the caching layer's free lists (the devices
+here have no latency, so no layer reads its clock)."""
 
 
 class Recorder:
@@ -36,13 +40,15 @@ class Recorder:
         self.calls: list[tuple] = []
         self.fail = 0
 
-    def allocate(self, nbytes: int):
+    def allocate(self, nbytes: int, stream):
         if self.fail:
             self.fail -= 1
             self.calls.append(("fail", nbytes))
             raise DeviceAllocationError("recorder: no room")
         self.calls.append(("allocate", nbytes))
-        return self.device.malloc(nbytes)
+        block = self.device.malloc(nbytes)
+        block.stream = stream
+        return block
 
     def deallocate(self, block, cause: FreeCause) -> None:
         self.calls.append(("deallocate", block.nbytes, cause.kind))
@@ -66,9 +72,10 @@ class Recorder:
 def test_device_layer_counts_only_what_the_device_did():
     device = SimDevice(2 * KIB)
     layer = DeviceLayer(device)
-    block = layer.allocate(KIB)
+    block = layer.allocate(KIB, S)
+    assert block.stream is S and block.stream_uses is None  # it belongs to its stream
     with pytest.raises(DeviceAllocationError, match="sim: 2048 bytes requested, 1024 of 2048"):
-        layer.allocate(2 * KIB)
+        layer.allocate(2 * KIB, S)
     assert layer.counters() == (1, 0)
     layer.deallocate(block, RELEASE)
     assert layer.counters() == (1, 1) and device.used_bytes == 0
@@ -76,10 +83,11 @@ def test_device_layer_counts_only_what_the_device_did():
 
 def test_device_layer_waits_on_the_event_before_it_frees():
     device = SimDevice(1 << 20, latency_us=7)
+    stream = device.new_stream(default=True)
     layer = DeviceLayer(device)
-    blocks = [layer.allocate(KIB) for _ in range(3)]
+    blocks = [layer.allocate(KIB, stream) for _ in range(3)]
     for block in blocks:
-        device.launch(block)  # kernels in flight until t=7, 14, 21
+        device.launch(stream, block)  # kernels in flight until t=7, 14, 21
         device.record(block)
     layer.deallocate(blocks[0], RELEASE)  # the simulator aborts on a free while in flight
     assert device.now_us == 7
@@ -88,16 +96,33 @@ def test_device_layer_waits_on_the_event_before_it_frees():
     assert layer.counters() == (3, 3) and device.used_bytes == 0
 
 
+def test_device_layer_waits_on_every_recorded_streams_event_before_it_frees():
+    device = SimDevice(1 << 20, latency_us=10)
+    own, side = device.new_stream(default=True), device.new_stream("side")
+    layer = DeviceLayer(device)
+    block = layer.allocate(KIB, own)
+    device.launch(own, block)  # t = 0..10 on its own stream
+    for _ in range(3):
+        device.launch(side, block)  # t = 0..30 on the side stream
+    block.stream_uses = {side}  # what record_stream(side) does
+    device.record(block)
+    assert (block.event, block.use_events) == (30, {side: 30})
+    assert device.pending_streams(block) == (side,)
+    assert not device.ready(block)
+    layer.deallocate(block, RELEASE)  # waits until t=30, else the simulator aborts
+    assert device.now_us == 30 and device.pending_streams(block) == ()
+
+
 # -- the caching layer ---------------------------------------------------------------------------
 
 
 def test_caching_layer_reuses_exact_sizes_and_counts_hits_and_misses():
     upstream = Recorder()
     layer = CachingLayer(upstream)
-    a = layer.allocate(KIB)
+    a = layer.allocate(KIB, S)
     layer.deallocate(a, RELEASE)
-    assert layer.allocate(KIB) is a  # a hit: the upstream is not asked
-    b = layer.allocate(2 * KIB)
+    assert layer.allocate(KIB, S) is a  # a hit: the upstream is not asked
+    b = layer.allocate(2 * KIB, S)
     assert upstream.take_calls() == [("allocate", KIB), ("allocate", 2 * KIB)]
     assert layer.counters() == (0, 0, 1, 2, 0, 0)
     layer.deallocate(a, RELEASE)
@@ -105,10 +130,65 @@ def test_caching_layer_reuses_exact_sizes_and_counts_hits_and_misses():
     assert len(layer) == 2 and layer.counters()[0] == 3 * KIB
 
 
+def _streamed(cap_bytes: int = 0) -> tuple[Recorder, CachingLayer, Stream, Stream]:
+    """A caching layer over a recorder whose kernels take 10 us, and two of its streams: the
+    default one and another."""
+    upstream = Recorder(latency=10)
+    device = upstream.device
+    streams = device.new_stream(default=True), device.new_stream("other")
+    return upstream, CachingLayer(upstream, cap_bytes), *streams
+
+
+def test_caching_layer_keeps_a_free_list_per_stream():
+    # PyTorch's caching allocator: get_free_block looks only at the requesting stream's blocks
+    upstream, layer, own, other = _streamed()
+    device = upstream.device
+    a = layer.allocate(KIB, own)
+    device.launch(own, a)  # in flight until t=10
+    layer.deallocate(a, RELEASE)
+    b = layer.allocate(KIB, other)  # another stream never gets it, whatever its events say
+    assert b is not a and b.stream is other
+    assert layer.allocate(KIB, own) is a  # its own stream at once: stream order makes it safe
+    assert device.now_us == 0 and layer.counters()[2:4] == (1, 2)
+
+
+def test_caching_layer_holds_a_recorded_block_until_the_other_streams_events_complete():
+    upstream, layer, own, side = _streamed()
+    device = upstream.device
+    a = layer.allocate(KIB, own)
+    device.launch(side, a)  # a kernel of the side stream reads it: t = 0..10
+    a.stream_uses = {side}  # record_stream(side)
+    layer.deallocate(a, RELEASE)
+    assert layer.awaiting() == ((a, (side,)),)
+    assert (layer.counters()[0], len(layer)) == (KIB, 1)  # cached bytes, not reusable yet
+    b = layer.allocate(KIB, own)
+    assert b is not a
+    device.advance(10)
+    assert layer.awaiting() == ((a, ()),)  # done: moved to its free list at the next take
+    assert layer.allocate(KIB, own) is a
+    assert (a.stream_uses, layer.awaiting(), device.now_us) == (None, (), 10)
+
+
+def test_caching_layer_caps_and_flushes_awaiting_blocks_too():
+    upstream, layer, own, side = _streamed(cap_bytes=KIB)
+    device = upstream.device
+    blocks = [layer.allocate(KIB, own) for _ in range(2)]
+    for block in blocks:
+        device.launch(side, block)  # t = 0..10, then 10..20
+        block.stream_uses = {side}
+    upstream.take_calls()
+    layer.deallocate(blocks[0], RELEASE)  # cached, awaiting
+    layer.deallocate(blocks[1], RELEASE)  # past the cap: freed after waiting on its events
+    assert upstream.take_calls() == [("deallocate", KIB, "cap_evict")]
+    assert device.now_us == 20 and layer.counters()[4] == 1
+    assert layer.flush() == KIB and layer.awaiting() == () and len(layer) == 0
+    assert upstream.take_calls() == [("deallocate_many", [KIB], "empty_cache")]
+
+
 def test_caching_layer_evicts_past_the_cap_with_the_cap_evict_cause():
     upstream = Recorder()
     layer = CachingLayer(upstream, cap_bytes=2 * KIB)
-    blocks = [layer.allocate(KIB) for _ in range(3)] + [layer.allocate(4 * KIB)]
+    blocks = [layer.allocate(KIB, S) for _ in range(3)] + [layer.allocate(4 * KIB, S)]
     upstream.take_calls()
     layer.deallocate_many(blocks[:3], RELEASE)
     layer.deallocate(blocks[3], RELEASE)
@@ -124,10 +204,10 @@ def test_caching_layer_collects_then_flushes_then_retries_once():
     upstream = Recorder()
     order = []
     layer = CachingLayer(upstream, on_oom=lambda: order.append("on_oom"))
-    layer.deallocate(layer.allocate(KIB), RELEASE)
+    layer.deallocate(layer.allocate(KIB, S), RELEASE)
     upstream.take_calls()
     upstream.fail = 1
-    block = layer.allocate(8 * KIB)
+    block = layer.allocate(8 * KIB, S)
     assert order == ["on_oom"]
     assert upstream.take_calls() == [
         ("fail", 8 * KIB),
@@ -141,11 +221,11 @@ def test_caching_layer_collects_then_flushes_then_retries_once():
 def test_caching_layer_flushes_what_on_oom_handed_back():
     upstream = Recorder()
     layer = CachingLayer(upstream)
-    freed_by_collection = layer.allocate(KIB)
+    freed_by_collection = layer.allocate(KIB, S)
     layer.on_oom = lambda: layer.deallocate(freed_by_collection, FINALIZE)
     upstream.take_calls()
     upstream.fail = 1
-    layer.allocate(2 * KIB)
+    layer.allocate(2 * KIB, S)
     assert upstream.take_calls() == [
         ("fail", 2 * KIB),
         ("deallocate_many", [KIB], "oom_flush"),
@@ -158,14 +238,14 @@ def test_caching_layer_second_failure_propagates_and_counts_no_miss():
     layer = CachingLayer(upstream)
     upstream.fail = 2
     with pytest.raises(DeviceAllocationError, match="recorder: no room"):
-        layer.allocate(KIB)
+        layer.allocate(KIB, S)
     assert layer.counters() == (0, 0, 0, 0, 0, 1)
 
 
 def test_caching_layer_flush_returns_the_bytes_with_its_cause():
     upstream = Recorder()
     layer = CachingLayer(upstream)
-    layer.deallocate_many([layer.allocate(KIB), layer.allocate(3 * KIB)], RELEASE)
+    layer.deallocate_many([layer.allocate(KIB, S), layer.allocate(3 * KIB, S)], RELEASE)
     upstream.take_calls()
     assert layer.flush() == 4 * KIB
     assert upstream.take_calls() == [("deallocate_many", [KIB, 3 * KIB], "empty_cache")]
@@ -175,7 +255,7 @@ def test_caching_layer_flush_returns_the_bytes_with_its_cause():
 def test_dropping_the_caching_layer_hands_its_blocks_back():
     upstream = Recorder()
     layer = CachingLayer(upstream)
-    layer.deallocate(layer.allocate(KIB), RELEASE)
+    layer.deallocate(layer.allocate(KIB, S), RELEASE)
     upstream.take_calls()
     del layer
     assert upstream.take_calls() == [("deallocate_many", [KIB], "teardown")]
@@ -188,11 +268,11 @@ def test_dropping_the_caching_layer_hands_its_blocks_back():
 def test_statistics_count_once_the_block_exists():
     upstream = Recorder()
     stats = Statistics(upstream)
-    a = stats.allocate(KIB)
-    b = stats.allocate(3 * KIB)
+    a = stats.allocate(KIB, S)
+    b = stats.allocate(3 * KIB, S)
     upstream.fail = 1
     with pytest.raises(DeviceAllocationError):
-        stats.allocate(KIB)
+        stats.allocate(KIB, S)
     assert stats.counters() == (4 * KIB, 4 * KIB, 2, 2, 0)
     stats.deallocate(a, RELEASE)
     stats.deallocate_many([b], RELEASE)
@@ -208,9 +288,9 @@ def test_statistics_fold_epochs_as_rmm_pushes_and_pops():
     # is freed inside the inner epoch (charged to it).
     stats = Statistics(Recorder())
     stats.push()
-    outer = stats.allocate(1000)
+    outer = stats.allocate(1000, S)
     stats.push()
-    inner = stats.allocate(2000)
+    inner = stats.allocate(2000, S)
     stats.deallocate(outer, RELEASE)
     stats.deallocate(inner, RELEASE)
     child = stats.pop()
@@ -232,11 +312,11 @@ def test_statistics_start_at_zero():
 @pytest.mark.parametrize("path", ["allocate", "deallocate", "deallocate_many"])
 def test_statistics_fold_their_log_when_it_reaches_fold_every(path):
     stats = Statistics(Recorder())
-    blocks = [stats.allocate(4) for _ in range(FOLD_EVERY - 2)]
+    blocks = [stats.allocate(4, S) for _ in range(FOLD_EVERY - 2)]
     stats.deallocate(blocks.pop(), RELEASE)
     assert len(stats._log) == FOLD_EVERY - 1 and stats.allocs == 0  # nothing folded yet
     if path == "allocate":
-        blocks.append(stats.allocate(4))
+        blocks.append(stats.allocate(4, S))
     elif path == "deallocate":
         stats.deallocate(blocks.pop(), RELEASE)
     else:
@@ -258,7 +338,7 @@ def test_statistics_from_several_threads_add_up():
 
     def work() -> None:
         for _ in range(2000):
-            stats.deallocate(stats.allocate(16), RELEASE)
+            stats.deallocate(stats.allocate(16, S), RELEASE)
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for thread in threads:
@@ -280,7 +360,7 @@ def _registry() -> tuple[ArenaRegistry, Recorder]:
 
 def test_registry_frees_a_storage_once_with_its_cause():
     registry, upstream = _registry()
-    st = registry.allocate(KIB)
+    st = registry.allocate(KIB, S)
     assert (st.nbytes, st.size, st.epoch) == (KIB, KIB // 4, None)
     cause = FreeCause("release", "test")
     assert registry.free(st, cause) == 1
@@ -291,7 +371,7 @@ def test_registry_frees_a_storage_once_with_its_cause():
 
 def test_a_finalizer_only_queues_its_block():
     registry, upstream = _registry()
-    st = registry.allocate(KIB)
+    st = registry.allocate(KIB, S)
     upstream.take_calls()
     del st
     assert len(registry.pending) == 1 and upstream.take_calls() == []
@@ -304,9 +384,9 @@ def test_registry_tracks_promotes_and_reclaims():
     registry, upstream = _registry()
     assert upstream.device.used_bytes == 0
     outer = registry.open()
-    kept, scratch = registry.allocate(KIB), registry.allocate(2 * KIB)
+    kept, scratch = registry.allocate(KIB, S), registry.allocate(2 * KIB, S)
     inner = registry.open()
-    promoted, reclaimed = registry.allocate(4 * KIB), registry.allocate(8 * KIB)
+    promoted, reclaimed = registry.allocate(4 * KIB, S), registry.allocate(8 * KIB, S)
     assert (kept.epoch, promoted.epoch) == (outer, inner)
     inner_stats = registry.close([Buffer(promoted, 0, 1)], expected=inner)
     assert inner.tracked == {} and reclaimed.epoch is None
@@ -334,7 +414,7 @@ def test_an_epoch_prunes_when_it_reaches_sweep_at_then_at_twice_the_live():
             epoch.tracked[-len(epoch.tracked) - 1] = weakref.ref(_Mortal())  # dead at once
 
     def add_live() -> Storage:
-        st = registry.allocate(4)
+        st = registry.allocate(4, S)
         epoch.track(st, weakref.ref(st))
         return st
 
@@ -352,9 +432,9 @@ def test_an_epoch_prunes_when_it_reaches_sweep_at_then_at_twice_the_live():
 def test_registry_prunes_dead_entries_when_it_doubles():
     registry, _ = _registry()
     epoch = registry.open()
-    live = [registry.allocate(4) for _ in range(10)]
+    live = [registry.allocate(4, S) for _ in range(10)]
     for _ in range(5 * SWEEP_MIN):
-        registry.allocate(4)  # finalized at once: a dead entry until the next pruning
+        registry.allocate(4, S)  # finalized at once: a dead entry until the next pruning
     assert len(epoch.tracked) <= 2 * len(live) + SWEEP_MIN
     assert epoch.sweep_at >= SWEEP_MIN
     registry.drain()
@@ -364,7 +444,7 @@ def test_registry_prunes_dead_entries_when_it_doubles():
 def test_a_dropped_registry_hands_its_queued_blocks_upstream():
     upstream = Recorder()
     registry = ArenaRegistry(Statistics(upstream), "sim")
-    st = registry.allocate(KIB)
+    st = registry.allocate(KIB, S)
     upstream.take_calls()
     gc.disable()
     try:
@@ -448,3 +528,16 @@ def test_the_allocator_stacks_its_layers(name, stack):
     for layer, upstream in itertools.pairwise(layers):
         assert layer._upstream is upstream
     assert layers[-1].device is alloc.device
+
+
+def test_the_exit_walk_skips_a_storage_claimed_meanwhile_and_goes_on():
+    # Another thread's free() pops a storage's block before it untracks it: the walk finds a
+    # tracked storage without a block, skips it, and reclaims the rest.
+    registry, _ = _registry()
+    epoch = registry.open()
+    claimed, other = registry.allocate(KIB, S), registry.allocate(2 * KIB, S)
+    block = claimed._cell.pop()  # what free() does first
+    stats = registry.close((), expected=epoch)
+    assert (stats.reclaimed_buffers, stats.reclaimed_bytes) == (1, 2 * KIB)
+    assert (claimed.cause, other.cause) == (None, FreeCause("arena_exit", "arena_exit", 0))
+    assert block.nbytes == KIB

@@ -1,0 +1,71 @@
+"""The current stream, per thread: what ``with alloc.use_stream(s):`` sets.
+
+Every allocation and op of an allocator runs on the calling thread's current stream of that
+allocator: its default stream until a ``use_stream`` block makes another one current, for that
+thread only, until the block exits (PyTorch's ``torch.cuda.stream(s)`` context, whose current
+stream is per thread too). Blocks nest; leaving one restores the stream that was current
+before, also after an exception.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .device.base import Device
+from .device.stream import Stream
+
+__all__ = ["CurrentStream", "StreamScope", "check_stream"]
+
+
+def check_stream(device: Device, stream: object, name: str = "stream") -> Stream:
+    """Validate that ``stream`` is a stream of ``device``; return it.
+
+    Raises:
+        TypeError: ``stream`` is not a Stream.
+        ValueError: it belongs to another allocator.
+    """
+    if not isinstance(stream, Stream):
+        raise TypeError(f"{name} must be a Stream, got {type(stream).__name__}")
+    if stream.device is not device:
+        raise ValueError(f"{name} ({stream.name!r}) belongs to another allocator")
+    return stream
+
+
+class CurrentStream(threading.local):
+    """One allocator's current stream in each thread (``stream``), its default stream in a
+    thread that never entered a :class:`StreamScope`."""
+
+    def __init__(self, default: Stream) -> None:
+        self.stream = default
+
+
+class StreamScope:
+    """The context manager ``use_stream`` returns: ``stream`` (validated by the caller) is the
+    thread's current stream in the ``with`` block, and the one current before is restored at
+    its exit, also after an exception. On ``cuda`` the device's own scope
+    (:meth:`~allocator.device.base.Device.stream_scope`) is entered too, so that CuPy's kernels
+    in the block run on the stream. A plain class rather than a generator: entering one is
+    on the path of every ZeRO-3 gather."""
+
+    __slots__ = ("_current", "_device_scope", "_previous", "_stream")
+
+    def __init__(self, current: CurrentStream, stream: Stream, device: Device) -> None:
+        self._current = current
+        self._stream = stream
+        self._device_scope = device.stream_scope(stream)
+        self._previous: Stream | None = None
+
+    def __enter__(self) -> Stream:
+        current = self._current
+        self._previous = current.stream
+        scope = self._device_scope
+        if scope is not None:
+            scope.__enter__()
+        current.stream = self._stream
+        return self._stream
+
+    def __exit__(self, *exc) -> None:
+        self._current.stream = self._previous
+        scope = self._device_scope
+        if scope is not None:
+            scope.__exit__(*exc)

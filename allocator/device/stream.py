@@ -1,0 +1,79 @@
+"""Streams: ordered queues of device work, as CUDA and PyTorch have them.
+
+A :class:`Stream` runs its kernels in order, one after another; kernels of different streams may
+run at the same time. A stream belongs to one device (one allocator): its default stream (id 0,
+named ``default``), or one made by ``alloc.new_stream()``. What a stream is on each backend lives
+in its :attr:`~Stream.handle`: nothing on ``cpu`` (accounting only), a logical clock on ``sim``
+(:class:`~allocator.device.sim.SimStream`), a ``cupy.cuda.Stream`` on ``cuda`` (the null stream
+for the default one, a non-blocking stream for the others, as PyTorch's stream pool makes them).
+
+A stream refers to its device; no device or layer refers to a stream except through the blocks
+allocated on it, so streams make no reference cycle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Device
+
+__all__ = ["Stream"]
+
+
+class Stream:
+    """An ordered queue of kernels on one device (PyTorch's ``torch.cuda.Stream``).
+
+    Made by the allocator (``alloc.new_stream(name)``, ``alloc.default_stream``), never
+    directly. Make one current for the calling thread with ``with alloc.use_stream(s):``;
+    allocations and ops then run on it.
+
+    Attributes:
+        id: 0 for the default stream, then 1, 2, ... in order of creation, per device.
+        name: ``"default"``, the name given to ``new_stream``, or ``"#<id>"``.
+        device: the backend it belongs to.
+        handle: the backend's own stream (``None`` on ``cpu``, a
+            :class:`~allocator.device.sim.SimStream` on ``sim``, a ``cupy.cuda.Stream`` on
+            ``cuda``).
+    """
+
+    __slots__ = ("__weakref__", "device", "handle", "id", "name")
+
+    def __init__(self, device: Device, stream_id: int, name: str, handle: object) -> None:
+        self.device = device
+        self.id = stream_id
+        self.name = name
+        self.handle = handle
+
+    def _peer(self, other: object, what: str) -> Stream:
+        if not isinstance(other, Stream):
+            raise TypeError(f"{what} must be a Stream, got {type(other).__name__}")
+        if other.device is not self.device:
+            raise ValueError(
+                f"{what} ({other.name!r}) belongs to another allocator than stream {self.name!r}"
+            )
+        return other
+
+    def wait_stream(self, other: Stream) -> None:
+        """Make every kernel queued on this stream from now on wait for the kernels queued on
+        ``other`` so far (PyTorch's ``Stream.wait_stream``: an event recorded on ``other``,
+        waited on by this stream). The host does not wait.
+
+        Raises:
+            TypeError: ``other`` is not a Stream.
+            ValueError: ``other`` belongs to another allocator.
+        """
+        other = self._peer(other, "other")
+        if other is not self:
+            self.device.wait_stream(self, other)
+
+    def synchronize(self) -> None:
+        """Block the host until every kernel queued on this stream so far has completed."""
+        self.device.synchronize_stream(self)
+
+    def query(self) -> bool:
+        """Whether every kernel queued on this stream so far has completed (never waits)."""
+        return self.device.stream_done(self)
+
+    def __repr__(self) -> str:
+        return f"<Stream {self.name!r} (#{self.id}) on {self.device.name}>"

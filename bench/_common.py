@@ -1,0 +1,94 @@
+"""What every benchmark under ``bench/`` shares: its command line, the machine it names, and how
+it reports.
+
+A benchmark prints a table, writes its results as JSON (``bench/results/<name>.json`` unless
+``--out`` says otherwise), and ends with one ``verdict:`` line that says whether each target was
+met. Targets are ratios against a reference measured in the same run, so the verdict holds on a
+busy or slow machine. The exit status is 0 unless ``--check`` is given and a target was missed.
+Benchmarks are never part of pytest; run them by hand (``.venv/bin/python bench/<name>.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+__all__ = ["RESULTS", "ROOT", "finish", "machine", "parse", "parser"]
+
+
+def parser(name: str, doc: str, *, repeat: int, quick: str) -> argparse.ArgumentParser:
+    """The shared command line: ``--repeat N``, ``--quick``, ``--check`` and ``--out PATH``.
+
+    Args:
+        name: the benchmark's name; the JSON goes to ``bench/results/<name>.json`` by default.
+        doc: the module docstring; its first paragraph is the description.
+        repeat: the default ``--repeat`` (runs per figure; every figure is their median).
+        quick: what ``--quick`` cuts, for its help line.
+
+    Returns:
+        A parser to which a benchmark may add its own options; parse with :func:`parse`.
+    """
+    out = RESULTS / f"{name}.json"
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument(
+        "--repeat", type=int, default=repeat, help=f"runs per figure (default {repeat})"
+    )
+    parser.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run)")
+    parser.add_argument(
+        "--check", action="store_true", help="exit with status 1 when a target is missed"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=out, help=f"the JSON to write (default {out.relative_to(ROOT)})"
+    )
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; exit with status 2 and a usage line when ``--repeat`` is below 1."""
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    return args
+
+
+def machine() -> dict:
+    """The machine the figures come from: Python, NumPy, platform, processor, CPU count."""
+    import numpy
+
+    return {
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def finish(args: argparse.Namespace, results: dict, table: str, verdicts: dict[str, bool]) -> int:
+    """Print ``table``, write ``results`` as JSON to ``args.out``, print the verdict line.
+
+    Args:
+        verdicts: each target's label (e.g. ``"(a) <= 20x numpy.empty"``) and whether it was met.
+
+    Returns:
+        The exit status: 1 when ``--check`` was given and a target was missed, else 0.
+    """
+    results = {**results, "verdicts": verdicts}
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    words = "; ".join(f"{label} {'met' if met else 'MISSED'}" for label, met in verdicts.items())
+    print(f"verdict: {words}")
+    missed = [label for label, met in verdicts.items() if not met]
+    if missed and args.check:
+        print(f"{Path(sys.argv[0]).name} --check: missed {', '.join(missed)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,435 @@
+"""DeepSpeed ZeRO-3's gathered parameters and their release lifetime, on the allocator.
+
+Source: ``../shared/seeds/deepspeed-zero3-release-lifetime.txt`` (DeepSpeed PR #8032, fixing
+what #7489 broke) and DeepCompile's ZeRO-3 custom ops (``allgather_param``, ``wait_allgather``,
+``release_param`` in ``csrc/compile/z3.cpp``).
+
+ZeRO-3 shards every parameter over ``world_size`` ranks; before an op uses a parameter it is
+all-gathered into a full buffer, and released after its last use. :class:`Zero3` simulates the
+ranks in one process: every rank's shard is host memory (the other ranks' memory, which the
+all-gather reaches over the network), the gathered parameter is device memory of this rank,
+allocated from an :class:`~allocator.Allocator` and gathered on a gather stream of its own.
+
+The seed's bug. PR #7489 made the all-gather write a *padded* base of ``world_size *
+ceil(numel / world_size)`` elements and return a true-shape **view** (``numel`` elements) of it;
+the registry keeps the base. The release path only dropped the registry's reference
+(``set_data(empty)``), which frees nothing while a view of the storage is alive, and Inductor's
+generated wrapper keeps ``buf1 = buf0`` aliases of the gathered views until the graph ends (its
+fallback ops are marked ``never_reuse_output``): every gathered parameter stayed live until the
+end of the graph. The fix (#8032): the final ``release_param`` of a non-persistent parameter
+records the current stream on the storage (``record_stream``, so the caching allocator does not
+hand the block to other work before the consumer's queued kernels finish) and resizes the
+storage to 0 bytes (``resize_(0)``), freeing it with the views still alive; using such a view
+afterwards is a use-after-release, which the allocator's detector reports. ``legacy_release=True``
+keeps the pre-fix path for the suites' mutant probe.
+
+Order of operations, per parameter:
+
+- ``allgather``: if the registry holds a gathered base, a view of it (nothing is allocated:
+  DeepSpeed's ``isValid``); else the gather stream waits for the current stream (DeepSpeed's
+  ``ag_comp_done`` event), the padded base is allocated and filled on the gather stream (one
+  upload: the all-gather kernel), registered, and a view of its first ``numel`` elements
+  returned.
+- ``wait``: the current stream waits for the gather stream (``wait_allgather``).
+- ``release``: a countdown armed at ``n_users`` when it is 0, then decremented; when it reaches
+  0 on a non-persistent parameter, the base is unregistered, the current stream recorded on it
+  and its storage freed by ``resize_(0, "release_param")`` (legacy: unregistered only).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from allocator import Allocator, Buffer
+
+from ._checks import integer
+
+__all__ = ["RELEASE_REASON", "GraphRun", "Param", "Release", "Zero3"]
+
+RELEASE_REASON = "release_param"
+"""The reason the final release gives ``resize_``: what the detector says about a later use
+(``use-after-release: buffer_sum arg was released by release_param``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """A registered parameter's shape.
+
+    Attributes:
+        param_id: its id.
+        index: its registration order (0, 1, ...), which sets its values.
+        numel: elements of the full parameter (its true shape).
+        shard_numel: elements per rank, ``ceil(numel / world_size)``.
+        padded_numel: elements of the gathered base, ``world_size * shard_numel``.
+        persistent: whether it keeps its gathered base for good (never released).
+    """
+
+    param_id: Hashable
+    index: int
+    numel: int
+    shard_numel: int
+    padded_numel: int
+    persistent: bool
+
+    @property
+    def padded_bytes(self) -> int:
+        """Bytes of the gathered base (4 per float32 element): what each gather allocates."""
+        return 4 * self.padded_numel
+
+    def values(self) -> np.ndarray:
+        """The full parameter (``numel`` float32 elements): ``(1 + (i + index) % 251) / 256``
+        for element ``i`` (exact in float32, in (0, 1): a chain of layers neither overflows
+        nor vanishes fast), so that neighbouring parameters and shards differ."""
+        return ((1 + (np.arange(self.numel) + self.index) % 251) / 256).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """One ``release_param`` of a :meth:`Zero3.run_graph` replay.
+
+    Attributes:
+        layer: the layer whose op used the parameter.
+        param_id: the parameter.
+        final: whether its countdown reached 0 here.
+        live_before, live_after: the allocator's live bytes around the call.
+    """
+
+    layer: int
+    param_id: Hashable
+    final: bool
+    live_before: int
+    live_after: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphRun:
+    """What a :meth:`Zero3.run_graph` replay did.
+
+    Attributes:
+        output: the graph's output buffer (the caller owns it).
+        releases: every release, in order.
+        peak_bytes: the most live bytes seen while the graph ran (sampled after every
+            allocation, where live bytes can only have grown).
+        live_at_end: live bytes after the last op, the wrapper's aliases still alive.
+        live_after: live bytes once the wrapper returned (its aliases dropped), the output
+            still held.
+    """
+
+    output: Buffer
+    releases: tuple[Release, ...]
+    peak_bytes: int
+    live_at_end: int
+    live_after: int
+
+
+@dataclasses.dataclass(eq=False)
+class _Entry:
+    """A parameter's state: its shape, its padded host data (every rank's shard, in rank
+    order) and its release countdown."""
+
+    param: Param
+    padded: np.ndarray
+    countdown: int = 0
+
+
+class Zero3:
+    """ZeRO-3 parameters of ``world_size`` simulated ranks over ``alloc``.
+
+    Args:
+        alloc: the allocator gathered parameters come from.
+        world_size: the number of ranks, >= 1.
+        legacy_release: ``True`` for the pre-fix release path (drop the registry's reference
+            only), kept for the suites' mutant probe.
+
+    Attributes:
+        alloc: the allocator.
+        world_size: the number of ranks.
+        legacy_release: whether the pre-fix release path is used.
+        gather_stream: the stream the all-gathers run on (``"zero3.gather"``).
+
+    Raises:
+        TypeError: ``alloc`` is not an Allocator, ``world_size`` not an integer, or
+            ``legacy_release`` not a bool.
+        ValueError: ``world_size`` < 1.
+    """
+
+    def __init__(self, alloc: Allocator, world_size: int, *, legacy_release: bool = False):
+        if not isinstance(alloc, Allocator):
+            raise TypeError(f"alloc must be an allocator.Allocator, got {type(alloc).__name__}")
+        self.world_size = integer(world_size, "world_size", 1)
+        if not isinstance(legacy_release, bool):
+            raise TypeError(f"legacy_release must be a bool, got {type(legacy_release).__name__}")
+        self.alloc = alloc
+        self.legacy_release = legacy_release
+        self.gather_stream = alloc.new_stream("zero3.gather")
+        self._entries: dict[Hashable, _Entry] = {}
+        self._gathered: dict[Hashable, Buffer] = {}  # DeepSpeed's registry of gathered params
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self, param_id: Hashable, numel: int, *, persistent: bool = False) -> Param:
+        """Register a parameter of ``numel`` elements, sharded over the ranks: rank r holds
+        elements ``r * shard .. (r + 1) * shard - 1`` of it, zero padded, where ``shard =
+        ceil(numel / world_size)``.
+
+        Returns:
+            Its :class:`Param`.
+
+        Raises:
+            TypeError: ``param_id`` is not hashable, ``numel`` not an integer, ``persistent``
+                not a bool.
+            ValueError: ``param_id`` is already registered, or ``numel`` < 1.
+        """
+        if not isinstance(param_id, Hashable):
+            raise TypeError(f"param_id must be hashable, got {type(param_id).__name__}")
+        numel = integer(numel, "numel", 1)
+        if not isinstance(persistent, bool):
+            raise TypeError(f"persistent must be a bool, got {type(persistent).__name__}")
+        if param_id in self._entries:
+            raise ValueError(f"param_id={param_id!r} is already registered")
+        shard = math.ceil(numel / self.world_size)
+        index, padded_numel = len(self._entries), shard * self.world_size
+        param = Param(param_id, index, numel, shard, padded_numel, persistent)
+        padded = np.zeros(param.padded_numel, dtype=np.float32)
+        padded[:numel] = param.values()
+        self._entries[param_id] = _Entry(param, padded)
+        return param
+
+    def param(self, param_id: Hashable) -> Param:
+        """The :class:`Param` registered as ``param_id``.
+
+        Raises:
+            KeyError: ``param_id`` is not registered.
+        """
+        return self._entry(param_id).param
+
+    def shard(self, param_id: Hashable, rank: int) -> np.ndarray:
+        """Rank ``rank``'s shard of the parameter (``shard_numel`` elements, a host copy).
+
+        Raises:
+            KeyError: ``param_id`` is not registered.
+            ValueError: ``rank`` is not in ``0 .. world_size - 1``.
+        """
+        entry = self._entry(param_id)
+        rank = integer(rank, "rank", 0)
+        if rank >= self.world_size:
+            raise ValueError(f"rank must be < world_size={self.world_size}, got {rank}")
+        shard = entry.param.shard_numel
+        return entry.padded[rank * shard : (rank + 1) * shard].copy()
+
+    def _entry(self, param_id: Hashable) -> _Entry:
+        try:
+            return self._entries[param_id]
+        except (KeyError, TypeError):  # TypeError: an unhashable id is not registered either
+            raise KeyError(f"param_id={param_id!r} is not registered") from None
+
+    # -- the custom ops ----------------------------------------------------------------------
+
+    def allgather(self, param_id: Hashable) -> Buffer:
+        """All-gather the parameter (DeepCompile's ``allgather_param``).
+
+        If its base is gathered already (a persistent parameter, or one whose countdown has
+        not reached 0), returns a view of it and allocates nothing. Otherwise the gather stream
+        first waits for the current stream, then a padded base of ``padded_numel`` elements is
+        allocated on the gather stream and filled there with every rank's shard, and kept in
+        the registry.
+
+        Returns:
+            A true-shape view: the base's first ``numel`` elements, sharing its storage.
+
+        Raises:
+            KeyError: ``param_id`` is not registered.
+            DeviceOutOfMemory: the device has no room for the base.
+        """
+        entry = self._entry(param_id)
+        base = self._gathered.get(param_id)
+        if base is None:
+            alloc = self.alloc
+            self.gather_stream.wait_stream(alloc.current_stream())
+            with alloc.use_stream(self.gather_stream):
+                base = alloc.from_numpy(entry.padded)
+            self._gathered[param_id] = base
+        return base.view(0, entry.param.numel)
+
+    def wait(self, view: Buffer, param_id: Hashable) -> Buffer:
+        """Make the current stream wait for the gather (DeepCompile's ``wait_allgather``).
+
+        Returns:
+            ``view``, unchanged.
+
+        Raises:
+            KeyError: ``param_id`` is not registered.
+            TypeError: ``view`` is not a Buffer.
+            ValueError: the parameter is not gathered, or ``view`` is not a view of its
+                gathered storage.
+        """
+        self._check_view(view, param_id, "wait")
+        self.alloc.current_stream().wait_stream(self.gather_stream)
+        return view
+
+    def release(self, view: Buffer, param_id: Hashable, n_users: int) -> Buffer:
+        """One use of the parameter is over (DeepCompile's ``release_param``).
+
+        The countdown is armed at ``n_users`` when it is 0, then decremented. When it reaches 0
+        on a non-persistent parameter, the base leaves the registry, the current stream is
+        recorded on it and its storage freed by ``resize_(0, "release_param")``: the block is
+        freed now, although ``view`` and every other view of it are still alive (each then has
+        size 0; using one is a use-after-release). With ``legacy_release`` the base only leaves
+        the registry: the block lives as long as a view does. A persistent parameter keeps its
+        base.
+
+        Returns:
+            ``view`` (the op passes its input through, for the graph's ordering).
+
+        Raises:
+            KeyError: ``param_id`` is not registered.
+            TypeError: ``view`` is not a Buffer, or ``n_users`` not an integer.
+            ValueError: ``n_users`` < 1, the parameter is not gathered, or ``view`` is not a
+                view of its gathered storage (e.g. a view of another parameter).
+        """
+        entry = self._entry(param_id)
+        n_users = integer(n_users, "n_users", 1)
+        base = self._check_view(view, param_id, "release")
+        if entry.countdown == 0:
+            entry.countdown = n_users
+        entry.countdown -= 1
+        if entry.countdown == 0 and not entry.param.persistent:
+            del self._gathered[param_id]  # clear and unregister the registry's entry
+            if not self.legacy_release:
+                self._free(base)
+        return view
+
+    def _free(self, base: Buffer) -> None:
+        """The fix: record the current stream, then free the storage with its views alive."""
+        base.record_stream(self.alloc.current_stream())
+        base.storage.resize_(0, RELEASE_REASON)
+
+    def _check_view(self, view: object, param_id: Hashable, op: str) -> Buffer:
+        """The gathered base of ``param_id``, after checking that ``view`` is a view of it."""
+        self._entry(param_id)
+        if not isinstance(view, Buffer):
+            raise TypeError(f"{op}: view must be a Buffer, got {type(view).__name__}")
+        base = self._gathered.get(param_id)
+        if base is None:
+            raise ValueError(f"{op}: param_id={param_id!r} is not gathered; allgather it first")
+        if view.storage is not base.storage:
+            owner = next((p for p, b in self._gathered.items() if b.storage is view.storage), None)
+            whose = "no gathered parameter" if owner is None else f"param_id={owner!r}"
+            raise ValueError(
+                f"{op}: view is not a view of param_id={param_id!r}'s gathered storage (it views"
+                f" {whose})"
+            )
+        return base
+
+    def gathered(self, param_id: Hashable) -> Buffer | None:
+        """The registry's gathered base of the parameter (``padded_numel`` elements), or
+        ``None`` while it is not gathered.
+
+        Raises:
+            KeyError: ``param_id`` is not registered.
+        """
+        self._entry(param_id)
+        return self._gathered.get(param_id)
+
+    # -- a compiled graph --------------------------------------------------------------------
+
+    def run_graph(
+        self, layers: Sequence[Sequence[Hashable]], x: Buffer, *, prefetch: int = 0
+    ) -> GraphRun:
+        """Replay the wrapper Inductor generates for a chain of layers over ZeRO-3 parameters.
+
+        Layer ``k`` uses one parameter (``y = x * w``) or two (``y = x * w + b``), each of
+        ``x.size`` elements. The wrapper calls, for each layer: ``allgather`` then ``wait`` for
+        each of its parameters, the op, then ``release`` for each, with ``n_users`` = the number
+        of layers that use the parameter; before layer ``k`` it prefetches (all-gathers) the
+        parameters of layers ``k + 1 .. k + prefetch``. As in the seed's generated code, every
+        gathered view is kept in a Python alias (``buf1 = buf0``) until the graph ends, while
+        each intermediate activation is dropped after its last use.
+
+        Args:
+            layers: the parameter ids of each layer (one or two each).
+            x: the input, which the caller keeps.
+            prefetch: how many layers ahead to gather, >= 0.
+
+        Returns:
+            A :class:`GraphRun`: the output, every release with the live bytes around it, the
+            peak, and the live bytes before and after the wrapper's aliases were dropped.
+
+        Raises:
+            TypeError: ``x`` is not a Buffer, ``prefetch`` not an integer.
+            ValueError: ``layers`` is empty, a layer has no parameter or more than two, a
+                parameter's ``numel`` differs from ``x.size``, ``x`` was freed, or
+                ``prefetch`` < 0.
+            KeyError: a parameter is not registered.
+        """
+        if not isinstance(x, Buffer):
+            raise TypeError(f"x must be a Buffer, got {type(x).__name__}")
+        if x.freed:
+            raise ValueError(f"x was freed ({x.freed_reason})")
+        prefetch = integer(prefetch, "prefetch", 0)
+        layers = [tuple(params) for params in layers]
+        if not layers:
+            raise ValueError("layers must name at least one layer")
+        for k, params in enumerate(layers):
+            if not 1 <= len(params) <= 2:
+                raise ValueError(f"layers[{k}] must name 1 or 2 parameters, got {len(params)}")
+            for param_id in params:
+                numel = self.param(param_id).numel
+                if numel != x.size:
+                    raise ValueError(
+                        f"layers[{k}]: param_id={param_id!r} has {numel} elements, x has {x.size}"
+                    )
+        return _replay(self, layers, x, prefetch)
+
+
+def _replay(zero3: Zero3, layers: list[tuple], x: Buffer, prefetch: int) -> GraphRun:
+    """:meth:`Zero3.run_graph` after validation: the wrapper's body."""
+    alloc = zero3.alloc
+    users = collections.Counter(param_id for params in layers for param_id in params)
+    wrapper: dict[str, object] = {}  # the generated function's locals: buf0, buf1, ...
+    names = itertools.count()
+    releases = []
+    peak = alloc.stats().live_bytes
+
+    def alias(value: Buffer) -> Buffer:  # ``bufN = value``, alive until the graph ends
+        wrapper[f"buf{next(names)}"] = value
+        return value
+
+    def sample() -> int:
+        nonlocal peak
+        live = alloc.stats().live_bytes
+        peak = max(peak, live)
+        return live
+
+    activation = x
+    for k, params in enumerate(layers):
+        for ahead in layers[k + 1 : k + 1 + prefetch]:  # DeepCompile's prefetch pass
+            for param_id in ahead:
+                zero3.allgather(param_id)
+        sample()
+        views = []
+        for param_id in params:
+            view = alias(zero3.allgather(param_id))
+            sample()
+            views.append(alias(zero3.wait(view, param_id)))
+        if len(views) == 1:
+            out = alloc.mul(activation, views[0])
+        else:
+            out = alloc.fma(activation, views[0], views[1])
+        sample()
+        for param_id, view in zip(params, views, strict=True):
+            before = sample()
+            zero3.release(view, param_id, users[param_id])
+            final = zero3._entry(param_id).countdown == 0
+            releases.append(Release(k, param_id, final, before, sample()))
+        activation = out  # the previous activation's last use is over: dropped
+    live_at_end = sample()
+    del view, views, out
+    wrapper.clear()  # the graph returns: its aliases die
+    return GraphRun(activation, tuple(releases), peak, live_at_end, alloc.stats().live_bytes)

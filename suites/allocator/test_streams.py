@@ -1,0 +1,190 @@
+"""Streams (DESIGN 2.4): the API on every backend, the current stream per thread, record_stream,
+and the simulator's race check as a death test.
+
+The reuse rules themselves (same-stream reuse at once, no other stream ever, recorded streams'
+events first) are in ``test_cache.py`` and, layer by layer, ``test_layers.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import allocator
+from allocator import Allocator, AllocatorConfig, Stream
+
+from . import _stream_probes
+from ._knobs import pinned_env
+
+RACE = (
+    r"(?m)^sim: block #1 reused on stream default while stream consumer's kernel is in flight"
+    r" \(until t=200\)$"
+)
+
+
+def test_the_default_stream_and_new_ones(alloc):
+    default = alloc.default_stream
+    assert isinstance(default, Stream) and alloc.current_stream() is default
+    assert (default.id, default.name, default.device) == (0, "default", alloc.device)
+    first, named = alloc.new_stream(), alloc.new_stream("gather")
+    assert (first.id, first.name, named.id, named.name) == (1, "#1", 2, "gather")
+    assert repr(named) == f"<Stream 'gather' (#2) on {alloc.backend}>"
+    assert alloc.current_stream() is default  # making one does not make it current
+
+
+def test_stream_names_are_checked(alloc):
+    with pytest.raises(TypeError, match=r"^name must be a str, got int$"):
+        alloc.new_stream(3)
+    with pytest.raises(ValueError, match=r"^name must be a non-empty string \(or None"):
+        alloc.new_stream("")
+
+
+def test_use_stream_makes_a_stream_current_for_the_block(alloc):
+    side, inner = alloc.new_stream("side"), alloc.new_stream("inner")
+    x = alloc.full(8, 2.0)
+    with alloc.use_stream(side) as entered:
+        assert entered is side and alloc.current_stream() is side
+        y = alloc.add(x, x)  # allocated on, and computed on, the current stream
+        with alloc.use_stream(inner):
+            z = alloc.full(8, 1.0)
+            assert alloc.current_stream() is inner
+        assert alloc.current_stream() is side  # nested blocks restore
+    assert alloc.current_stream() is alloc.default_stream
+    assert (x.stream, y.stream, z.stream) == (alloc.default_stream, side, inner)
+    assert alloc.sum(y) == 32.0
+    with pytest.raises(RuntimeError, match="boom"), alloc.use_stream(side):
+        raise RuntimeError("boom")
+    assert alloc.current_stream() is alloc.default_stream  # restored after an exception too
+    for buf in (x, y, z):
+        alloc.release(buf)
+
+
+def test_the_current_stream_is_per_thread(alloc):
+    side = alloc.new_stream("side")
+    entered, leave = threading.Event(), threading.Event()
+    seen = {}
+
+    def other_thread() -> None:
+        with alloc.use_stream(side):
+            entered.set()
+            leave.wait(10)
+            seen["inside"] = alloc.current_stream()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    assert entered.wait(10)
+    seen["main"] = alloc.current_stream()  # while the other thread is inside its block
+    leave.set()
+    thread.join(10)
+    assert seen == {"main": alloc.default_stream, "inside": side}
+
+
+def test_use_stream_refuses_what_is_not_one_of_its_streams(alloc, make_alloc):
+    other = make_alloc()
+    theirs = other.new_stream("theirs")
+    with pytest.raises(TypeError, match=r"^stream must be a Stream, got str$"):
+        alloc.use_stream("side")  # refused at the call, before any ``with``
+    with pytest.raises(ValueError, match=r"^stream \('theirs'\) belongs to another allocator$"):
+        alloc.use_stream(theirs)
+    with pytest.raises(ValueError, match=r"^stream \('default'\) belongs to another allocator$"):
+        alloc.use_stream(other.default_stream)
+    assert alloc.current_stream() is alloc.default_stream
+
+
+def test_record_stream_marks_the_block_and_checks_its_argument(alloc, make_alloc):
+    side = alloc.new_stream("side")
+    buf = alloc.full(16, 1.0)
+    view = buf.view(4, 8)
+    assert buf.storage.stream_uses == frozenset()
+    buf.record_stream(alloc.default_stream)  # its own stream: nothing to record
+    assert buf.storage.stream_uses == frozenset()
+    view.record_stream(side)  # a view records on the storage it shares
+    assert buf.storage.stream_uses == {side} and view.stream is alloc.default_stream
+    with pytest.raises(TypeError, match=r"^stream must be a Stream, got NoneType$"):
+        buf.record_stream(None)
+    with pytest.raises(ValueError, match=r"^stream 'far' belongs to another allocator$"):
+        buf.record_stream(make_alloc().new_stream("far"))
+    alloc.release(buf)
+    assert buf.stream is None and buf.storage.stream_uses == frozenset()
+    with pytest.raises(ValueError) as info:
+        view.record_stream(side)
+    assert str(info.value) == (
+        "record_stream('side') on a buffer whose block is gone (it was released by"
+        " release()): record the stream before the free"
+    )
+    off = make_alloc()  # detector off: an op on freed operands gives an empty buffer
+    gone = off.full(4, 1.0)
+    off.release(gone)
+    empty = off.add(gone, gone)
+    with pytest.raises(ValueError, match=r"^record_stream\('#1'\) on an empty buffer: it has no"):
+        empty.record_stream(off.new_stream())
+
+
+def test_streams_synchronize_and_wait_on_every_backend(alloc):
+    side = alloc.new_stream("side")
+    buf = alloc.full(64, 1.0)
+    side.wait_stream(alloc.default_stream)
+    with alloc.use_stream(side):
+        out = alloc.mul(buf, buf)
+    side.synchronize()
+    assert side.query() and alloc.default_stream.query()
+    assert alloc.to_numpy(out).tolist() == [1.0] * 64
+    out.record_stream(alloc.default_stream)
+    alloc.release(out)
+    alloc.release(buf)
+    stats = alloc.stats()
+    assert (stats.live_bytes, stats.live_buffers) == (0, 0)
+
+
+def test_on_cpu_streams_are_accounting_only():
+    cpu = Allocator(AllocatorConfig(backend="cpu"))
+    side = cpu.new_stream("side")
+    buf = cpu.full(16, 1.0)
+    buf.record_stream(side)
+    assert buf.stream is cpu.default_stream and buf.storage.stream_uses == {side}
+    cpu.release(buf)  # no cache: handed back to the device at once, nothing to wait for
+    stats = cpu.stats()
+    assert (stats.device_frees, stats.cache_bytes, stats.live_bytes) == (1, 0, 0)
+    assert side.query() and side.handle is None
+
+
+@pytest.mark.parametrize("guard", ["record_stream", "wait_stream"])
+def test_a_guarded_reuse_passes_the_race_check(death, guard):
+    report = death.run(_stream_probes.reuse_across_streams, guard).assert_clean().returned
+    assert report["sum"] == 4096.0
+    if guard == "record_stream":  # the cache kept the block until the consumer's event
+        assert report == {
+            **report,
+            "reused_at_once": False,
+            "reused_after_the_wait": True,
+            "now_us": 0,
+            "hits": 1,
+            "misses": 3,
+        }
+    else:  # stream order protects the reuse: the block comes back at once
+        assert (report["reused_at_once"], report["hits"], report["misses"]) == (True, 1, 3)
+
+
+def test_teeth_a_reuse_without_record_stream_aborts_in_the_race_check(death):
+    outcome = death.run(_stream_probes.reuse_across_streams, "none")
+    outcome.assert_aborted(match=RACE)
+
+
+def test_module_level_stream_functions_act_on_the_default_allocator(death):
+    report = death.run(_stream_probes.module_level_streams, env=pinned_env("sim")).returned
+    assert report == {
+        "default": [0, "default", True],
+        "side": [1, "side"],
+        "same_device": True,
+        "inside": [True, True, True],
+        "uses": ["default"],
+        "after": True,
+        "query": True,
+        "live": 0,
+    }
+
+
+def test_module_level_stream_functions_are_exported():
+    for name in ("new_stream", "default_stream", "current_stream", "use_stream", "Stream"):
+        assert name in allocator.__all__

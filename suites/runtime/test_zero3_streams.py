@@ -1,0 +1,34 @@
+"""The seed's ``record_stream``: a gathered parameter released from a consumer stream, on ``sim``
+with a kernel latency (``../shared/seeds/deepspeed-zero3-release-lifetime.txt``: the fix
+"first calls ``record_stream`` so that the caching allocator does not hand the block to other
+work before the consumer stream's queued kernels finish").
+
+The consumer stream's kernel reads the view until t=200 while the host is at t=0; the release
+frees the padded storage from there; the next gather of a same-size parameter, on the gather
+stream, must not get the block before that kernel completes. With ``record_stream`` the cache
+defers the block; without it (the mutant) the gather stream reuses it at once and the
+simulator's race check aborts the child.
+"""
+
+from __future__ import annotations
+
+from . import _zero3_targets
+
+RACE = (
+    r"(?m)^sim: block #1 reused on stream zero3\.gather while stream consumer's kernel is in"
+    r" flight \(until t=200\)$"
+)
+
+
+def test_the_next_gather_waits_for_the_consumers_kernel(death):
+    report = death.run(_zero3_targets.consumer_stream).assert_clean().returned
+    assert report["freed_at_once"] == [0, 0]  # size 0, and only the output live, at once
+    assert report["awaiting"] == [[True, ["consumer"]]]  # cached, waiting on the consumer
+    assert report["b_got_the_block"] is False and report["now_us"] == 0
+    assert report["c_got_the_block"] is True  # once the consumer's kernel completed
+    assert report["consumer_read"] == report["expected_read"]
+
+
+def test_teeth_a_release_without_record_stream_aborts_in_the_race_check(death):
+    outcome = death.run(_zero3_targets.consumer_stream, "release_without_record_stream")
+    outcome.assert_aborted(match=RACE)
