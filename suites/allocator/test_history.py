@@ -527,3 +527,30 @@ def test_teeth_each_check_fails_on_a_broken_snapshot(make_alloc, check, snapshot
 def test_teeth_the_page_check_refuses_protocol_5():
     with pytest.raises(AssertionError, match="pickle protocol 5: the page reads 2 to 4"):
         _snapshot_checks.check_page_readable(pickle.dumps({"segments": []}, protocol=5))
+
+
+# -- the DeepSpeed seed's question: when was each gathered parameter finally released? ------
+
+
+@pytest.mark.backends("sim")
+def test_a_zero3_release_is_recorded_with_its_stack_and_awaits_the_compute_stream(make_alloc):
+    from runtime.zero3 import Zero3
+
+    alloc = make_alloc(sim_latency_us=5)
+    zero3 = Zero3(alloc, 2)
+    zero3.register("w", 4097)  # padded to 4098
+    with alloc.history():
+        x = alloc.full(4097, 1.0)
+        out = zero3.run_graph([("w",)], x).output
+    (release,) = [n for n in notes(alloc) if n["action"] == "release"]
+    assert (release["reason"], release["size"]) == ("release_param", 4098 * 4)
+    assert [f["name"] for f in release["frames"][:2]] == ["_free", "release"]
+    here = inspect.currentframe().f_code.co_name
+    assert here in [f["name"] for f in release["frames"]]
+    # gathered on the all-gather stream, recorded on the compute stream whose op is in flight
+    gathered = [s for s in alloc.snapshot()["segments"] if s["total_size"] == 4098 * 4]
+    assert [(s["stream"], s["blocks"][0]["state"]) for s in gathered] == [
+        (1, "active_pending_free")
+    ]
+    alloc.release(x)
+    alloc.release(out)
