@@ -1,8 +1,10 @@
-"""Project fixtures: backend selection, fresh allocators with a leak check, stress scale.
+"""Project fixtures: backend selection, fresh allocators with a leak check, stress scale, and
+memory histories for failing tests.
 
 Every allocator suite runs on every available backend: ``cpu`` and ``sim`` always, ``cuda`` when
 a GPU is visible (otherwise its items skip with the reason). ``--backend cpu,sim`` (or
-``DEVMEM_BACKEND``) narrows the list. Stress sizes scale with ``--stress-scale``.
+``DEVMEM_BACKEND``) narrows the list. Stress sizes scale with ``--stress-scale``. Tests marked
+``interop`` (PyTorch as the client or the oracle) run only with ``--interop``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import importlib.util
 import os
 
 import pytest
@@ -17,6 +20,7 @@ import pytest
 import harness
 from allocator import BACKENDS, Allocator, AllocatorConfig, fork_unsafe_reason
 from allocator.device import backend_unavailable_reason
+from suites._memory_history import MemoryHistory
 
 pytest_plugins = ["pytester", "suites._mutmut"]  # the second is inert outside mutmut
 
@@ -34,6 +38,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="fail, instead of skip, the items of a requested backend that cannot run here"
         " (ci/check.sh --cuda uses it)",
+    )
+    group.addoption(
+        "--interop",
+        action="store_true",
+        help="run the tests marked interop, which need PyTorch (pip install torch==2.13.0, a"
+        " CPU build; ci/check.sh --interop installs it); without it they skip with the reason",
     )
     group.addoption(
         "--stress-scale",
@@ -77,6 +87,31 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "backends(*names): run this test only on these backends (e.g. those with a reuse cache)",
     )
+    config.addinivalue_line(
+        "markers",
+        "interop: checks against a real third-party library (PyTorch); runs only with --interop"
+        " (ci/check.sh --interop installs torch==2.13.0 and passes it), else skips saying so",
+    )
+    if config.getoption("interop") and importlib.util.find_spec("torch") is None:
+        raise pytest.UsageError(
+            "--interop: PyTorch is not installed; pip install torch==2.13.0 (the CPU build;"
+            " ci/check.sh --interop installs it)"
+        )
+
+
+INTEROP_SKIP = (
+    "interop test (PyTorch as client or oracle): run with --interop; ci/check.sh --interop"
+    " installs torch==2.13.0 (CPU) and runs them"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("interop"):
+        return
+    skip = pytest.mark.skip(reason=INTEROP_SKIP)
+    for item in items:
+        if item.get_closest_marker("interop"):
+            item.add_marker(skip)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -116,11 +151,16 @@ def stress_scale(request: pytest.FixtureRequest) -> int:
 
 _call_failed = pytest.StashKey[bool]()
 _backend_skip = pytest.StashKey[bool]()
+_memory_history = pytest.StashKey[MemoryHistory]()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
+    if report.failed and report.when in ("call", "teardown"):
+        history = item.stash.get(_memory_history, None)
+        if history is not None and history.allocators:
+            report.sections.append(("devmem memory history", history.report()))
     if report.when == "call":
         item.stash[_call_failed] = report.failed
     elif report.skipped and item.stash.get(_backend_skip, False):
@@ -179,6 +219,9 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
     def make(**overrides) -> Allocator:
         alloc = Allocator(dataclasses.replace(AllocatorConfig(backend=backend), **overrides))
         made.append(alloc)
+        history = request.node.stash.get(_memory_history, None)
+        if history is not None:
+            history.watch(alloc)
         return alloc
 
     yield make
@@ -204,3 +247,18 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
 def alloc(make_alloc) -> Allocator:
     """A fresh allocator on the backend under test, detector in ``raise`` mode, leak-checked."""
     return make_alloc(arena_debug="raise")
+
+
+@pytest.fixture
+def memory_history(request: pytest.FixtureRequest, tmp_path):
+    """Record the memory history, with stacks, of the allocators this test builds with
+    ``make_alloc`` and of any it passes to ``memory_history.watch(alloc)`` (e.g. the default
+    allocator, ``allocator.get_allocator()``). If the test or its teardown (the leak check)
+    fails, a snapshot of each is dumped beside the test's ``tmp_path``
+    (``<name>-memory.pickle``) and the failure report gets a "devmem memory history" section:
+    the snapshot paths and the blocks still live, with the frames that allocated them.
+    """
+    history = MemoryHistory(tmp_path)
+    request.node.stash[_memory_history] = history
+    yield history
+    history.stop()

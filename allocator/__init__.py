@@ -8,6 +8,11 @@ environment variables, read once per process (a forked child re-reads its own);
 ``Allocator(config=...)`` builds another one explicitly. See ``../shared/DESIGN.md`` section 2
 for the contract.
 
+A memory history (``record_history``, ``history()``) records every allocation and free with its
+Python stack; ``snapshot()`` and ``dump_snapshot(path)`` write it in the format of
+``torch.cuda.memory._snapshot()``, which PyTorch's memory_viz tools read, and
+``python -m allocator.memory plot|summary`` draws or summarizes it (:mod:`allocator.memory`).
+
 Example::
 
     import allocator as dm
@@ -21,7 +26,14 @@ Example::
 
 from ._allocator import Allocator
 from ._buffer import Buffer, Storage
-from ._config import ARENA_DEBUG_MODES, BACKENDS, AllocatorConfig, default_config, parse_cache_cap
+from ._config import (
+    ARENA_DEBUG_MODES,
+    BACKENDS,
+    HISTORY_MODES,
+    AllocatorConfig,
+    default_config,
+    parse_cache_cap,
+)
 from ._default import (
     add,
     arena,
@@ -30,16 +42,21 @@ from ._default import (
     copy,
     current_stream,
     default_stream,
+    dump_snapshot,
     empty,
     empty_cache,
     fma,
     from_numpy,
     full,
     get_allocator,
+    history,
+    live_blocks,
     mul,
     new_stream,
+    record_history,
     release,
     run_in_arena,
+    snapshot,
     stats,
     sum,
     to_numpy,
@@ -57,6 +74,7 @@ from ._errors import (
 )
 from ._free_cause import FREE_KINDS, FreeCause
 from ._scope import ArenaScope
+from ._snapshot import LiveBlock, StackFrame
 from ._stats import AllocatorStats, EpochStats
 from .device import fork_unsafe_reason
 from .device.stream import Stream
@@ -65,6 +83,7 @@ __all__ = [
     "ARENA_DEBUG_MODES",
     "BACKENDS",
     "FREE_KINDS",
+    "HISTORY_MODES",
     "Allocator",
     "AllocatorConfig",
     "AllocatorError",
@@ -77,7 +96,9 @@ __all__ = [
     "DeviceOutOfMemory",
     "EpochStats",
     "FreeCause",
+    "LiveBlock",
     "SizeMismatchError",
+    "StackFrame",
     "Storage",
     "Stream",
     "UseAfterFreeError",
@@ -89,6 +110,7 @@ __all__ = [
     "current_stream",
     "default_config",
     "default_stream",
+    "dump_snapshot",
     "empty",
     "empty_cache",
     "fma",
@@ -96,11 +118,15 @@ __all__ = [
     "from_numpy",
     "full",
     "get_allocator",
+    "history",
+    "live_blocks",
     "mul",
     "new_stream",
     "parse_cache_cap",
+    "record_history",
     "release",
     "run_in_arena",
+    "snapshot",
     "stats",
     "sum",
     "to_numpy",

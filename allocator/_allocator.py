@@ -32,20 +32,27 @@ Order of operations:
   refuses it. Why it was freed (a :class:`~allocator._free_cause.FreeCause`) travels down with
   it.
 
+Memory history (:mod:`allocator._history`): while it records, two more layers sit in the stack,
+one over the statistics layer and one over the device layer; off, the stack is exactly the one
+above. The front end records ``oom`` itself, and builds snapshots (:mod:`allocator._snapshot`).
+
 Dropping the last reference to an allocator frees its cached blocks at once: no layer refers
 back to the front end, so there is no reference cycle to wait for the collector on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import numbers
+import os
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
+from . import _snapshot
 from ._arena import ArenaRegistry, Epoch
 from ._buffer import FLOAT32_BYTES, Buffer, Storage, element_count
 from ._cache import CachingLayer
@@ -55,7 +62,9 @@ from ._detector import Detector
 from ._device_layer import DeviceLayer
 from ._errors import DeviceOutOfMemory
 from ._free_cause import RELEASE
+from ._history import DEFAULT_MAX_ENTRIES, Recorder
 from ._scope import ArenaScope, run_scoped
+from ._snapshot import LiveBlock
 from ._statistics import Statistics
 from ._stats import AllocatorStats, EpochStats
 from .device import Device, DeviceAllocationError, make_device
@@ -123,6 +132,9 @@ class Allocator:
         self._detector = Detector(self._arenas, self.config.arena_debug)
         self.default_stream = self.device.new_stream(default=True)
         self._current = CurrentStream(self.default_stream)
+        self._history = Recorder(self.device)
+        if self.config.history != "off":
+            self.record_history(True, stacks=self.config.history == "stacks")
 
     def __repr__(self) -> str:
         return f"<Allocator {self.stats().format()}>"
@@ -142,6 +154,8 @@ class Allocator:
         try:
             st = self._arenas.allocate(nbytes, self._current.stream)
         except DeviceAllocationError as exc:
+            if self._history.recording:
+                self._history.oom(nbytes, self.device.memory_info()[0])
             raise DeviceOutOfMemory(nbytes, self.stats(), str(exc)) from None
         return Buffer(st, 0, n)
 
@@ -483,3 +497,120 @@ class Allocator:
             arena_reclaimed_buffers=reclaimed_buffers,
             arena_reclaimed_bytes=reclaimed_bytes,
         )
+
+    # -- memory history --------------------------------------------------------------------------
+
+    def record_history(
+        self, enabled: bool = True, *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
+    ) -> None:
+        """Start or stop recording this allocator's memory history (PyTorch's
+        ``torch.cuda.memory._record_memory_history``).
+
+        Every allocation, free request, free completion, device malloc and free, and OOM is
+        recorded with a timestamp in microseconds (the simulated clock on ``sim``, the host
+        clock elsewhere), its stream, address and size, and, with ``stacks``, the Python stack
+        of the call that caused it; arena exits, releases and cap evictions are annotated.
+        :meth:`snapshot` returns it in PyTorch's format. Recording off costs nothing: its
+        layers are then out of the allocator's stack.
+
+        Starting a recording that is off begins a fresh history; calling it while recording
+        only changes ``max_entries`` (keeping the newest) and ``stacks``. Stopping keeps the
+        history for :meth:`snapshot`. A free done by the finalizer (the last reference to a
+        buffer died) is recorded when the next call of this allocator drains the finalizers'
+        queue, with that call's stack under a ``<devmem finalizer>`` frame.
+        ``DEVMEM_HISTORY=1`` (or ``stacks``) starts it when the allocator is built.
+
+        Args:
+            enabled: start (``True``) or stop (``False``).
+            max_entries: the most events kept; the oldest are dropped first (a ring).
+            stacks: record the Python stack of each event (costs a walk of the stack per
+                event; see ``bench/alloc.py``).
+
+        Raises:
+            TypeError: ``enabled`` or ``stacks`` is not a bool, or ``max_entries`` is not an
+                integer.
+            ValueError: ``max_entries`` < 1.
+        """
+        for name, value in (("enabled", enabled), ("stacks", stacks)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, numbers.Integral):
+            raise TypeError(
+                f"max_entries must be an integer, got {type(max_entries).__name__} {max_entries!r}"
+            )
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        if self._pending:
+            self._arenas.drain()
+        if not enabled:
+            self._history.stop()
+            return
+        self._history.start(
+            self,
+            self._arenas,
+            self._stats,
+            self._cache,
+            self._device_layer,
+            max_entries=int(max_entries),
+            stacks=stacks,
+        )
+
+    @contextlib.contextmanager
+    def history(
+        self, *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
+    ) -> Iterator[Allocator]:
+        """Record the memory history inside a ``with`` block::
+
+            with alloc.history():
+                workload(alloc)
+            alloc.dump_snapshot("snapshot.pickle")
+
+        A recording that was off starts fresh and stops at the end (its history is kept for
+        :meth:`snapshot`); one that was already on stays on, with its own settings back.
+        Arguments and errors as :meth:`record_history`. Yields the allocator.
+        """
+        recorder = self._history
+        was = (recorder.recording, recorder.ring.maxlen, recorder.stacks)
+        self.record_history(True, max_entries=max_entries, stacks=stacks)
+        try:
+            yield self
+        finally:
+            recording, maxlen, had_stacks = was
+            self.record_history(recording, max_entries=maxlen, stacks=had_stacks)
+
+    def snapshot(self) -> dict:
+        """The allocator's memory in the format of ``torch.cuda.memory._snapshot()``.
+
+        ``segments`` lists every device block the allocator holds (live, or cached in the reuse
+        cache, ``inactive``, or freed but waiting on other streams' events,
+        ``active_pending_free``); ``device_traces[0]`` the recorded events;
+        ``snapshot["devmem"]`` our own annotations and statistics, where PyTorch's readers never
+        look. See :mod:`allocator._snapshot` for
+        every field. PyTorch's tools read it: ``python -m torch.cuda._memory_viz trace
+        snapshot.pickle``, or drop the file on https://pytorch.org/memory_viz.
+
+        It first frees the blocks that finalizers queued, and walks the collector's objects
+        to find the live storages (milliseconds in a large process).
+        """
+        return _snapshot.build(self._arenas, self._cache, self._history, self.stats())
+
+    def dump_snapshot(self, path: str | os.PathLike) -> None:
+        """Pickle :meth:`snapshot` to ``path`` (protocol 4, which the memory_viz page reads).
+
+        Raises:
+            TypeError: ``path`` is not a str or path-like.
+            OSError: the file cannot be written.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+        _snapshot.dump(self.snapshot(), path)
+
+    def live_blocks(self) -> list[LiveBlock]:
+        """Every block a storage of this allocator still holds, by address: its address, size,
+        stream and the frames it was allocated from (empty if history was off then).
+
+        It first frees the blocks that finalizers queued. A leak report lists these (the
+        project's ``memory_history`` fixture does).
+        """
+        self._arenas.drain()
+        return _snapshot.live_blocks(self._arenas, self._history)

@@ -249,6 +249,18 @@ class CachingLayer:
                 self.oom_flushes,
             )
 
+    def blocks(self) -> list[Block]:
+        """The cached blocks, a copy taken under the lock (for snapshots): those on the streams'
+        free lists, then those awaiting other streams' events."""
+        with self._lock:
+            listed = [
+                block
+                for sizes in self._free.values()
+                for blocks in sizes.values()
+                for block in blocks
+            ]
+            return listed + self._awaiting
+
     def awaiting(self) -> tuple[tuple[Block, tuple[Stream, ...]], ...]:
         """The cached blocks not yet reusable, each with the streams whose events it still
         waits on (a block whose events completed is listed with none until the next

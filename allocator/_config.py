@@ -20,6 +20,7 @@ from ._per_process import PerProcess
 __all__ = [
     "ARENA_DEBUG_MODES",
     "BACKENDS",
+    "HISTORY_MODES",
     "AllocatorConfig",
     "default_config",
     "parse_cache_cap",
@@ -30,6 +31,11 @@ BACKENDS = ("cpu", "sim", "cuda")
 
 ARENA_DEBUG_MODES = ("off", "abort", "raise")
 """Use-after-free detector modes (``DEVMEM_ARENA_DEBUG``)."""
+
+HISTORY_MODES = ("off", "on", "stacks")
+"""Memory history modes (``DEVMEM_HISTORY``): off, on without stacks, on with stacks."""
+
+_HISTORY_VALUES = {"": "off", "0": "off", "1": "on", "stacks": "stacks"}
 
 _U64_MAX = (1 << 64) - 1
 _DIGITS = re.compile(r"[0-9]+")
@@ -86,6 +92,9 @@ class AllocatorConfig:
             From ``DEVMEM_SIM_CAPACITY_BYTES``; default 4 GiB.
         sim_latency_us: the simulated kernel latency in microseconds of the logical stream
             clock; 0 completes every kernel at once. From ``DEVMEM_SIM_LATENCY_US``.
+        history: the memory history from the allocator's first allocation on: ``"off"``,
+            ``"on"`` (events without stacks) or ``"stacks"`` (with the Python stack of each).
+            From ``DEVMEM_HISTORY``: unset, empty or ``0`` is off, ``1`` on, ``stacks`` stacks.
 
     Raises:
         ValueError: a field is out of range or names an unknown backend or mode.
@@ -97,6 +106,7 @@ class AllocatorConfig:
     arena_debug: str = "off"
     sim_capacity_bytes: int = 4 * _GIB
     sim_latency_us: int = 0
+    history: str = "off"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -104,6 +114,10 @@ class AllocatorConfig:
         if self.arena_debug not in ARENA_DEBUG_MODES:
             raise ValueError(
                 f"arena_debug={self.arena_debug!r}: expected one of {', '.join(ARENA_DEBUG_MODES)}"
+            )
+        if self.history not in HISTORY_MODES:
+            raise ValueError(
+                f"history={self.history!r}: expected one of {', '.join(HISTORY_MODES)}"
             )
         for name, low, high in (
             ("cache_cap_bytes", 0, _U64_MAX),
@@ -132,9 +146,10 @@ class AllocatorConfig:
                 configuration is read once, so the warning appears once per process.
 
         Raises:
-            ConfigError: (a ``ValueError``) ``DEVMEM_BACKEND``, ``DEVMEM_SIM_CAPACITY_BYTES`` or
-                ``DEVMEM_SIM_LATENCY_US`` holds a value it cannot use; the message names the
-                variable. (A malformed cap is not an error: it warns and stays unbounded.)
+            ConfigError: (a ``ValueError``) ``DEVMEM_BACKEND``, ``DEVMEM_SIM_CAPACITY_BYTES``,
+                ``DEVMEM_SIM_LATENCY_US`` or ``DEVMEM_HISTORY`` holds a value it cannot use; the
+                message names the variable. (A malformed cap is not an error: it warns and stays
+                unbounded.)
         """
         env = os.environ if environ is None else environ
         backend = env.get("DEVMEM_BACKEND") or "cpu"
@@ -148,6 +163,9 @@ class AllocatorConfig:
                 warn(warning)
         debug = env.get("DEVMEM_ARENA_DEBUG", "")
         mode = "off" if debug in ("", "0") else "raise" if debug == "raise" else "abort"
+        history = env.get("DEVMEM_HISTORY", "")
+        if history not in _HISTORY_VALUES:
+            raise ConfigError(f"DEVMEM_HISTORY={history!r}: expected 0, 1 or stacks")
         return cls(
             backend=backend,
             cache_cap_bytes=cap,
@@ -161,6 +179,7 @@ class AllocatorConfig:
             sim_latency_us=_parse_count(
                 "DEVMEM_SIM_LATENCY_US", env.get("DEVMEM_SIM_LATENCY_US"), 0, minimum=0
             ),
+            history=_HISTORY_VALUES[history],
         )
 
 

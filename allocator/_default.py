@@ -8,6 +8,8 @@ child inherited from the parent keep pointing at the parent's allocator object.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -16,8 +18,10 @@ import numpy as np
 from ._allocator import Allocator
 from ._buffer import Buffer
 from ._errors import ConfigError
+from ._history import DEFAULT_MAX_ENTRIES
 from ._per_process import PerProcess
 from ._scope import ArenaScope
+from ._snapshot import LiveBlock
 from ._stats import AllocatorStats, EpochStats
 from .device.stream import Stream
 
@@ -29,16 +33,21 @@ __all__ = [
     "copy",
     "current_stream",
     "default_stream",
+    "dump_snapshot",
     "empty",
     "empty_cache",
     "fma",
     "from_numpy",
     "full",
     "get_allocator",
+    "history",
+    "live_blocks",
     "mul",
     "new_stream",
+    "record_history",
     "release",
     "run_in_arena",
+    "snapshot",
     "stats",
     "sum",
     "to_numpy",
@@ -181,3 +190,32 @@ def current_stream() -> Stream:
 @_on_default(Allocator.use_stream)
 def use_stream(stream: Stream):
     return _get().use_stream(stream)
+
+
+@_on_default(Allocator.record_history)
+def record_history(
+    enabled: bool = True, *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
+) -> None:
+    _get().record_history(enabled, max_entries=max_entries, stacks=stacks)
+
+
+@_on_default(Allocator.history)
+def history(
+    *, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: bool = True
+) -> contextlib.AbstractContextManager[Allocator]:
+    return _get().history(max_entries=max_entries, stacks=stacks)
+
+
+@_on_default(Allocator.snapshot)
+def snapshot() -> dict:
+    return _get().snapshot()
+
+
+@_on_default(Allocator.dump_snapshot)
+def dump_snapshot(path: str | os.PathLike) -> None:
+    _get().dump_snapshot(path)
+
+
+@_on_default(Allocator.live_blocks)
+def live_blocks() -> list[LiveBlock]:
+    return _get().live_blocks()

@@ -10,7 +10,10 @@ may take only locks further down the list:
    counters.
 3. ``CACHE`` (:class:`~allocator._cache.CachingLayer`): the reuse cache and its counters.
 4. ``DEVICE_LAYER`` (:class:`~allocator._device_layer.DeviceLayer`): two counters.
-5. ``BACKEND``: a backend's own state (:class:`~allocator.device.SimDevice`'s host clock,
+5. ``HISTORY`` (:class:`~allocator._history.Recorder`): the memory history's ring and maps.
+   Taken by the history layers (also under the registry lock, during an arena exit); under it
+   only a backend's ``ready``, its streams' queries and its clock are called.
+6. ``BACKEND``: a backend's own state (:class:`~allocator.device.SimDevice`'s host clock,
    its streams' clocks and its capacity, :class:`~allocator.device.cuda.CudaDevice`'s event
    pool).
 
@@ -26,10 +29,10 @@ Rules that keep this order safe under the garbage collector, threads and fork:
 - A layer calls its upstream with its own lock released (the registry during an arena exit is
   the one exception, so its epochs stay in step with the statistics epochs). ``gc.collect()``
   (the out-of-memory path) and the drain of the finalizers' queue run with no lock held.
-- Layer locks (1 to 4) are plain, non-reentrant locks: a re-entry could only come from a
+- Layer locks (1 to 5) are plain, non-reentrant locks: a re-entry could only come from a
   finalizer running allocator logic, a bug, and it shows as a hang that the suites' deadlines
   catch, never as a silently half-updated counter.
-- Backend locks (5) are re-entrant, and their critical sections allocate nothing and call
+- Backend locks (6) are re-entrant, and their critical sections allocate nothing and call
   nothing, so a callback can neither run inside one nor deadlock on one.
 - Fork: before a fork every lock is taken in this order (waiting at most
   :data:`FORK_LOCK_TIMEOUT_S` each, so a thread stuck holding one cannot block the fork), so no
@@ -49,15 +52,16 @@ __all__ = [
     "CACHE",
     "DEVICE_LAYER",
     "FORK_LOCK_TIMEOUT_S",
+    "HISTORY",
     "ORDER",
     "REGISTRY",
     "STATISTICS",
     "new_lock",
 ]
 
-ORDER = ("arena registry", "statistics", "reuse cache", "device layer", "backend")
+ORDER = ("arena registry", "statistics", "reuse cache", "device layer", "memory history", "backend")
 """The lock ranks' names, outermost first."""
-REGISTRY, STATISTICS, CACHE, DEVICE_LAYER, BACKEND = range(len(ORDER))
+REGISTRY, STATISTICS, CACHE, DEVICE_LAYER, HISTORY, BACKEND = range(len(ORDER))
 
 FORK_LOCK_TIMEOUT_S = 1.0
 """How long the at-fork hook waits for each lock before forking without it."""

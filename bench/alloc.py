@@ -6,6 +6,9 @@ every ratio is taken against a reference measured in the same run.
 
 (a) a cached alloc+release round trip of a 16 KiB buffer (4096 float32) on ``sim``, against
     ``numpy.empty(4096, numpy.float32)`` plus ``del``. Target: at most 3 us.
+    With the memory history on, without and with stacks (from a caller 40 frames deep, as a
+    test under pytest is), as ratios to history off measured alongside, same run. Off, the
+    history's layers are not in the stack at all: its cost is nothing by construction.
 (b) the arena workload (64 buffers of 4096 floats, an add per pair, exit) with the detector off
     and in ``raise`` mode, as a ratio. Target: at most 1.05.
 (c) ``arena_exit`` cost per reclaimed buffer for k = 1,000, 10,000 and 100,000 buffers, on
@@ -93,6 +96,48 @@ def bench_round_trip(repeat: int, number: int) -> dict:
         "runs_us": ours,
         "target_us": TARGET_ROUND_TRIP_US,
         "meets_target": median <= TARGET_ROUND_TRIP_US,
+    }
+
+
+HISTORY_STACK_DEPTH = 40
+
+
+def _at_depth(depth: int, fn: Callable[[], list[float]]) -> list[float]:
+    """``fn()`` called ``depth`` frames below this one."""
+    return fn() if depth <= 0 else _at_depth(depth - 1, fn)
+
+
+def bench_history(repeat: int, number: int) -> dict:
+    """(a) the cached round trip with the memory history off, on without stacks, on with."""
+    variants = {}
+    for name, stacks in (("off", None), ("on", False), ("stacks", True)):
+        alloc = Allocator(AllocatorConfig(backend="sim"))
+        if stacks is not None:
+            alloc.record_history(True, stacks=stacks)
+        alloc.release(alloc.empty(4096))
+        empty, release = alloc.empty, alloc.release
+
+        def cached(empty=empty, release=release) -> None:
+            release(empty(4096))
+
+        variants[name] = (cached, [])
+    for i in range(repeat):  # interleaved, rotating the order
+        names = list(variants)
+        for name in names[i % 3 :] + names[: i % 3]:
+            cached, runs = variants[name]
+            runs += _at_depth(
+                HISTORY_STACK_DEPTH, lambda cached=cached: per_call_us(cached, number, 1)
+            )
+    off = statistics.median(variants["off"][1])
+    on = statistics.median(variants["on"][1])
+    stacks = statistics.median(variants["stacks"][1])
+    return {
+        "off_us": off,
+        "on_us": on,
+        "stacks_us": stacks,
+        "on_over_off": on / off,
+        "stacks_over_off": stacks / off,
+        "caller_depth": HISTORY_STACK_DEPTH,
     }
 
 
@@ -262,7 +307,7 @@ def bench_cuda(repeat: int, number: int) -> dict:
 
 def render(results: dict) -> str:
     """The results as a plain-text table."""
-    a, b = results["round_trip"], results["detector"]
+    a, b, h = results["round_trip"], results["detector"], results["history"]
     lines = [
         f"{'benchmark':<58} {'median':>12} {'target':>10} {'ok':>4}",
         "-" * 87,
@@ -274,6 +319,14 @@ def render(results: dict) -> str:
         (
             f"{'    numpy.empty(4096, float32) + del (reference)':<58}"
             f" {a['numpy_empty_del_us']:>9.2f} us {'':>10} {'':>4}"
+        ),
+        (
+            f"{'(a) with history on (stacks off / on), ratio to off':<58}"
+            f" {h['on_over_off']:>5.2f}/{h['stacks_over_off']:<5.2f}x {'':>10} {'':>4}"
+        ),
+        (
+            f"{'    off / on / stacks per round trip, same run':<58}"
+            f" {h['off_us']:.2f}/{h['on_us']:.2f}/{h['stacks_us']:.2f} us"
         ),
         (
             f"{'(b) arena workload, detector raise / off':<58}"
@@ -357,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "repeat": args.repeat,
         "round_trip": bench_round_trip(args.repeat, 20_000 // scale),
+        "history": bench_history(args.repeat, 5_000 // scale),
         "detector": bench_detector(args.repeat, 40 // min(scale, 4)),
     }
     results["locks"] = bench_locks(

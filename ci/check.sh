@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
 # ci/check.sh: build, lint and test devmem-harness. This is what CI and users run.
 #
-# Usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--no-build] [--no-test] [--no-lint] [-h]
+# Usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--no-build] [--no-test]
+#                    [--no-lint] [-h]
 set -euo pipefail
 
 usage() {
     cat <<'USAGE'
-usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--no-build] [--no-test] [--no-lint] [-h]
+usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--no-build] [--no-test] [--no-lint] [-h]
 
-With no option: build (create .venv if absent, install the project with its test extra), lint
-(ruff), and test (every suite on cpu and sim with pytest -n auto, the harness self-tests under
--n 2 and --forked, the allocator suites with hostile settings). It ends with "check passed."
-and the command that runs the suites alone: .venv/bin/pytest -n auto
+With no option: build (create .venv if absent, install the project with its test and plot
+extras), lint (ruff), and test (every suite on cpu and sim with pytest -n auto, the harness
+self-tests under -n 2 and --forked, the allocator suites with hostile settings).
+It ends with "check passed." and the command that runs the suites alone: .venv/bin/pytest -n auto
 
-  --ci-all    everything CI runs (what .ci/run calls): the above, plus importing every module
-              of allocator, harness and runtime
+  --ci-all    everything CI runs (.ci/run calls it with --interop): the above, plus importing
+              every module of allocator, harness and runtime
   --cuda      also run every suite on the cuda backend, one GPU per xdist worker; fails at
               once when no GPU is visible. Installs the `cuda` extra (cupy-cuda12x) unless
               CuPy already imports; CUDA_EXTRA=cuda13 picks cupy-cuda13x
+  --interop   also run the tests marked interop with PyTorch as the client or the oracle
+              (_memory_viz's readers on our snapshots, checkpoint_sequential): installs
+              torch==2.13.0 (a CPU build) into .venv unless it is there; without --interop
+              those tests skip with the reason
   --nightly   stress scale x100 on every available backend; JUnit XML and a one-page summary
-              written to reports/ (nightly.xml, nightly-summary.md); then mutation testing of
-              allocator/ and harness/_outcome.py (ci/mutation.py, mutmut, about an hour on 2
-              cores): the score per module and the equivalent mutants in reports/mutation.md
+              written to reports/ (nightly.xml, nightly-summary.md), with the memory timelines
+              and summaries of the arena stress and the cache-cap run (reports/memory/);
+              then mutation testing of allocator/ and harness/_outcome.py (ci/mutation.py,
+              mutmut, about an hour on 2 cores): the score per module and the equivalent
+              mutants in reports/mutation.md
   --no-build  do not create or update .venv
   --no-test   skip the test suites
   --no-lint   skip ruff check and ruff format --check
@@ -36,12 +43,13 @@ environment:
 USAGE
 }
 
-ci_all=0 cuda=0 nightly=0 build=1 test=1 lint=1
+ci_all=0 cuda=0 nightly=0 interop=0 build=1 test=1 lint=1
 for arg in "$@"; do
     case "$arg" in
         --ci-all) ci_all=1 ;;
         --cuda) cuda=1 ;;
         --nightly) nightly=1 ;;
+        --interop) interop=1 ;;
         --no-build) build=0 ;;
         --no-test) test=0 ;;
         --no-lint) lint=0 ;;
@@ -81,7 +89,7 @@ if [ "$cuda" = 1 ]; then
 fi
 
 if [ "$build" = 1 ]; then
-    step "build: .venv with the project and its test extras"
+    step "build: .venv with the project and its test and plot extras"
     if [ ! -x "$py" ]; then
         if [ "${VENV_SYSTEM_SITE:-0}" = 1 ]; then
             run "${PYTHON:-python3}" -m venv --system-site-packages "$venv"
@@ -91,9 +99,14 @@ if [ "$build" = 1 ]; then
     fi
     run "$py" -m pip install -qq --disable-pip-version-check --upgrade pip
     # -qq: errors only; setuptools' editable install otherwise prints an 8-line notice each time
-    run "$py" -m pip install -qq --disable-pip-version-check -e ".[test]"
+    run "$py" -m pip install -qq --disable-pip-version-check -e ".[test,plot]"
     if [ "$cuda" = 1 ] && ! "$py" -c "import cupy" >/dev/null 2>&1; then
-        run "$py" -m pip install -qq --disable-pip-version-check -e ".[test,${CUDA_EXTRA:-cuda}]"
+        run "$py" -m pip install -qq --disable-pip-version-check -e ".[test,plot,${CUDA_EXTRA:-cuda}]"
+    fi
+    # torch==2.13.0 exactly: a CPU build from a local wheel here (any other spec downloads
+    # several GB of CUDA packages); never a dependency of the project
+    if [ "$interop" = 1 ] && [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "2.13.0" ]; then
+        run "$py" -m pip install -qq --disable-pip-version-check "torch==2.13.0"
     fi
 fi
 if [ ! -x "$py" ]; then
@@ -134,16 +147,29 @@ if [ "$test" = 1 ]; then
         status=0
         run "$py" -m pytest -n auto --backend cpu,sim,cuda "${gpus[@]}" --stress-scale 100 \
             --junitxml reports/nightly.xml -o junit_family=xunit1 "${extra[@]}" || status=$?
-        run "$py" ci/nightly_summary.py reports/nightly.xml --out reports/nightly-summary.md
+        step "nightly: memory timelines of the arena stress and the cache-cap run (reports/memory/)"
+        pictures=0
+        run "$py" ci/memory_pictures.py --out reports/memory || pictures=$?
+        run "$py" ci/nightly_summary.py reports/nightly.xml --memory reports/memory \
+            --out reports/nightly-summary.md
         if [ "$status" != 0 ]; then
             echo "ci/check.sh --nightly: pytest failed (exit status $status); see reports/" >&2
             exit "$status"
+        fi
+        if [ "$pictures" != 0 ]; then
+            echo "ci/check.sh --nightly: the memory timelines failed (exit status $pictures)" >&2
+            exit "$pictures"
         fi
         step "nightly: mutation testing, one module at a time (ci/mutation.py)"
         run "$py" ci/mutation.py --mutmut "$venv/bin/mutmut" --out reports/mutation.md
     else
         step "test: every suite on $first (pytest -n auto)"
         run "$py" -m pytest -n auto --backend "$first" "${extra[@]}"
+    fi
+
+    if [ "$interop" = 1 ]; then
+        step "interop: PyTorch as client and oracle (pytest -m interop --interop)"
+        run "$py" -m pytest -n 2 -m interop --interop "${extra[@]}"
     fi
 
     step "test: the harness self-tests under -n 2 and under --forked"

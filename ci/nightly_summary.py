@@ -1,6 +1,7 @@
 """One-page summary of a nightly run (``ci/check.sh --nightly``), from its JUnit XML.
 
-Usage: ``python ci/nightly_summary.py reports/nightly.xml [--out reports/nightly-summary.md]``
+Usage: ``python ci/nightly_summary.py reports/nightly.xml [--memory reports/memory]
+[--out reports/nightly-summary.md]``
 
 One row per suite (test module) and backend: passed, failed (failures and errors), skipped,
 duration, and the peak live bytes of the allocators the suite built in-process (the
@@ -8,12 +9,15 @@ duration, and the peak live bytes of the allocators the suite built in-process (
 that only run children). The backend comes from the ``backend`` property the ``backend``
 fixture records (``-`` for tests not parametrized by backend). Failures are listed below the
 table with their first message line. Needs the XML written with ``-o junit_family=xunit1``
-(the family that keeps ``record_property`` values).
+(the family that keeps ``record_property`` values). With ``--memory DIR`` (what
+``ci/memory_pictures.py`` wrote) a last section shows each memory timeline picture and links
+its summary and its snapshot.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -127,15 +131,51 @@ def render(rows: dict[tuple[str, str], Row], failures: list[str], totals: dict[s
     return "\n".join(lines) + "\n"
 
 
+def memory_section(directory: Path, relative_to: Path) -> str:
+    """Markdown showing every ``<name>.png`` of ``directory`` (paths relative to the folder of
+    the summary, ``relative_to``), each with links to its ``<name>.txt`` summary and
+    ``<name>.pickle`` snapshot when they exist; empty when there is no picture."""
+    lines = []
+    for picture in sorted(directory.glob("*.png")):
+        name = picture.stem
+
+        def link(path: Path) -> str:
+            return os.path.relpath(path, relative_to)
+
+        lines += ["", f"### {name}", "", f"![{name} memory timeline]({link(picture)})", ""]
+        extras = [
+            f"[{label}]({link(path)})"
+            for label, path in (
+                ("top allocation sites", picture.with_suffix(".txt")),
+                (
+                    "snapshot (open it in https://pytorch.org/memory_viz)",
+                    picture.with_suffix(".pickle"),
+                ),
+            )
+            if path.exists()
+        ]
+        if extras:
+            lines.append(" · ".join(extras))
+    if not lines:
+        return ""
+    return "\n".join(["", "## Memory timelines", *lines]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("xml", type=Path, help="the JUnit XML of the nightly run")
     parser.add_argument("--out", type=Path, help="also write the summary to this file")
+    parser.add_argument(
+        "--memory", type=Path, help="a folder of memory timelines (ci/memory_pictures.py) to show"
+    )
     args = parser.parse_args(argv)
     try:
         text = render(*summarize(args.xml))
     except (OSError, ET.ParseError, ValueError) as exc:
         parser.exit(1, f"nightly_summary: cannot read {args.xml}: {exc}\n")
+    if args.memory is not None:
+        where = (args.out or Path("nightly-summary.md")).resolve().parent
+        text += memory_section(args.memory.resolve(), where)
     print(text, end="")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ mutant with only the tests that reach it. Three things keep that map and those r
   it on every call, also inside the allocator's teardown finalizers, which the collector runs,
   and CPython 3.11 crashes (SIGSEGV) when a finalizer run by the collector sets a ``ContextVar``
   while other threads do too, as the thread tests do.
+- The memory history's stacks leave out mutmut's trampolines, as they leave out the
+  allocator's own frames.
 - In a mutant's run, tests run fastest first (by the durations mutmut measured), so ``-x``
   stops a killed mutant early.
 """
@@ -92,6 +94,13 @@ def pytest_configure(config: pytest.Config) -> None:
     except ImportError:
         return
     MutmutCallStack._ctx = _ThreadLocalCallStack()
+    # the memory history leaves the allocator's own frames out of its stacks; the trampolines
+    # that mutmut puts around each allocator function are the allocator's too
+    import mutmut
+
+    from allocator import _stacks
+
+    _stacks.SKIPPED_PREFIXES += (os.path.dirname(os.path.abspath(mutmut.__file__)) + os.sep,)
     if _UNDER_TEST == "stats":
         config.pluginmanager.register(_ChildHits(state), "devmem-mutmut-child-hits")
 

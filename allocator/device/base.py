@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import os
 import sys
+import time
 from types import ModuleType
 
 import numpy as np
@@ -82,6 +83,12 @@ class Block:
         self.stream: Stream | None = None
         self.stream_uses: set[Stream] | None = None
         self.use_events = None
+
+    @property
+    def address(self) -> int:
+        """The block's address in its device's memory (here: the host address of its NumPy
+        array), as memory histories and snapshots report it. Valid until the block is freed."""
+        return self.array.__array_interface__["data"][0]
 
     def __repr__(self) -> str:
         return f"<Block #{self.id} {self.nbytes} bytes>"
@@ -172,6 +179,12 @@ class Device:
     def memory_info(self) -> tuple[int, int]:
         """``(free_bytes, total_bytes)`` of the device; ``(0, 0)`` where it has no such notion."""
         return 0, 0
+
+    def clock_us(self) -> int:
+        """The time memory-history events are stamped with, in microseconds: the host clock
+        (since the Unix epoch, as PyTorch's ``time_us``); the simulator's logical clock on
+        ``sim``."""
+        return time.time_ns() // 1000
 
     # Kernels: element-wise operations of ``xp`` on ``stream`` writing into a fresh output
     # array (the stub and the simulator run them eagerly; ``stream`` matters on ``cuda``).

@@ -189,6 +189,11 @@ class CudaBlock(Block):
         self.ptr = ptr
         self._device = device
 
+    @property
+    def address(self) -> int:
+        """The device address (``ptr``)."""
+        return self.ptr
+
     def __del__(self) -> None:
         if self.ptr:
             try:

@@ -285,6 +285,10 @@ class SimDevice(Device):
         self.synchronize_stream(stream)
         return super().sum(stream, src)
 
+    def clock_us(self) -> int:
+        """The logical host clock ``now_us`` (it advances only on waits and :meth:`advance`)."""
+        return self.now_us
+
     def advance(self, microseconds: int) -> None:
         """Let ``microseconds`` of host time pass (so in-flight kernels may complete).
 

@@ -215,6 +215,44 @@ def interop_on_the_default_allocator() -> dict:
     }
 
 
+def history_on_cuda(latency: int = 0) -> dict:
+    """The memory history on the fake CuPy: releases under a 1 MiB cap, an OOM after the
+    flush, and more releases of buffers recorded on a second stream, while recording; what the
+    snapshot checks say, and whether its addresses are the device pointers (the cuda backend's
+    block address is ``ptr``)."""
+    from . import _history_probes
+
+    _fake_cupy.install(total_bytes=4 * MIB, latency=latency)
+    alloc = Allocator(AllocatorConfig(backend="cuda", cache_cap_bytes=MIB))
+    with alloc.history():
+        held = [alloc.full(65536, 1.0) for _ in range(12)]
+        pointers = sorted(buf.storage.block.ptr for buf in held[:4])
+        for buf in held[4:8]:
+            alloc.release(buf)
+        try:
+            alloc.empty(8 * MIB)  # never fits: the cache is flushed, then an oom
+        except DeviceOutOfMemory:
+            pass
+        side = alloc.new_stream("side")
+        with alloc.use_stream(side):
+            held.append(alloc.full(16, 0.0))  # a fill in flight on the side stream
+        for buf in [alloc.full(65536, 3.0), *held[8:11]]:
+            buf.record_stream(side)  # used on the side stream: its event there is awaited
+            alloc.release(buf)  # cached again, under the cap: pending while that event runs
+        snapshot = alloc.snapshot()
+    live = sorted(
+        segment["address"]
+        for segment in snapshot["segments"]
+        if segment["blocks"][0]["state"] == "active_allocated"
+    )
+    return {
+        "verdicts": _history_probes.verdicts(snapshot),
+        "pointers_are_addresses": set(pointers) <= set(live),
+        "states": sorted({s["blocks"][0]["state"] for s in snapshot["segments"]}),
+        "actions": sorted({e["action"] for e in snapshot["device_traces"][0]}),
+    }
+
+
 def streams_logic(latency: int = 0, mutant: str | None = None) -> dict:
     """Streams on the fake CuPy: a new stream is a non-blocking ``cupy.cuda.Stream`` made on the
     backend's device (1, while device 0 is current), kernels of a ``use_stream`` block run with

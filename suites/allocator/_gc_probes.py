@@ -18,7 +18,7 @@ import threading
 
 from allocator import Allocator, AllocatorConfig
 
-from . import _mutants
+from . import _mutants, _snapshot_checks
 
 N = 16  # elements: 64-byte blocks
 
@@ -36,11 +36,22 @@ def _collect_after(extra: int) -> None:
 
 def _ledger(alloc: Allocator) -> dict:
     """The counters, and whether every block is accounted for: the device's used bytes equal
-    the live bytes plus the cached bytes, and once the cache is flushed, the live bytes."""
+    the live bytes plus the cached bytes, and once the cache is flushed, the live bytes. With
+    the memory history on, ``trace`` says whether its trace and segments add up to the
+    counters (``None``: they do; else the first check's message)."""
     stats = alloc.stats()
     used = alloc.device.used_bytes
+    trace = None
+    if alloc._history.recording:
+        snapshot = alloc.snapshot()
+        try:
+            _snapshot_checks.check_accounts(snapshot)
+            _snapshot_checks.check_segments(snapshot)
+        except AssertionError as exc:
+            trace = str(exc)
     alloc.empty_cache()
     return {
+        "trace": trace,
         "live": stats.live_bytes,
         "cache": stats.cache_bytes,
         "cap": stats.cache_cap_bytes,
@@ -84,19 +95,22 @@ def oom_under_collection(extras: list[int], mutant: str | None = None) -> list[d
     return results
 
 
-def exit_under_collection(extras: list[int], mutant: str | None = None) -> list[dict]:
+def exit_under_collection(
+    extras: list[int], mutant: str | None = None, history: bool = False
+) -> list[dict]:
     """Defect 2: an untracked 320-byte buffer reachable only from cyclic garbage while an arena
     exit reclaims eight buffers of eight sizes, each making a new free list in the reuse cache
     (on the old code the collector ran at one of those list allocations, inside the cache; the
     finalizer re-entered it through the re-entrant lock and stored its 320-byte block in a list
     that the exit then overwrote: the block was lost, a device leak). For each ``extra``: the
-    ledger."""
+    ledger. ``history``: the allocator records its memory history, with stacks."""
     _mutants.apply(mutant)
     results = []
     threshold = gc.get_threshold()
     try:
         for extra in extras:
             alloc = Allocator(AllocatorConfig(backend="sim", arena_debug="raise"))
+            alloc.record_history(history)
             gc.collect()
             gc.set_threshold(100000)
             _into_cyclic_garbage(alloc.full(5 * N, 3.0))
@@ -112,7 +126,7 @@ def exit_under_collection(extras: list[int], mutant: str | None = None) -> list[
     return results
 
 
-def stress(scale: int = 1, mutant: str | None = None) -> dict:
+def stress(scale: int = 1, mutant: str | None = None, history: bool = False) -> dict:
     """Threads x streams x finalizers from reference cycles x a cap x injected OOMs, on ``sim``
     with a kernel latency, with the collector running every few allocations. Four threads, each
     on a stream of its own, each do ``400 * scale`` random steps: allocate and fill
@@ -123,7 +137,8 @@ def stress(scale: int = 1, mutant: str | None = None) -> dict:
     collections the threshold starts, every third event recording (the simulator's ``record``,
     which builds dicts under the reuse cache's lock, so a collection may start there) runs one:
     a point inside the allocator's critical sections that every run reaches. Returns the ledger
-    and the errors the threads raised (only ``MemoryError`` is expected)."""
+    and the errors the threads raised (only ``MemoryError`` is expected). ``history``: the
+    allocator records its memory history, with stacks."""
     _mutants.apply(mutant)
     alloc = Allocator(
         AllocatorConfig(
@@ -138,6 +153,7 @@ def stress(scale: int = 1, mutant: str | None = None) -> dict:
             gc.collect(0)
 
     alloc.device.record = record_and_collect
+    alloc.record_history(history)
     streams = [alloc.new_stream(f"worker{seed}") for seed in range(4)]
     errors: list[str] = []
     ooms = [0]

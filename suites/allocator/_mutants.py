@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from allocator import Allocator, EpochStats, Storage
+from allocator import Allocator, EpochStats, Storage, _snapshot
 from allocator._arena import ArenaRegistry
 from allocator._cache import CachingLayer
 from allocator._detector import Detector
 from allocator._free_cause import FINALIZE
+from allocator._history import HistoryLayer, Recorder
 from allocator.device.sim import SimDevice
 
 _leaked: list = []
@@ -82,6 +83,44 @@ def _finalizer_frees_at_once() -> None:
     Storage.__del__ = finalize
 
 
+def _history_skips_free_completed() -> None:
+    # A history that records a free's request but never its completion while the block waits
+    # in the cache: PyTorch's trace then keeps counting the block (TOTAL MEM too high).
+    Recorder.returned = lambda self, blocks: None
+    Recorder._complete_ready = lambda self, now: None
+
+
+def _snapshot_counts_cache_as_live() -> None:
+    # Cached blocks reported as allocated: _memory_viz stats' total_allocated is then too high.
+    original = _snapshot.build
+
+    def build(*args):
+        snapshot = original(*args)
+        for segment in snapshot["segments"]:
+            for block in segment["blocks"]:
+                block["state"] = "active_allocated"
+            segment["allocated_size"] = segment["active_size"] = segment["total_size"]
+        return snapshot
+
+    _snapshot.build = build
+
+
+def _finalizer_records_history() -> None:
+    # A finalizer that records its free in the history itself (capturing a stack, taking the
+    # history's lock) instead of only queueing the block: under the collector it re-enters
+    # the recorder whose lock its own thread holds.
+    def finalize(self):
+        cell = self._cell
+        if cell:
+            block = cell.pop()
+            upstream = self._home._upstream
+            if isinstance(upstream, HistoryLayer):
+                upstream._recorder.free_requested((block,), FINALIZE)
+            self._home.pending.append(block)
+
+    Storage.__del__ = finalize
+
+
 MUTANTS: dict[str, Callable[[], None]] = {
     "cache_ignores_cap": _cache_ignores_cap,
     "evict_without_wait": _evict_without_wait,
@@ -90,6 +129,9 @@ MUTANTS: dict[str, Callable[[], None]] = {
     "sum_leaks_a_temporary": _sum_leaks_a_temporary,
     "no_oom_flush": _no_oom_flush,
     "finalizer_frees_at_once": _finalizer_frees_at_once,
+    "history_skips_free_completed": _history_skips_free_completed,
+    "snapshot_counts_cache_as_live": _snapshot_counts_cache_as_live,
+    "finalizer_records_history": _finalizer_records_history,
 }
 
 

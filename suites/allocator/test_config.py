@@ -63,6 +63,7 @@ def test_from_env_reads_every_knob():
             "DEVMEM_ARENA_DEBUG": "raise",
             "DEVMEM_SIM_CAPACITY_BYTES": "1048576",
             "DEVMEM_SIM_LATENCY_US": "25",
+            "DEVMEM_HISTORY": "stacks",
         }
     )
     assert config == AllocatorConfig(
@@ -71,6 +72,7 @@ def test_from_env_reads_every_knob():
         arena_debug="raise",
         sim_capacity_bytes=1048576,
         sim_latency_us=25,
+        history="stacks",
     )
 
 
@@ -82,6 +84,7 @@ def test_from_env_defaults_when_nothing_is_set():
         arena_debug="off",
         sim_capacity_bytes=4 << 30,
         sim_latency_us=0,
+        history="off",
     )
 
 
@@ -224,3 +227,23 @@ def test_env_errors_give_the_exact_accepted_values(name, value, message):
     with pytest.raises(ValueError) as info:
         AllocatorConfig.from_env({name: value})
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [("", "off"), ("0", "off"), ("1", "on"), ("stacks", "stacks")]
+)
+def test_history_values(value, mode):
+    assert AllocatorConfig.from_env({"DEVMEM_HISTORY": value}).history == mode
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "STACKS", " 1", "on"])
+def test_an_unusable_history_value_is_an_error_naming_the_variable(value):
+    with pytest.raises(ValueError) as info:
+        AllocatorConfig.from_env({"DEVMEM_HISTORY": value})
+    assert str(info.value) == f"DEVMEM_HISTORY={value!r}: expected 0, 1 or stacks"
+
+
+def test_the_history_field_is_validated():
+    with pytest.raises(ValueError) as info:
+        AllocatorConfig(history="all")
+    assert str(info.value) == "history='all': expected one of off, on, stacks"

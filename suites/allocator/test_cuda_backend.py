@@ -160,6 +160,17 @@ def test_the_interop_draws_from_the_default_allocator_by_default(death):
     assert outcome.assert_clean().returned == {"owner_is_default": True, "live": 64}
 
 
+@pytest.mark.parametrize("latency", [0, 50], ids=["events-done", "events-pending"])
+def test_the_memory_history_on_cuda_adds_up(death, latency):
+    report = death.run(_cuda_probes.history_on_cuda, latency).assert_clean().returned
+    assert report["verdicts"] == {"accounts": None, "segments": None, "page": None}
+    assert report["pointers_are_addresses"] is True
+    assert {"alloc", "free_requested", "free_completed", "segment_alloc"} <= set(report["actions"])
+    assert {"segment_free", "oom"} <= set(report["actions"])  # the flush, then the oom
+    cached = "active_pending_free" if latency else "inactive"  # events still running, or done
+    assert report["states"] == ["active_allocated", cached]
+
+
 def check_streams(outcome: Outcome) -> dict:
     report = check_backend_logic(outcome)
     assert report["default_is_null"] and report["side"] == ["stream1", True, 1]

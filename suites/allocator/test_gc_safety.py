@@ -84,3 +84,45 @@ def test_teeth_a_finalizer_that_frees_under_the_lock_is_caught(death, target, ar
     assert outcome.kind == "timed_out", f"the mutant was not caught: {outcome.kind}"
     # the stacks dumped at the deadline show the finalizer blocked inside the allocator
     assert "in finalize" in outcome.stderr and "allocator/_cache.py" in outcome.stderr
+
+
+# -- with the memory history recording (issue 11) ---------------------------------------------
+
+
+def test_recording_history_under_the_collector_loses_nothing_and_adds_up(death):
+    # The history's layers and lock under the same sweep: every ledger balances and every
+    # trace adds up to the counters (a free recorded twice or never would not).
+    outcome = death.run(
+        _gc_probes.exit_under_collection, list(range(60)), None, True, timeout=DEADLINE_S
+    )
+    for row in outcome.assert_clean().returned:
+        check_ledger(row)
+        assert row["trace"] is None, row
+
+
+def test_recording_history_with_threads_cycles_cap_and_ooms(death, stress_scale):
+    outcome = death.run(
+        _gc_probes.stress, stress_scale, None, True, timeout=DEADLINE_S * stress_scale
+    )
+    report = outcome.assert_clean().returned
+    assert report["errors"] == [] and report["ooms"] > 0
+    check_ledger(report)
+    assert report["trace"] is None, report["trace"]
+
+
+@pytest.mark.skipif(
+    "MUTANT_UNDER_TEST" in os.environ,
+    reason="under mutmut the mutant finalizer runs mutmut's trampolines inside the collector",
+)
+def test_teeth_a_finalizer_that_records_history_is_caught(death):
+    # A finalizer that records its own free (a stack walk and the history's lock) instead of
+    # only queueing the block re-enters the recorder under the collector: a deadlock.
+    outcome = death.run(
+        _gc_probes.exit_under_collection,
+        list(range(60)),
+        "finalizer_records_history",
+        True,
+        timeout=MUTANT_DEADLINE_S,
+    )
+    assert outcome.kind == "timed_out", f"the mutant was not caught: {outcome.kind}"
+    assert "in finalize" in outcome.stderr and "allocator/_history.py" in outcome.stderr

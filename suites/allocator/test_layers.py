@@ -469,12 +469,14 @@ def test_lock_ranks_and_kinds():
         "statistics",
         "reuse cache",
         "device layer",
+        "memory history",
         "backend",
     )
     assert type(_locks.new_lock(Owner(), _locks.BACKEND)) is type(threading.RLock())
     assert type(_locks.new_lock(Owner(), _locks.CACHE)) is type(threading.Lock())
-    with pytest.raises(ValueError, match=r"^rank=5: expected 0 to 4 \(arena registry, statistics"):
-        _locks.new_lock(Owner(), 5)
+    assert type(_locks.new_lock(Owner(), _locks.HISTORY)) is type(threading.Lock())
+    with pytest.raises(ValueError, match=r"^rank=6: expected 0 to 5 \(arena registry, statistics"):
+        _locks.new_lock(Owner(), 6)
 
 
 def test_the_fork_hooks_take_every_lock_and_give_them_back():

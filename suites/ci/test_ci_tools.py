@@ -105,6 +105,42 @@ def test_nightly_summary_from_junit_xml(pytester):
     assert "test_nightly::test_fails_on_sim[sim]: AssertionError: sim broke" in text
 
 
+def test_the_nightly_memory_timelines_are_written_and_linked(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra: pip install 'devmem-harness[plot]'")
+    memory = tmp_path / "reports" / "memory"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "ci" / "memory_pictures.py"), "--out", str(memory)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    names = sorted(path.name for path in memory.iterdir())
+    assert names == [
+        f"{run}.{suffix}"
+        for run in ("arena-stress", "cache-cap")
+        for suffix in ("pickle", "png", "txt")
+    ]
+    assert "cap evictions 28" in (memory / "cache-cap.txt").read_text()
+    assert "arena exits 7" in (memory / "arena-stress.txt").read_text()
+    sys.path.insert(0, str(ROOT / "ci"))
+    import nightly_summary
+
+    section = nightly_summary.memory_section(memory, tmp_path / "reports")
+    assert section.startswith("\n## Memory timelines\n")
+    assert "![arena-stress memory timeline](memory/arena-stress.png)" in section
+    assert "[top allocation sites](memory/cache-cap.txt)" in section
+    assert "(memory/cache-cap.pickle)" in section
+    assert nightly_summary.memory_section(tmp_path, tmp_path) == ""
+
+
+def test_interop_is_an_option_of_check_sh_and_ci_runs_it():
+    assert "--interop   also run the tests marked interop" in _check_sh("-h").stdout
+    run = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert run[-1] == "exec ci/check.sh --ci-all --interop"
+    readme = (ROOT / "README.md").read_text()
+    assert "ci/check.sh --ci-all      # set up .venv" in readme  # still the first command
+
+
 def test_nightly_summary_refuses_a_missing_file(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "ci" / "nightly_summary.py"), str(tmp_path / "none.xml")],

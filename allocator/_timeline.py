@@ -1,0 +1,301 @@
+"""What a snapshot's trace says over time: live and cached bytes, allocation sites, markers.
+
+Pure functions over a snapshot dict in PyTorch's format (ours, or one from
+``torch.cuda.memory._snapshot()``); :mod:`allocator.memory` prints and draws them.
+
+Definitions, per device trace, after each event:
+
+- live bytes: allocated and not yet freed (``alloc`` adds, ``free_requested`` subtracts), the
+  allocator's ``live_bytes``;
+- reserved bytes: held from the device (``segment_alloc`` adds, ``segment_free`` subtracts);
+  cached bytes are reserved minus live (the reuse cache, blocks awaiting events included);
+- an allocation site: the innermost frame of an ``alloc`` (for a comprehension or a lambda,
+  with the function around it), where the allocator's own frames are already left out.
+
+A trace may start after the allocator held memory (recording started late, or the ring dropped
+its oldest events): the starting levels are worked back from the snapshot's ``segments`` (the
+state at its end), and the bytes live from before the trace count as the site
+:data:`BEFORE_TRACE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import defaultdict
+
+__all__ = [
+    "BEFORE_TRACE",
+    "NO_STACK",
+    "Marker",
+    "Site",
+    "Timeline",
+    "device_of",
+    "format_bytes",
+    "site_of",
+    "sites",
+    "timeline",
+]
+
+BEFORE_TRACE = "<live before the trace>"
+NO_STACK = "<no stack recorded>"
+
+
+def format_bytes(nbytes: float) -> str:
+    """``1536 -> "1.50 KiB"``, ``0 -> "0 B"`` (binary units, two decimals)."""
+    if abs(nbytes) < 1024:
+        return f"{int(nbytes)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        nbytes /= 1024
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _frame_text(frame: dict, short: bool) -> str:
+    filename = frame.get("filename", "?")
+    if short:
+        filename = os.path.basename(filename)
+    else:
+        try:
+            relative = os.path.relpath(filename)
+        except ValueError:  # another drive
+            relative = filename
+        if not relative.startswith(".."):
+            filename = relative
+    return f"{filename}:{frame.get('line', '?')} in {frame.get('name', '?')}"
+
+
+def site_of(frames: list[dict], short: bool = False) -> str:
+    """The allocation site of ``frames`` (innermost first): the first Python frame, with its
+    caller when it is a comprehension or a lambda (``<listcomp>``). :data:`NO_STACK` if none.
+
+    Args:
+        frames: PyTorch frame dicts.
+        short: file names without their directories (for a picture's legend).
+    """
+    python = [frame for frame in frames if str(frame.get("filename", "")).endswith(".py")]
+    chosen = python or list(frames)
+    if not chosen:
+        return NO_STACK
+    text = _frame_text(chosen[0], short)
+    if str(chosen[0].get("name", "")).startswith("<") and len(chosen) > 1:
+        text += f" < {chosen[1].get('name', '?')}"
+    return text
+
+
+def device_of(snapshot: dict, device: int | None = None) -> int:
+    """The device to read: ``device`` if given, else the first with trace events (else 0).
+
+    Raises:
+        ValueError: ``device`` has no trace in this snapshot.
+    """
+    traces = snapshot.get("device_traces") or []
+    if device is not None:
+        if not 0 <= device < max(len(traces), 1):
+            raise ValueError(
+                f"device={device}: the snapshot has traces for devices 0 to {len(traces) - 1}"
+            )
+        return device
+    return next((i for i, trace in enumerate(traces) if trace), 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    """Something worth a mark on the timeline.
+
+    Attributes:
+        index: the number of trace events before it.
+        kind: ``arena_exit``, ``release``, ``cap_evict`` or ``oom``.
+        label: a few words (``exit d0: 64 buffers``, ``release_param``, ``OOM 2.00 MiB``).
+    """
+
+    index: int
+    kind: str
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One allocation site over the trace.
+
+    Attributes:
+        name: the site (see :func:`site_of`).
+        peak_bytes: the most bytes allocated there and live at once.
+        allocs: allocations made there during the trace.
+        largest_bytes: its largest single allocation.
+        live_end_bytes: its bytes still live at the end of the trace.
+    """
+
+    name: str
+    peak_bytes: int
+    allocs: int
+    largest_bytes: int
+    live_end_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """Levels after each event of one device's trace (index 0: before the first event).
+
+    Attributes:
+        time_us: the time of each point (the first event's time for point 0).
+        live: live bytes.
+        reserved: bytes held from the device.
+        by_site: live bytes of each of the chosen sites, in the order given.
+        markers: arena exits, releases, cap evictions and OOMs.
+        backend: the backend the snapshot came from (``"torch"`` for PyTorch's own).
+    """
+
+    time_us: list[int]
+    live: list[int]
+    reserved: list[int]
+    by_site: dict[str, list[int]]
+    markers: list[Marker]
+    backend: str
+
+    @property
+    def events(self) -> int:
+        """The number of trace events."""
+        return len(self.live) - 1
+
+    @property
+    def cached(self) -> list[int]:
+        """Reserved minus live bytes at each point."""
+        return [r - live for r, live in zip(self.reserved, self.live, strict=True)]
+
+    @property
+    def peak(self) -> tuple[int, int]:
+        """``(bytes, index)`` of the highest live level (the first point that reaches it)."""
+        peak = max(self.live)
+        return peak, self.live.index(peak)
+
+
+def _trace(snapshot: dict, device: int) -> list[dict]:
+    traces = snapshot.get("device_traces") or []
+    return traces[device] if device < len(traces) else []
+
+
+def _end_levels(snapshot: dict, device: int) -> tuple[int, int]:
+    """``(live, reserved)`` bytes at the end, from the snapshot's segments."""
+    live = reserved = 0
+    for segment in snapshot.get("segments", []):
+        if segment.get("device", 0) != device:
+            continue
+        reserved += segment.get("total_size", 0)
+        live += sum(
+            block.get("size", 0)
+            for block in segment.get("blocks", [])
+            if block.get("state") == "active_allocated"
+        )
+    return live, reserved
+
+
+def _walk(trace: list[dict], short: bool):
+    """Yield ``(event, site, delta_live, delta_reserved)``; the site of a free is the site of
+    the allocation it frees (``None`` when that was before the trace)."""
+    site_at: dict[int, str] = {}
+    for event in trace:
+        action, size = event.get("action"), event.get("size", 0)
+        if action == "alloc":
+            site = site_of(event.get("frames", []), short)
+            site_at[event.get("addr")] = site
+            yield event, site, size, 0
+        elif action == "free_requested":
+            yield event, site_at.pop(event.get("addr"), None), -size, 0
+        elif action == "segment_alloc":
+            yield event, None, 0, size
+        elif action == "segment_free":
+            yield event, None, 0, -size
+        else:
+            yield event, None, 0, 0
+
+
+def sites(snapshot: dict, device: int | None = None, short: bool = False) -> list[Site]:
+    """Every allocation site of a device's trace, by peak live bytes (largest first), and the
+    bytes live from before the trace as :data:`BEFORE_TRACE` (if any)."""
+    device = device_of(snapshot, device)
+    trace = _trace(snapshot, device)
+    end_live, _ = _end_levels(snapshot, device)
+    delta = sum(d for _, _, d, _ in _walk(trace, short))
+    live: dict[str, int] = defaultdict(int)
+    before = end_live - delta
+    live[BEFORE_TRACE] = before
+    peak, allocs, largest = dict(live), defaultdict(int), defaultdict(int)
+    for event, site, d_live, _ in _walk(trace, short):
+        if not d_live:
+            continue
+        site = BEFORE_TRACE if site is None else site
+        live[site] += d_live
+        if d_live > 0:
+            allocs[site] += 1
+            largest[site] = max(largest[site], event.get("size", 0))
+            peak[site] = max(peak.get(site, 0), live[site])
+    out = [
+        Site(name, peak.get(name, 0), allocs[name], largest[name], live[name])
+        for name in live
+        if name != BEFORE_TRACE or before > 0
+    ]
+    return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
+
+
+def _markers(snapshot: dict, trace: list[dict]) -> list[Marker]:
+    markers = []
+    for i, event in enumerate(trace):
+        if event.get("action") == "oom":
+            markers.append(Marker(i, "oom", f"OOM {format_bytes(event.get('size', 0))}"))
+    for note in (snapshot.get("devmem") or {}).get("annotations", []):
+        kind, index = note.get("action"), note.get("trace_index", 0)
+        if kind == "arena_exit":
+            label = f"exit d{note.get('depth')}: {note.get('reclaimed')} buffers"
+        elif kind == "release":
+            label = str(note.get("reason", "release"))
+        elif kind == "cap_evict":
+            label = f"cap evict {format_bytes(note.get('size', 0))}"
+        else:
+            continue
+        markers.append(Marker(index, kind, label))
+    return sorted(markers, key=lambda marker: marker.index)
+
+
+def timeline(
+    snapshot: dict, device: int | None = None, top: int = 6, short: bool = True
+) -> Timeline:
+    """The levels of one device's trace, with the live bytes of its ``top`` sites by peak.
+
+    Args:
+        snapshot: a snapshot dict.
+        device: the device to read (default: the first with events).
+        top: how many sites get their own series (>= 0).
+        short: site names without directories.
+
+    Raises:
+        ValueError: ``top`` < 0, or ``device`` has no trace.
+    """
+    if top < 0:
+        raise ValueError(f"top must be >= 0, got {top}")
+    device = device_of(snapshot, device)
+    trace = _trace(snapshot, device)
+    chosen = [site.name for site in sites(snapshot, device, short)[:top]]
+    end_live, end_reserved = _end_levels(snapshot, device)
+    d_live = d_reserved = 0
+    for _, _, a, b in _walk(trace, short):
+        d_live, d_reserved = d_live + a, d_reserved + b
+    live, reserved = [end_live - d_live], [end_reserved - d_reserved]
+    first_time = trace[0].get("time_us", 0) if trace else 0
+    time_us = [first_time]
+    levels = dict.fromkeys(chosen, 0)
+    if BEFORE_TRACE in levels:
+        levels[BEFORE_TRACE] = live[0]
+    by_site = {name: [level] for name, level in levels.items()}
+    for event, site, a, b in _walk(trace, short):
+        live.append(live[-1] + a)
+        reserved.append(reserved[-1] + b)
+        time_us.append(event.get("time_us", time_us[-1]))
+        site = BEFORE_TRACE if site is None and a else site
+        if a and site in levels:
+            levels[site] += a
+        for name, series in by_site.items():
+            series.append(levels[name])
+    backend = (snapshot.get("devmem") or {}).get("backend", "torch")
+    return Timeline(time_us, live, reserved, by_site, _markers(snapshot, trace), backend)

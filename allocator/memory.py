@@ -1,0 +1,348 @@
+"""Read a memory snapshot: a timeline picture and the top allocation sites, from the shell.
+
+::
+
+    python -m allocator.memory plot SNAPSHOT -o timeline.png   # needs the plot extra
+    python -m allocator.memory summary SNAPSHOT
+
+``SNAPSHOT`` is a pickle written by :meth:`Allocator.dump_snapshot
+<allocator.Allocator.dump_snapshot>`, or by PyTorch's ``torch.cuda.memory._dump_snapshot()``
+(the same format). ``plot`` draws the live bytes, stacked by allocation site (the largest sites
+by peak get their own band, labelled by their allocating frame), the cached bytes on top, and
+marks arena exits, releases, cap evictions and OOMs. ``summary`` prints the levels and the top
+allocation sites by peak live bytes, as text. A snapshot is a pickle: open only files you
+trust, as with any pickle.
+
+The picture needs matplotlib (``pip install 'devmem-harness[plot]'``); without it ``plot``
+says so and exits with status 1. Nothing else here needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+from pathlib import Path
+
+from ._timeline import BEFORE_TRACE, Timeline, format_bytes, sites, timeline
+
+__all__ = ["PLOT_EXTRA_HINT", "load", "main", "plot", "summary"]
+
+PLOT_EXTRA_HINT = "pip install 'devmem-harness[plot]' (or pip install 'matplotlib>=3.7')"
+
+_SITE_COLORS = ("#4e79a7", "#f28e2c", "#59a14f", "#e15759", "#76b7b2", "#edc949", "#af7aa1")
+_OTHER_COLOR, _BEFORE_COLOR, _CACHED_COLOR = "#9c9c9c", "#c7c7c7", "#d6e6f5"
+_MAX_LABELLED_EXITS = 12
+
+
+def load(path: str | os.PathLike) -> dict:
+    """The snapshot pickled at ``path``.
+
+    A bare list is taken as a list of segments (as PyTorch's own reader does).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not a pickled snapshot (a dict with ``segments``).
+    """
+    with open(path, "rb") as f:
+        try:
+            data = pickle.load(f)
+        except Exception as exc:  # a pickle can fail in many ways; all mean "not a snapshot"
+            raise ValueError(f"{path}: not a pickled memory snapshot ({exc})") from None
+    if isinstance(data, list):
+        data = {"segments": data, "device_traces": []}
+    if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+        got = f"keys {sorted(map(str, data))}" if isinstance(data, dict) else type(data).__name__
+        raise ValueError(
+            f"{path}: not a memory snapshot: expected a dict with 'segments' and 'device_traces'"
+            f" (the format of torch.cuda.memory._snapshot()), got {got}"
+        )
+    return data
+
+
+def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
+    """The snapshot's levels and its ``top`` allocation sites by peak live bytes, as text.
+
+    Raises:
+        ValueError: ``top`` < 1, or ``device`` has no trace.
+    """
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    line = timeline(snapshot, device, top=0, short=False)
+    peak, at = line.peak
+    notes = {kind: sum(m.kind == kind for m in line.markers) for kind in _MARKER_STYLE}
+    devmem = snapshot.get("devmem") or {}
+    full = devmem.get("max_entries") and line.events >= devmem["max_entries"]
+    lines = [
+        f"backend {line.backend}: {line.events} events"
+        + (" (the ring is full: older events were dropped)" if full else ""),
+        f"peak live {format_bytes(peak)} after event {at}; at the end: live"
+        f" {format_bytes(line.live[-1])}, cached {format_bytes(line.cached[-1])}, reserved"
+        f" {format_bytes(line.reserved[-1])}",
+        f"arena exits {notes['arena_exit']}, releases {notes['release']}, cap evictions"
+        f" {notes['cap_evict']}, OOMs {notes['oom']}",
+        "",
+        "top allocation sites by peak live bytes:",
+        f"{'peak live':>12} {'allocs':>8} {'largest':>12} {'live at end':>12}  site",
+    ]
+    found = sites(snapshot, device)
+    for site in found[:top]:
+        lines.append(
+            f"{format_bytes(site.peak_bytes):>12} {site.allocs:>8}"
+            f" {format_bytes(site.largest_bytes):>12} {format_bytes(site.live_end_bytes):>12}"
+            f"  {site.name}"
+        )
+    if not found:
+        lines.append(f"{'':>12} (no allocation in the trace)")
+    elif len(found) > top:
+        lines.append(f"... and {len(found) - top} more sites (--top to see more)")
+    return "\n".join(lines) + "\n"
+
+
+# kind -> (color, legend label)
+_MARKER_STYLE = {
+    "arena_exit": ("#555555", "arena exit"),
+    "release": ("#7b3294", "release"),
+    "cap_evict": ("#e66101", "cap eviction"),
+    "oom": ("#d7191c", "OOM"),
+}
+
+
+def _unit(nbytes: int) -> tuple[float, str]:
+    for scale, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if nbytes >= 2 * scale:
+            return scale, name
+    return 1, "bytes"
+
+
+def _figure():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError(f"allocator.memory plot needs matplotlib: {PLOT_EXTRA_HINT}") from None
+    return Figure
+
+
+def plot(
+    snapshot: dict,
+    output: str | os.PathLike,
+    *,
+    top: int = 6,
+    device: int | None = None,
+    use_time: bool = False,
+    title: str | None = None,
+) -> Path:
+    """Draw the snapshot's timeline into ``output`` (PNG, SVG or PDF, by its suffix).
+
+    Args:
+        snapshot: a snapshot dict (:func:`load`).
+        output: the picture's path.
+        top: allocation sites with a band of their own (the rest is one ``other sites`` band).
+        device: the device to draw (default: the first with events).
+        use_time: x is the events' time (``time_us``) instead of their index.
+        title: the title; default says the backend, the events and the peak.
+
+    Returns:
+        ``output`` as a Path.
+
+    Raises:
+        ImportError: matplotlib is not installed (the message says how to install it).
+        ValueError: ``top`` < 0 or ``device`` has no trace.
+        OSError: the file cannot be written.
+    """
+    figure_class = _figure()
+    line = timeline(snapshot, device, top=top)
+    x, xlabel = _x_axis(line, use_time, snapshot)
+    scale, unit = _unit(max(line.reserved + line.live + [1]))
+    fig = figure_class(figsize=(11, 5.2), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    bands, labels, colors = [], [], []
+    named = 0
+    for name, series in line.by_site.items():
+        peak = max(series)
+        if name == BEFORE_TRACE:
+            colors.append(_BEFORE_COLOR)
+        else:
+            colors.append(_SITE_COLORS[named % len(_SITE_COLORS)])
+            named += 1
+        bands.append([v / scale for v in series])
+        label = name if len(name) <= 58 else name[:55] + "..."
+        # a legend drops labels that start with "_" (file names like _stress.py): peak first
+        labels.append(f"peak {format_bytes(peak)}: {label}")
+    other = [
+        live - sum(series[i] for series in line.by_site.values())
+        for i, live in enumerate(line.live)
+    ]
+    if any(other):
+        bands.append([v / scale for v in other])
+        labels.append("other sites")
+        colors.append(_OTHER_COLOR)
+    bands.append([max(v, 0) / scale for v in line.cached])
+    labels.append("cached (reuse cache, blocks awaiting their event)")
+    colors.append(_CACHED_COLOR)
+    ax.stackplot(x, *bands, labels=labels, colors=colors, step="post", linewidth=0)
+    ax.step(
+        x, [v / scale for v in line.live], where="post", color="#222222", lw=0.8, label="live bytes"
+    )
+    _draw_markers(ax, line, x, scale)
+    peak, at = line.peak
+    if peak:
+        ax.annotate(
+            f"peak live {format_bytes(peak)}",
+            xy=(x[at], peak / scale),
+            xytext=(14, -24),
+            textcoords="offset points",
+            fontsize=8,
+            arrowprops={"arrowstyle": "->", "lw": 0.8},
+        )
+    ax.set_xlim(x[0], x[-1] if x[-1] > x[0] else x[0] + 1)  # a clock that never moved (sim)
+    ax.set_ylim(0, max(max(line.reserved), max(line.live), 1) / scale * 1.12)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(unit)
+    ax.grid(axis="y", lw=0.4, alpha=0.5)
+    ax.set_title(
+        title
+        or f"devmem memory timeline ({line.backend}): {line.events} events,"
+        f" peak live {format_bytes(peak)}",
+        fontsize=11,
+    )
+    fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+    path = Path(output)
+    fig.savefig(path)
+    return path
+
+
+def _x_axis(line: Timeline, use_time: bool, snapshot: dict) -> tuple[list[float], str]:
+    if not use_time:
+        return list(range(len(line.live))), "event"
+    start = line.time_us[0]
+    clock = (snapshot.get("devmem") or {}).get("clock", "host")
+    if clock == "sim":
+        return [t - start for t in line.time_us], "time (us of the simulated clock)"
+    return [(t - start) / 1e6 for t in line.time_us], "time (s since the first event)"
+
+
+def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
+    by_kind: dict[str, list] = {kind: [] for kind in _MARKER_STYLE}
+    for marker in line.markers:
+        by_kind[marker.kind].append(marker)
+    top = max(max(line.reserved), max(line.live), 1) / scale
+    exits = by_kind["arena_exit"]
+    color, name = _MARKER_STYLE["arena_exit"]
+    for i, marker in enumerate(exits):
+        ax.axvline(
+            x[marker.index],
+            color=color,
+            ls=":",
+            lw=0.8,
+            label=f"{name} ({len(exits)})" if i == 0 else None,
+        )
+        if len(exits) <= _MAX_LABELLED_EXITS:
+            ax.text(
+                x[marker.index],
+                top * 1.1,
+                f"{marker.label} ",
+                rotation=90,
+                fontsize=6.5,
+                va="top",
+                ha="right",
+                color=color,
+            )
+    for kind, y, shape in (("release", 0.0, "|"), ("cap_evict", top * 1.06, "v")):
+        found = by_kind[kind]
+        if found:
+            color, name = _MARKER_STYLE[kind]
+            ax.plot(
+                [x[m.index] for m in found],
+                [y] * len(found),
+                ls="none",
+                marker=shape,
+                ms=7,
+                color=color,
+                label=f"{name} ({len(found)})",
+                clip_on=False,
+            )
+    for i, marker in enumerate(by_kind["oom"]):
+        color, name = _MARKER_STYLE["oom"]
+        ax.axvline(
+            x[marker.index],
+            color=color,
+            lw=1.4,
+            label=f"{name} ({len(by_kind['oom'])})" if i == 0 else None,
+        )
+        ax.text(
+            x[marker.index], top * 0.95, f"{marker.label} ", fontsize=7, color=color, ha="right"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; see the module docstring. Returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m allocator.memory",
+        description="Read a memory snapshot (Allocator.dump_snapshot, or PyTorch's"
+        " torch.cuda.memory._dump_snapshot): a timeline picture, or the top allocation sites.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{plot,summary}")
+    draw = commands.add_parser("plot", help="draw live and cached bytes over time (matplotlib)")
+    draw.add_argument("snapshot", help="the pickled snapshot")
+    draw.add_argument(
+        "-o",
+        "--output",
+        default="timeline.png",
+        help="the picture: .png, .svg or .pdf (default timeline.png)",
+    )
+    draw.add_argument(
+        "--top", type=_count, default=6, help="allocation sites drawn in their own band (default 6)"
+    )
+    draw.add_argument(
+        "--time", action="store_true", help="x is the events' time_us instead of their index"
+    )
+    draw.add_argument("--title", help="the picture's title")
+    text = commands.add_parser("summary", help="print the top allocation sites by peak bytes")
+    text.add_argument("snapshot", help="the pickled snapshot")
+    text.add_argument("--top", type=_positive, default=10, help="sites to list (default 10)")
+    for sub in (draw, text):
+        sub.add_argument(
+            "--device",
+            type=_count,
+            default=None,
+            help="the device to read (default: the first with events)",
+        )
+    args = parser.parse_args(argv)
+    try:
+        snapshot = load(args.snapshot)
+        if args.command == "summary":
+            sys.stdout.write(summary(snapshot, top=args.top, device=args.device))
+        else:
+            path = plot(
+                snapshot,
+                args.output,
+                top=args.top,
+                device=args.device,
+                use_time=args.time,
+                title=args.title,
+            )
+            print(f"wrote {path}")
+    except (OSError, ValueError, ImportError) as exc:
+        print(f"python -m allocator.memory {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _count(text: str, minimum: int = 0) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _count(text, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

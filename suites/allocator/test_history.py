@@ -1,0 +1,556 @@
+"""The memory history and snapshots (issue 11, DESIGN 2.10), in-process on every backend.
+
+What each event records and when, the stacks, the finalizer's frees, the annotations, the ring,
+blocks awaiting their event, the snapshot's structure against PyTorch's, live blocks, the
+knob, and that recording off leaves the allocator's stack exactly as it was. PyTorch's own
+readers run in ``test_memory_interop.py``; the checks used here are in ``_snapshot_checks``.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import pickle
+import re
+import weakref
+
+import pytest
+
+import allocator as dm
+from allocator import LiveBlock, StackFrame
+from allocator._history import DeviceHistoryLayer, HistoryLayer
+from allocator._stacks import FINALIZED
+
+from . import _history_probes, _snapshot_checks, _stress
+
+HERE = __file__
+
+
+def actions(alloc) -> list[str]:
+    return [event["action"] for event in alloc.snapshot()["device_traces"][0]]
+
+
+def notes(alloc) -> list[dict]:
+    return alloc.snapshot()["devmem"]["annotations"]
+
+
+def line_of_next_statement() -> int:
+    return inspect.currentframe().f_back.f_lineno + 1
+
+
+# -- recording off costs nothing: the stack is the plain one -----------------------------------
+
+
+def test_recording_puts_two_layers_in_the_stack_and_takes_them_out(make_alloc):
+    alloc = make_alloc()
+    plain = [layer._upstream for layer in alloc._layers()[:-1]]
+    alloc.record_history(True)
+    registry, stats = alloc._arenas, alloc._stats
+    lower = stats if alloc._cache is None else alloc._cache
+    assert type(registry._upstream) is HistoryLayer and registry._upstream._upstream is stats
+    assert type(lower._upstream) is DeviceHistoryLayer
+    assert lower._upstream._upstream is alloc._device_layer
+    alloc.record_history(False)
+    assert [layer._upstream for layer in alloc._layers()[:-1]] == plain
+    with alloc.history():
+        assert type(registry._upstream) is HistoryLayer
+    assert [layer._upstream for layer in alloc._layers()[:-1]] == plain
+
+
+def test_nothing_is_recorded_while_off(make_alloc):
+    alloc = make_alloc()
+    alloc.release(alloc.full(16, 1.0))
+    assert actions(alloc) == []
+    with alloc.history():
+        alloc.release(alloc.full(16, 1.0))
+    alloc.release(alloc.full(16, 1.0))
+    assert actions(alloc).count("alloc") == 1
+
+
+# -- the events ------------------------------------------------------------------------------
+
+
+def test_a_round_trip_records_pytorchs_events_in_order(make_alloc, backend):
+    alloc = make_alloc()
+    with alloc.history():
+        alloc.release(alloc.full(16, 1.0))
+        buf = alloc.full(16, 1.0)
+        alloc.release(buf)
+        alloc.empty_cache()
+    trace = alloc.snapshot()["device_traces"][0]
+    if backend == "cpu":  # no reuse cache: every free goes to the device
+        expected = ["segment_alloc", "alloc", "free_requested", "free_completed", "segment_free"]
+        assert [event["action"] for event in trace] == expected * 2
+    else:
+        assert [event["action"] for event in trace] == [
+            "segment_alloc",
+            "alloc",
+            "free_requested",
+            "free_completed",
+            "alloc",  # the cached block, reused
+            "free_requested",
+            "free_completed",
+            "segment_free",  # empty_cache
+        ]
+        assert len({event["addr"] for event in trace}) == 1
+    assert {event["size"] for event in trace} == {64}
+    assert {event["stream"] for event in trace} == {0}
+    assert all(
+        set(event) == {"action", "addr", "size", "stream", "time_us", "frames"} for event in trace
+    )
+
+
+def test_stacks_start_at_the_callers_line(make_alloc):
+    alloc = make_alloc()
+    with alloc.history():
+        line = line_of_next_statement()
+        buf = alloc.add(alloc.full(4, 1.0), alloc.full(4, 2.0))
+    alloc.release(buf)
+    event = [e for e in alloc.snapshot()["device_traces"][0] if e["action"] == "alloc"][-1]
+    assert event["frames"][0] == {
+        "filename": HERE,
+        "line": line,
+        "name": "test_stacks_start_at_the_callers_line",
+    }
+    allocator_dir = dm.__file__.rsplit("/", 1)[0] + "/"
+    assert not any(frame["filename"].startswith(allocator_dir) for frame in event["frames"])
+
+
+def test_without_stacks_events_have_no_frames(make_alloc):
+    alloc = make_alloc()
+    with alloc.history(stacks=False):
+        alloc.release(alloc.full(4, 1.0))
+    snapshot = alloc.snapshot()
+    assert all(event["frames"] == [] for event in snapshot["device_traces"][0])
+    assert snapshot["devmem"]["stacks"] is False
+
+
+def test_a_finalized_free_is_recorded_at_the_next_call_under_a_marker_frame(make_alloc):
+    alloc = make_alloc()
+    with alloc.history():
+        buf = alloc.full(4, 1.0)
+        del buf  # the finalizer only queues the block: nothing is recorded yet
+        assert alloc._history.ring[-1][0] == "alloc"
+        line = line_of_next_statement()
+        alloc.full(8, 1.0)  # this call drains the queue
+    free = next(e for e in alloc.snapshot()["device_traces"][0] if e["action"] == "free_requested")
+    marker, caller = free["frames"][:2]
+    assert (marker["filename"], marker["line"], marker["name"]) == FINALIZED
+    assert (caller["filename"], caller["line"]) == (HERE, line)
+
+
+def test_releases_carry_their_reason(make_alloc):
+    alloc = make_alloc()
+    with alloc.history():
+        alloc.release(alloc.full(4, 1.0))
+        alloc.full(4, 1.0).storage.resize_(0, "release_param")
+    releases = [note for note in notes(alloc) if note["action"] == "release"]
+    assert [(note["reason"], note["size"]) for note in releases] == [
+        ("release()", 16),
+        ("release_param", 16),
+    ]
+    assert all(note["frames"][0]["filename"] == HERE for note in releases)
+
+
+def test_arena_exits_carry_depth_and_reclaimed_count(make_alloc):
+    alloc = make_alloc()
+    with alloc.history(), alloc.arena():
+        held = [alloc.full(4, 1.0)]
+        with alloc.arena() as inner:
+            held += [alloc.full(8, 1.0) for _ in range(3)]
+            inner.keep(held[-1])
+    exits = [note for note in notes(alloc) if note["action"] == "arena_exit"]
+    assert [(n["depth"], n["reclaimed"], n["bytes"]) for n in exits] == [(1, 2, 64), (0, 2, 48)]
+    trace = alloc.snapshot()["device_traces"][0]
+    for note in exits:  # each exit's frees follow its annotation
+        frees = trace[note["trace_index"] : note["trace_index"] + 2 * note["reclaimed"]]
+        assert [e["action"] for e in frees].count("free_requested") == note["reclaimed"]
+
+
+@pytest.mark.backends("sim", "cuda")  # the cpu stub keeps no cache: nothing to evict
+def test_cap_evictions_are_annotated_before_their_segment_free(make_alloc):
+    alloc = make_alloc(cache_cap_bytes=4096)
+    with alloc.history():
+        for buf in [alloc.full(1024, 1.0) for _ in range(3)]:
+            alloc.release(buf)
+    evictions = [note for note in notes(alloc) if note["action"] == "cap_evict"]
+    assert len(evictions) == alloc.stats().cap_evictions == 2
+    trace = alloc.snapshot()["device_traces"][0]
+    for note in evictions:
+        after = trace[note["trace_index"]]
+        assert (after["action"], after["addr"]) == ("segment_free", note["addr"])
+    alloc.empty_cache()
+
+
+@pytest.mark.backends("sim")
+def test_an_oom_is_recorded_with_the_device_free_bytes(make_alloc):
+    alloc = make_alloc(sim_capacity_bytes=4096)
+    held = alloc.full(256, 1.0)
+    with alloc.history(), pytest.raises(dm.DeviceOutOfMemory):
+        alloc.full(2048, 1.0)
+    oom = alloc.snapshot()["device_traces"][0][-1]
+    assert oom["action"] == "oom" and "addr" not in oom
+    assert (oom["size"], oom["device_free"]) == (8192, 3072)
+    assert oom["frames"][0]["filename"] == HERE
+    alloc.release(held)
+
+
+@pytest.mark.backends("sim")
+def test_time_is_the_simulated_clock_on_sim(make_alloc):
+    alloc = make_alloc(sim_latency_us=5)
+    with alloc.history():
+        a = alloc.full(4, 1.0)
+        alloc.device.advance(40)
+        alloc.release(a)
+    times = [event["time_us"] for event in alloc.snapshot()["device_traces"][0]]
+    assert times == [0, 0, 40, 40]
+    assert alloc.snapshot()["devmem"]["clock"] == "sim"
+
+
+# -- blocks awaiting their event -----------------------------------------------------------
+
+
+@pytest.mark.backends("sim")
+def test_a_block_used_on_another_stream_awaits_its_event(make_alloc):
+    # Freed on its own stream only, a block is reusable at once (stream order makes it safe):
+    # free_completed follows free_requested. Recorded on a stream whose kernel is still in
+    # flight, it waits for that stream's event: active_pending_free until then.
+    alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
+    with alloc.history():
+        alloc.release(alloc.full(4, 1.0))  # its fill completes at t=10; now t=0
+        assert actions(alloc)[-2:] == ["free_requested", "free_completed"]
+        with alloc.use_stream(side):
+            on_side = alloc.full(2, 0.0)  # a kernel on side, until t=10
+        buf = alloc.full(4, 1.0)  # the cached 16 B block, reused on its own stream
+        buf.record_stream(side)
+        alloc.release(buf)
+        snapshot = alloc.snapshot()
+        states = {s["total_size"]: s["blocks"][0]["state"] for s in snapshot["segments"]}
+        assert states == {16: "active_pending_free", 8: "active_allocated"}
+        segment = next(s for s in snapshot["segments"] if s["total_size"] == 16)
+        assert (segment["allocated_size"], segment["active_size"]) == (0, 16)
+        assert segment["stream"] == 0 and snapshot["device_traces"][0][-1]["stream"] == 0
+        assert [e["stream"] for e in snapshot["device_traces"][0] if e["size"] == 8] == [1, 1]
+        assert snapshot["device_traces"][0][-1]["action"] == "free_requested"
+        _snapshot_checks.check_accounts(snapshot)  # TOTAL MEM counts it until it completes
+        alloc.device.advance(10)
+        kept = alloc.full(8, 1.0)  # an allocation finds it reusable first, as PyTorch's malloc
+    assert actions(alloc)[-3:] == ["free_completed", "segment_alloc", "alloc"]
+    states = {s["total_size"]: s["blocks"][0]["state"] for s in alloc.snapshot()["segments"]}
+    assert states == {16: "inactive", 8: "active_allocated", 32: "active_allocated"}
+    alloc.release(on_side)
+    alloc.release(kept)
+
+
+@pytest.mark.backends("sim")
+def test_a_flush_completes_a_pending_free_after_the_wait(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
+    with alloc.history():
+        with alloc.use_stream(side):
+            alloc.release(alloc.full(2, 0.0))  # a kernel on side, until t=10
+        buf = alloc.full(4, 1.0)
+        buf.record_stream(side)
+        alloc.release(buf)
+        alloc.empty_cache()
+    trace = alloc.snapshot()["device_traces"][0]
+    # the flush frees the free lists first (waiting for side's fill), then the awaiting block
+    assert [(e["action"], e["size"], e["time_us"]) for e in trace[-3:]] == [
+        ("segment_free", 8, 10),
+        ("free_completed", 16, 10),
+        ("segment_free", 16, 10),
+    ]
+
+
+# -- the ring ---------------------------------------------------------------------------------
+
+
+def test_the_ring_keeps_the_newest_events(make_alloc):
+    alloc = make_alloc()
+    with alloc.history(max_entries=3):  # annotations count too: release, arena_exit ...
+        for _ in range(4):
+            alloc.release(alloc.full(4, 1.0))
+    snapshot = alloc.snapshot()
+    kept = snapshot["device_traces"][0] + snapshot["devmem"]["annotations"]
+    assert len(kept) == 3 and snapshot["devmem"]["max_entries"] == 3
+    assert actions(alloc)[-1] in ("free_completed", "segment_free")
+    alloc.record_history(True, max_entries=10)
+    alloc.release(alloc.full(4, 1.0))
+    before = list(alloc._history.ring)
+    alloc.record_history(True, max_entries=2)  # while recording: keeps the newest two
+    assert list(alloc._history.ring) == before[-2:]
+    alloc.record_history(False)
+    alloc.record_history(True)  # off to on: a fresh history
+    assert actions(alloc) == []
+    alloc.record_history(False)
+
+
+def test_history_scopes_restore_the_recording_they_found(make_alloc):
+    alloc = make_alloc()
+    alloc.record_history(True, max_entries=50, stacks=False)
+    with alloc.history(max_entries=500) as same:
+        assert same is alloc and alloc._history.stacks and alloc._history.ring.maxlen == 500
+    assert alloc._history.recording and not alloc._history.stacks
+    assert alloc._history.ring.maxlen == 50
+    alloc.record_history(False)
+    with pytest.raises(KeyError), alloc.history():
+        raise KeyError("inside")
+    assert not alloc._history.recording
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"enabled": 1}, TypeError, "enabled must be a bool, got int 1"),
+        ({"stacks": "yes"}, TypeError, "stacks must be a bool, got str 'yes'"),
+        ({"max_entries": 1.5}, TypeError, "max_entries must be an integer, got float 1.5"),
+        ({"max_entries": True}, TypeError, "max_entries must be an integer, got bool True"),
+        ({"max_entries": 0}, ValueError, "max_entries must be >= 1, got 0"),
+    ],
+)
+def test_bad_arguments_are_refused_and_change_nothing(make_alloc, kwargs, error, message):
+    alloc = make_alloc()
+    with pytest.raises(error) as info:
+        alloc.record_history(**kwargs)
+    assert str(info.value) == message
+    assert not alloc._history.recording
+    with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got int$"):
+        alloc.dump_snapshot(3)
+
+
+# -- snapshots ----------------------------------------------------------------------------------
+
+SEGMENT_KEYS = {
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "stream",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "frames",
+    "blocks",
+}
+BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
+
+
+def test_a_snapshot_has_pytorchs_structure_and_adds_up(make_alloc, backend):
+    alloc = make_alloc(cache_cap_bytes=1 << 20)
+    with alloc.history():
+        _stress.arena_stress(alloc, n=64, k=4, arenas=2)
+        held = [alloc.full(n, 1.0) for n in (16, 300000)]  # a small and a large segment
+        alloc.release(alloc.full(16, 1.0))
+    snapshot = alloc.snapshot()
+    assert set(snapshot) == {"segments", "device_traces", "devmem"}
+    for segment in snapshot["segments"]:
+        assert set(segment) == SEGMENT_KEYS
+        assert all(set(block) == BLOCK_KEYS for block in segment["blocks"])
+    types = {s["total_size"]: s["segment_type"] for s in snapshot["segments"]}
+    assert (types[64], types[1200000]) == ("small", "large")
+    states = [s["blocks"][0]["state"] for s in snapshot["segments"]]
+    assert states.count("active_allocated") == 2
+    assert states.count("inactive") == (0 if backend == "cpu" else len(states) - 2)
+    assert snapshot["devmem"]["stats"] == dataclass_dict(alloc.stats())
+    _snapshot_checks.check_accounts(snapshot)
+    _snapshot_checks.check_segments(snapshot)
+    _snapshot_checks.check_page_readable(pickle.dumps(snapshot, protocol=4))
+    del held
+    alloc.empty_cache()
+
+
+def dataclass_dict(stats) -> dict:
+    return {field: getattr(stats, field) for field in stats.__dataclass_fields__}
+
+
+def test_a_dumped_snapshot_is_the_snapshot_in_protocol_4(make_alloc, tmp_path):
+    alloc = make_alloc()
+    with alloc.history():
+        keep = alloc.full(4, 1.0)
+        alloc.dump_snapshot(tmp_path / "s.pickle")
+    data = (tmp_path / "s.pickle").read_bytes()
+    assert data[:2] == b"\x80\x04"
+    _snapshot_checks.check_page_readable(data)
+    loaded = pickle.loads(data)
+    assert [e["action"] for e in loaded["device_traces"][0]] == ["segment_alloc", "alloc"]
+    assert loaded["segments"][0]["blocks"][0]["frames"][0]["filename"] == HERE
+    alloc.release(keep)
+
+
+def test_live_blocks_list_every_live_storage_with_its_frames(make_alloc):
+    alloc = make_alloc()
+    before = alloc.full(8, 1.0)  # allocated while history was off
+    with alloc.history():
+        line = line_of_next_statement()
+        during = alloc.full(4, 1.0)
+        view = during.view(1, 2)
+        alloc.release(alloc.full(16, 1.0))
+    blocks = alloc.live_blocks()
+    assert sorted(block.size for block in blocks) == [16, 32]
+    assert blocks == sorted(blocks, key=lambda block: block.address)
+    by_size = {block.size: block for block in blocks}
+    assert by_size[32].frames == ()
+    assert by_size[16].frames[0] == StackFrame(HERE, line, inspect.currentframe().f_code.co_name)
+    assert by_size[16].stream == 0 and isinstance(by_size[16], LiveBlock)
+    assert "allocated while history was off" in by_size[32].format()
+    assert by_size[16].format().splitlines()[1].strip().startswith(f"{HERE}:{line} in test_")
+    del view
+    alloc.release(before)
+    alloc.release(during)
+    assert alloc.live_blocks() == []
+
+
+def test_dropping_a_recording_allocator_records_nothing_and_frees_at_once():
+    alloc = dm.Allocator(dm.AllocatorConfig(backend="sim"))
+    alloc.record_history(True)
+    for cached in [alloc.full(16, 1.0) for _ in range(3)]:
+        alloc.release(cached)
+    del cached
+    queued = alloc.full(16, 1.0)
+    alloc.full(32, 1.0)  # dropped at once: queued for the next call, which never comes
+    device, recorder, registry = alloc.device, alloc._history, weakref.ref(alloc._arenas)
+    events = len(recorder.ring)
+    gc.disable()
+    try:
+        del alloc
+        assert registry() is not None  # the queued buffer's storage keeps it
+        del queued
+        assert registry() is None and device.used_bytes == 0  # freed at once, no collection
+    finally:
+        gc.enable()
+    assert len(recorder.ring) == events  # the teardown recorded nothing
+
+
+# -- default allocator and knob (in children: the default allocator is per process) -----------
+
+
+def test_the_module_level_forms_act_on_the_default_allocator(death, pin):
+    report = death.run(_history_probes.default_allocator, "functions", env=pin()).returned
+    assert report["recording"] is False
+    assert report["actions"] == [
+        "segment_alloc",
+        "alloc",
+        "segment_alloc",
+        "alloc",
+        "free_requested",
+        "free_completed",
+        *(["segment_free"] if report["actions"][-1] == "segment_free" else []),
+    ]
+    assert report["frames"][:2] == [True, True] and not any(report["frames"][2:])
+    assert [size for size, _ in report["live"]] == [64]
+    assert report["live"][0][1][0] == "default_allocator"
+
+
+@pytest.mark.parametrize(("value", "frames"), [("1", False), ("stacks", True)])
+def test_devmem_history_records_from_the_first_allocation(death, pin, value, frames):
+    report = death.run(
+        _history_probes.default_allocator, "knob", env=pin(DEVMEM_HISTORY=value)
+    ).returned
+    assert report["recording"] is True
+    assert report["actions"][:2] == ["segment_alloc", "alloc"]
+    assert set(report["frames"]) == {frames}
+
+
+def test_devmem_history_off_records_nothing(death, pin):
+    report = death.run(_history_probes.default_allocator, "knob", env=pin(DEVMEM_HISTORY="0"))
+    assert report.returned["actions"] == [] and report.returned["recording"] is False
+
+
+def test_a_bad_devmem_history_is_an_error_naming_the_variable(death, pin):
+    outcome = death.run(_history_probes.default_allocator, "knob", env=pin(DEVMEM_HISTORY="yes"))
+    assert outcome.raised is not None and outcome.raised.type == "allocator.ConfigError"
+    assert "ValueError" in outcome.raised.bases
+    assert outcome.raised.message == "DEVMEM_HISTORY='yes': expected 0, 1 or stacks"
+
+
+# -- the checks have teeth ------------------------------------------------------------------
+
+
+def test_the_workloads_pass_every_check(death, backend, pin):
+    report = death.run(_history_probes.workloads, backend, env=pin()).returned
+    assert report["verdicts"] == {"accounts": None, "segments": None, "page": None}
+    assert report["live"] == 8 * 65536 * 4  # the 8 buffers not released
+
+
+@pytest.mark.backends("sim", "cuda")  # cpu frees to the device: no cache to miscount
+@pytest.mark.parametrize(
+    ("mutant", "check", "message"),
+    [
+        ("history_skips_free_completed", "accounts", "alloc - free_completed (trace's TOTAL MEM)"),
+        ("snapshot_counts_cache_as_live", "segments", "active_allocated blocks hold"),
+    ],
+)
+def test_teeth_a_history_or_snapshot_that_miscounts_is_caught(
+    death, backend, pin, mutant, check, message
+):
+    report = death.run(_history_probes.workloads, backend, mutant, env=pin()).returned
+    assert report["verdicts"][check].startswith(message), report["verdicts"]
+
+
+def overfill(snapshot: dict) -> None:
+    """A block past the end of the first segment (its blocks no longer add up to it)."""
+    segment = snapshot["segments"][0]
+    end = segment["address"] + segment["total_size"]
+    block = {"address": end, "size": 8, "requested_size": 8, "state": "inactive", "frames": []}
+    segment["blocks"].append(block)
+
+
+@pytest.mark.parametrize(
+    ("check", "snapshot_change", "message"),
+    [
+        ("accounts", lambda s: s["device_traces"][0].pop(), "alloc - free_requested"),
+        ("segments", overfill, "Segment size mismatch"),
+        ("page", lambda s: s["segments"][0].update(device=1), "segments[0]: device 1"),
+        ("page", lambda s: s["device_traces"][0][0].pop("addr"), "device_traces[0][0]"),
+        ("page", lambda s: s["devmem"].update(bad={1, 2}), "pickle opcode EMPTY_SET"),
+    ],
+)
+def test_teeth_each_check_fails_on_a_broken_snapshot(make_alloc, check, snapshot_change, message):
+    alloc = make_alloc()
+    with alloc.history():
+        keep = alloc.full(4, 1.0)
+    snapshot = alloc.snapshot()
+    snapshot_change(snapshot)
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        if check == "accounts":
+            _snapshot_checks.check_accounts(snapshot)
+        elif check == "segments":
+            _snapshot_checks.check_segments(snapshot)
+        else:
+            _snapshot_checks.check_page_readable(pickle.dumps(snapshot, protocol=4))
+    alloc.release(keep)
+
+
+def test_teeth_the_page_check_refuses_protocol_5():
+    with pytest.raises(AssertionError, match="pickle protocol 5: the page reads 2 to 4"):
+        _snapshot_checks.check_page_readable(pickle.dumps({"segments": []}, protocol=5))
+
+
+# -- the DeepSpeed seed's question: when was each gathered parameter finally released? ------
+
+
+@pytest.mark.backends("sim")
+def test_a_zero3_release_is_recorded_with_its_stack_and_awaits_the_compute_stream(make_alloc):
+    from runtime.zero3 import Zero3
+
+    alloc = make_alloc(sim_latency_us=5)
+    zero3 = Zero3(alloc, 2)
+    zero3.register("w", 4097)  # padded to 4098
+    with alloc.history():
+        x = alloc.full(4097, 1.0)
+        out = zero3.run_graph([("w",)], x).output
+    (release,) = [n for n in notes(alloc) if n["action"] == "release"]
+    assert (release["reason"], release["size"]) == ("release_param", 4098 * 4)
+    assert [f["name"] for f in release["frames"][:2]] == ["_free", "release"]
+    here = inspect.currentframe().f_code.co_name
+    assert here in [f["name"] for f in release["frames"]]
+    # gathered on the all-gather stream, recorded on the compute stream whose op is in flight
+    gathered = [s for s in alloc.snapshot()["segments"] if s["total_size"] == 4098 * 4]
+    assert [(s["stream"], s["blocks"][0]["state"]) for s in gathered] == [
+        (1, "active_pending_free")
+    ]
+    alloc.release(x)
+    alloc.release(out)
