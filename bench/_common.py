@@ -11,16 +11,19 @@ Benchmarks are never part of pytest; run them by hand (``.venv/bin/python bench/
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
-__all__ = ["RESULTS", "ROOT", "finish", "machine", "parse", "parser"]
+__all__ = ["RESULTS", "ROOT", "finish", "machine", "parse", "parser", "per_call_us"]
 
 
 def parser(name: str, doc: str, *, repeat: int, quick: str) -> argparse.ArgumentParser:
@@ -92,3 +95,21 @@ def finish(args: argparse.Namespace, results: dict, table: str, verdicts: dict[s
         print(f"{Path(sys.argv[0]).name} --check: missed {', '.join(missed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def per_call_us(fn: Callable[[], None], number: int, repeat: int) -> list[float]:
+    """``repeat`` timings of ``number`` calls of ``fn``, each in microseconds per call."""
+    runs = []
+    for _ in range(repeat):
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            elapsed = time.perf_counter() - start
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        runs.append(elapsed / number * 1e6)
+    return runs

@@ -30,7 +30,7 @@ import sys
 
 import _common  # bench/_common.py, beside this script
 import numpy as np
-from alloc import per_call_us  # bench/alloc.py, beside this script
+from _common import per_call_us
 
 ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))

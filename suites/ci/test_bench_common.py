@@ -1,0 +1,72 @@
+"""The benchmarks' shared command line and verdict (bench/_common.py): a missed target fails
+only under ``--check``, and every run ends with one ``verdict:`` line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def common():
+    spec = importlib.util.spec_from_file_location("_bench_common", ROOT / "bench" / "_common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def finish(common, tmp_path, argv: list[str], verdicts: dict, capsys) -> tuple[int, str, dict]:
+    parser = common.parser("demo", "A demo benchmark.\n\nMore.", repeat=3, quick="less")
+    args = common.parse(parser, [*argv, "--out", str(tmp_path / "demo.json")])
+    status = common.finish(args, {"repeat": args.repeat}, "the table", verdicts)
+    written = json.loads((tmp_path / "demo.json").read_text())
+    return status, capsys.readouterr(), written
+
+
+def test_a_met_target_exits_0_with_one_verdict_line(common, tmp_path, capsys):
+    status, out, written = finish(common, tmp_path, ["--check"], {"(a) <= 2x": True}, capsys)
+    assert status == 0
+    assert out.out.splitlines()[0] == "the table"
+    assert out.out.splitlines()[-1] == "verdict: (a) <= 2x met"
+    assert written == {"repeat": 3, "verdicts": {"(a) <= 2x": True}}
+
+
+def test_a_missed_target_fails_only_under_check(common, tmp_path, capsys):
+    verdicts = {"(a) <= 2x": True, "(b) <= 1.05x": False}
+    status, out, _ = finish(common, tmp_path, [], verdicts, capsys)
+    assert status == 0
+    assert out.out.splitlines()[-1] == "verdict: (a) <= 2x met; (b) <= 1.05x MISSED"
+    status, out, _ = finish(common, tmp_path, ["--check"], verdicts, capsys)
+    assert status == 1
+    assert out.err.endswith("--check: missed (b) <= 1.05x\n")
+
+
+def test_a_repeat_below_one_is_a_usage_error(common, capsys):
+    parser = common.parser("demo", "A demo benchmark.", repeat=3, quick="less")
+    with pytest.raises(SystemExit) as info:
+        common.parse(parser, ["--repeat", "0"])
+    assert info.value.code == 2
+    assert "--repeat must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_per_call_us_times_each_run(common):
+    calls = []
+    runs = common.per_call_us(lambda: calls.append(1), 100, 3)
+    assert len(runs) == 3 and all(us > 0 for us in runs) and len(calls) == 300
+
+
+def test_every_benchmark_has_the_shared_options():
+    for script in sorted((ROOT / "bench").glob("[!_]*.py")):
+        result = subprocess.run(
+            [sys.executable, str(script), "-h"], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, (script.name, result.stderr)
+        for option in ("--repeat", "--quick", "--check", "--out"):
+            assert option in result.stdout, (script.name, option)
