@@ -99,6 +99,9 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+_folded_skip = pytest.StashKey[bool]()
+"""Set on an item whose skip is reported at this file's location (see makereport below)."""
+
 INTEROP_SKIP = (
     "interop test (PyTorch as client or oracle): run with --interop; ci/check.sh --interop"
     " installs torch==2.13.0 (CPU) and runs them"
@@ -112,6 +115,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("interop"):
             item.add_marker(skip)
+            item.stash[_folded_skip] = True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -138,7 +142,7 @@ def backend(request: pytest.FixtureRequest) -> str:
     if reason is not None:
         if request.config.getoption("strict_backends"):
             pytest.fail(f"{name} backend unavailable (--strict-backends): {reason}")
-        request.node.stash[_backend_skip] = True
+        request.node.stash[_folded_skip] = True
         pytest.skip(f"{name} backend unavailable: {reason}")
     return name
 
@@ -150,7 +154,6 @@ def stress_scale(request: pytest.FixtureRequest) -> int:
 
 
 _call_failed = pytest.StashKey[bool]()
-_backend_skip = pytest.StashKey[bool]()
 _memory_history = pytest.StashKey[MemoryHistory]()
 
 
@@ -163,9 +166,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             report.sections.append(("devmem memory history", history.report()))
     if report.when == "call":
         item.stash[_call_failed] = report.failed
-    elif report.skipped and item.stash.get(_backend_skip, False):
-        # One location for every item an unavailable backend skips, so that pytest's short
-        # summary folds them into one line per backend and reason, instead of one per test:
+    elif report.skipped and item.stash.get(_folded_skip, False):
+        # One location for every item an unavailable backend or a missing --interop skips, so
+        # that pytest's short summary folds them into one line per reason, not one per test:
         # "SKIPPED [106] conftest.py: cuda backend unavailable: CuPy is not installed ..."
         report.longrepr = (__file__, None, report.longrepr[2])
     return report

@@ -13,7 +13,8 @@ reference measured in the same run, so that the verdict does not flip with the m
     test under pytest is), as ratios to history off measured alongside, same run. Off, the
     history's layers are not in the stack at all: its cost is nothing by construction.
 (b) the arena workload (64 buffers of 4096 floats, an add per pair, exit) with the detector off
-    and in ``raise`` mode, as a ratio. Target: at most 1.05.
+    and in ``raise`` mode, as a ratio, on one allocator (its detector swapped between runs,
+    ``3 x --repeat`` runs each, alternating). Target: at most 1.05.
 (c) ``arena_exit`` cost per reclaimed buffer for k = 1,000, 10,000 and 100,000 buffers, on
     ``cpu`` and ``sim``; a small k is timed more often (``--repeat`` x 10,000 / k runs, at
     least ``--repeat``), as its runs are short. Targets: linear in k (the cost per buffer at
@@ -45,6 +46,7 @@ from _common import per_call_us
 sys.path.insert(0, str(_common.ROOT))
 
 from allocator import Allocator, AllocatorConfig
+from allocator._detector import Detector
 from allocator.device import backend_unavailable_reason
 
 TARGET_ROUND_TRIP_VS_NUMPY = 10.0
@@ -140,20 +142,24 @@ def _arena_workload(alloc: Allocator) -> Callable[[], None]:
 
 
 def bench_detector(repeat: int, number: int) -> dict:
-    """(b) the arena workload with the detector off vs raise mode."""
-    off = _arena_workload(Allocator(AllocatorConfig(backend="sim", arena_debug="off")))
-    on = _arena_workload(Allocator(AllocatorConfig(backend="sim", arena_debug="raise")))
-    off(), on()  # warm both caches
-    off_runs, on_runs = [], []
-    for i in range(repeat):  # alternate which goes first, so order effects cancel
-        pairs = ((off, off_runs), (on, on_runs))
-        for workload, runs in pairs if i % 2 == 0 else reversed(pairs):
-            runs += per_call_us(workload, number, 1)
-    ratio = statistics.median(on_runs) / statistics.median(off_runs)
+    """(b) the arena workload with the detector off vs raise mode, on one allocator whose
+    detector is swapped between runs (two allocators would compare their heaps as well)."""
+    alloc = Allocator(AllocatorConfig(backend="sim", arena_debug="off"))
+    detectors = {mode: Detector(alloc._arenas, mode) for mode in ("off", "raise")}
+    workload = _arena_workload(alloc)
+    workload()  # warm the cache
+    runs: dict[str, list[float]] = {"off": [], "raise": []}
+    for i in range(3 * repeat):  # alternate which goes first, so order effects cancel
+        for mode in ("off", "raise") if i % 2 == 0 else ("raise", "off"):
+            alloc._detector = detectors[mode]
+            runs[mode] += per_call_us(workload, number, 1)
+    off, on = statistics.median(runs["off"]), statistics.median(runs["raise"])
+    ratio = on / off
     return {
-        "off_us": statistics.median(off_runs),
-        "raise_us": statistics.median(on_runs),
+        "off_us": off,
+        "raise_us": on,
         "ratio": ratio,
+        "runs": 3 * repeat,
         "target_ratio": TARGET_DETECTOR_RATIO,
         "meets_target": ratio <= TARGET_DETECTOR_RATIO,
     }
@@ -338,7 +344,7 @@ def render(results: dict) -> str:
     for backend, exit_ in results["arena_exit"].items():
         runs = exit_["runs_per_k"]
         for k, us in exit_["per_buffer_us"].items():
-            label = f"(c) arena_exit per reclaimed buffer, {backend}, k={int(k):,} ({runs[k]} runs)"
+            label = f"(c) arena_exit per freed buffer, {backend}, k={int(k):,}, {runs[k]} runs"
             lines.append(f"{label:<58} {us:>9.3f} us")
         first, last = (f"{int(k):,}" for k in (min(runs, key=int), max(runs, key=int)))
         lines += [

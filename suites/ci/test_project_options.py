@@ -63,6 +63,17 @@ def test_an_unavailable_backend_is_one_summary_line(tmp_path):
     assert f"{count} skipped" in result.stdout.splitlines()[-1]
 
 
+def test_interop_tests_without_the_option_are_one_summary_line():
+    result = _pytest("-q", "suites/allocator/test_memory_interop.py")
+    assert result.returncode == 0, result.stdout[-3000:]
+    skipped = re.findall(r"(?m)^SKIPPED \[(\d+)\] (.*)$", result.stdout)
+    assert [where for _, where in skipped] == [
+        "conftest.py: interop test (PyTorch as client or oracle): run with --interop;"
+        " ci/check.sh --interop installs torch==2.13.0 (CPU) and runs them"
+    ], skipped
+    assert int(skipped[0][0]) > 1
+
+
 def test_notes_are_one_line_unless_verbose():
     result = _pytest("-q", "--backend", "cpu", "suites/allocator/test_cache_cap.py")
     assert result.returncode == 0, result.stdout[-3000:]
