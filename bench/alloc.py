@@ -11,7 +11,9 @@ reference measured in the same run, so that the verdict does not flip with the m
     ``numpy.empty`` (3 us where it takes 0.3 us, the figure the allocator issue set).
     With the memory history on, without and with stacks (from a caller 40 frames deep, as a
     test under pytest is), as ratios to history off measured alongside, same run. Off, the
-    history's layers are not in the stack at all: its cost is nothing by construction.
+    history's layers are not in the stack at all: its cost is nothing by construction, which
+    the row "recorded once, then off" measures (an allocator that recorded and stopped,
+    against one that never recorded).
 (b) the arena workload (64 buffers of 4096 floats, an add per pair, exit) with the detector off
     and in ``raise`` mode, as a ratio, on one allocator (its detector swapped between runs,
     ``3 x --repeat`` runs each, alternating). Target: at most 1.05.
@@ -99,9 +101,12 @@ def _at_depth(depth: int, fn: Callable[[], list[float]]) -> list[float]:
 def bench_history(repeat: int, number: int) -> dict:
     """(a) the cached round trip with the memory history off, on without stacks, on with."""
     variants = {}
-    for name, stacks in (("off", None), ("on", False), ("stacks", True)):
+    for name, stacks in (("off", None), ("was_on", None), ("on", False), ("stacks", True)):
         alloc = Allocator(AllocatorConfig(backend="sim"))
-        if stacks is not None:
+        if name == "was_on":  # recorded once, then stopped: its layers are out of the stack
+            alloc.record_history(True)
+            alloc.record_history(False)
+        elif stacks is not None:
             alloc.record_history(True, stacks=stacks)
         alloc.release(alloc.empty(4096))
         empty, release = alloc.empty, alloc.release
@@ -110,18 +115,23 @@ def bench_history(repeat: int, number: int) -> dict:
             release(empty(4096))
 
         variants[name] = (cached, [])
+    for cached, _ in variants.values():  # warm up, untimed
+        per_call_us(cached, number, 1)
     for i in range(repeat):  # interleaved, rotating the order
         names = list(variants)
-        for name in names[i % 3 :] + names[: i % 3]:
+        for name in names[i % 4 :] + names[: i % 4]:
             cached, runs = variants[name]
             runs += _at_depth(
                 HISTORY_STACK_DEPTH, lambda cached=cached: per_call_us(cached, number, 1)
             )
     off = statistics.median(variants["off"][1])
+    was_on = statistics.median(variants["was_on"][1])
     on = statistics.median(variants["on"][1])
     stacks = statistics.median(variants["stacks"][1])
     return {
         "off_us": off,
+        "was_on_us": was_on,
+        "was_on_over_off": was_on / off,
         "on_us": on,
         "stacks_us": stacks,
         "on_over_off": on / off,
@@ -332,6 +342,7 @@ def render(results: dict) -> str:
             f"{'    off / on / stacks per round trip, same run':<58}"
             f" {h['off_us']:.2f}/{h['on_us']:.2f}/{h['stacks_us']:.2f} us"
         ),
+        (f"{'    recorded once, then off / never on':<58} {h['was_on_over_off']:>11.2f}x"),
         (
             f"{'(b) arena workload, detector raise / off':<58}"
             f" {b['ratio']:>12.3f} {'<= 1.05':>10} {'yes' if b['meets_target'] else 'NO':>4}"
