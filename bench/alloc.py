@@ -7,7 +7,8 @@ figure is the median of ``--repeat`` runs or more, and every target is a ratio a
 reference measured in the same run, so that the verdict does not flip with the machine's load.
 
 (a) a cached alloc+release round trip of a 16 KiB buffer (4096 float32) on ``sim``, against
-    ``numpy.empty(4096, numpy.float32)`` plus ``del``, interleaved. Target: at most 10x
+    ``numpy.empty(4096, numpy.float32)`` plus ``del``, interleaved; ratios are the median of
+    each run over the reference run beside it. Target: at most 10x
     ``numpy.empty`` (3 us where it takes 0.3 us, the figure the allocator issue set).
     With the memory history on, without and with stacks (from a caller 40 frames deep, as a
     test under pytest is), as ratios to history off measured alongside, same run. Off, the
@@ -60,6 +61,13 @@ TARGET_CUDA_VS_RAW = 10.0
 EXIT_KS = (1_000, 10_000, 100_000)
 
 
+def paired_ratio(runs: list[float], reference: list[float]) -> float:
+    """The median of ``runs[i] / reference[i]``: each run against the reference run beside it,
+    so that a change of the machine's load between runs cancels (a ratio of two medians
+    does not when the load moves during the benchmark)."""
+    return statistics.median(a / b for a, b in zip(runs, reference, strict=True))
+
+
 def bench_round_trip(repeat: int, number: int) -> dict:
     """(a) cached alloc+release of 4096 floats on sim vs numpy.empty + del."""
     alloc = Allocator(AllocatorConfig(backend="sim"))
@@ -79,14 +87,14 @@ def bench_round_trip(repeat: int, number: int) -> dict:
         ref += per_call_us(host, number, 1)
     hits = alloc.stats().cache_hits
     assert hits >= repeat * number, f"expected every round trip to hit the cache, got {hits}"
-    median = statistics.median(ours)
+    ratio = paired_ratio(ours, ref)
     return {
-        "sim_cached_round_trip_us": median,
+        "sim_cached_round_trip_us": statistics.median(ours),
         "numpy_empty_del_us": statistics.median(ref),
-        "ratio_vs_numpy": median / statistics.median(ref),
+        "ratio_vs_numpy": ratio,
         "runs_us": ours,
         "target_ratio": TARGET_ROUND_TRIP_VS_NUMPY,
-        "meets_target": median / statistics.median(ref) <= TARGET_ROUND_TRIP_VS_NUMPY,
+        "meets_target": ratio <= TARGET_ROUND_TRIP_VS_NUMPY,
     }
 
 
@@ -124,18 +132,15 @@ def bench_history(repeat: int, number: int) -> dict:
             runs += _at_depth(
                 HISTORY_STACK_DEPTH, lambda cached=cached: per_call_us(cached, number, 1)
             )
-    off = statistics.median(variants["off"][1])
-    was_on = statistics.median(variants["was_on"][1])
-    on = statistics.median(variants["on"][1])
-    stacks = statistics.median(variants["stacks"][1])
+    runs = {name: variant_runs for name, (_, variant_runs) in variants.items()}
     return {
-        "off_us": off,
-        "was_on_us": was_on,
-        "was_on_over_off": was_on / off,
-        "on_us": on,
-        "stacks_us": stacks,
-        "on_over_off": on / off,
-        "stacks_over_off": stacks / off,
+        "off_us": statistics.median(runs["off"]),
+        "was_on_us": statistics.median(runs["was_on"]),
+        "was_on_over_off": paired_ratio(runs["was_on"], runs["off"]),
+        "on_us": statistics.median(runs["on"]),
+        "stacks_us": statistics.median(runs["stacks"]),
+        "on_over_off": paired_ratio(runs["on"], runs["off"]),
+        "stacks_over_off": paired_ratio(runs["stacks"], runs["off"]),
         "caller_depth": HISTORY_STACK_DEPTH,
     }
 
@@ -164,7 +169,7 @@ def bench_detector(repeat: int, number: int) -> dict:
             alloc._detector = detectors[mode]
             runs[mode] += per_call_us(workload, number, 1)
     off, on = statistics.median(runs["off"]), statistics.median(runs["raise"])
-    ratio = on / off
+    ratio = paired_ratio(runs["raise"], runs["off"])
     return {
         "off_us": off,
         "raise_us": on,
@@ -196,9 +201,10 @@ def bench_arena_exit(repeat: int, backend: str, ks: tuple[int, ...], round_trip_
     """(c) arena_exit cost per reclaimed buffer for each k, its growth, and its ratio to (a)."""
     runs: dict[int, list[float]] = {k: [] for k in ks}
     counts = {k: max(repeat, math.ceil(repeat * 10_000 / k)) for k in ks}
-    for i in range(max(counts.values())):  # the ks interleaved, so drift hits each alike
+    most = max(counts.values())
+    for i in range(most):  # the ks interleaved over the whole run, so drift hits each alike
         for k in ks:
-            if i < counts[k]:
+            if i % (most // counts[k]) == 0 and len(runs[k]) < counts[k]:
                 runs[k].append(_exit_per_buffer_us(backend, k))
     rows = {str(k): statistics.median(runs[k]) for k in ks}
     growth = rows[str(ks[-1])] / rows[str(ks[0])]
