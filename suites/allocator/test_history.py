@@ -708,3 +708,145 @@ def test_block_stream_is_the_default_streams_until_the_block_is_handed_out():
 def test_a_fresh_allocator_reports_the_history_defaults(make_alloc):
     devmem = make_alloc().snapshot()["devmem"]
     assert (devmem["recording"], devmem["stacks"], devmem["max_entries"]) == (False, True, 100_000)
+
+
+@pytest.mark.backends("sim")
+def test_a_segment_has_every_field_pytorch_writes(make_alloc):
+    alloc = make_alloc()
+    name = inspect.currentframe().f_code.co_name
+    with alloc.history():
+        line = line_of_next_statement()
+        small = alloc.full(1 << 18, 1.0)  # exactly 1 MiB: still PyTorch's small pool
+        large = alloc.full((1 << 18) + 1, 1.0)
+        alloc.release(large)
+    by_size = {s["total_size"]: s for s in alloc.snapshot()["segments"]}
+    here = [{"filename": HERE, "line": line, "name": name}]
+    below = [{"filename": HERE, "line": line + 1, "name": name}]
+
+    def segment(size, address, allocated, frames, state, block_frames):
+        return {
+            "device": 0,
+            "address": address,
+            "total_size": size,
+            "allocated_size": allocated,
+            "active_size": 0 if state == "inactive" else size,
+            "requested_size": allocated,
+            "stream": 0,
+            "segment_type": "small" if size == 1 << 20 else "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": frames,
+            "blocks": [
+                {
+                    "address": address,
+                    "size": size,
+                    "requested_size": size,
+                    "state": state,
+                    "frames": block_frames,
+                }
+            ],
+        }
+
+    small_address, large_address = (by_size[n]["address"] for n in (1 << 20, (1 << 20) + 4))
+    trimmed = {  # the innermost frame of each stack: the rest is pytest's
+        n: {
+            **s,
+            "frames": s["frames"][:1],
+            "blocks": [{**b, "frames": b["frames"][:1]} for b in s["blocks"]],
+        }
+        for n, s in by_size.items()
+    }
+    assert trimmed == {
+        1 << 20: segment(1 << 20, small_address, 1 << 20, here, "active_allocated", here),
+        (1 << 20) + 4: segment((1 << 20) + 4, large_address, 0, below, "inactive", []),
+    }
+    alloc.release(small)
+    alloc.empty_cache()
+
+
+@pytest.mark.parametrize("recording", [False, True])
+def test_the_devmem_part_says_how_it_was_recorded(make_alloc, backend, recording):
+    alloc = make_alloc()
+    if recording:
+        alloc.record_history(True, max_entries=7, stacks=False)
+    devmem = alloc.snapshot()["devmem"]
+    assert devmem == {
+        "format": 1,
+        "backend": backend,
+        "clock": "sim" if backend == "sim" else "host",
+        "recording": recording,
+        "stacks": not recording,  # the default, until a recording says otherwise
+        "max_entries": 7 if recording else 100_000,
+        "stats": dataclass_dict(alloc.stats()),
+        "annotations": [],
+    }
+    alloc.record_history(False)
+
+
+@pytest.mark.backends("sim")
+def test_an_annotation_has_its_time_stream_and_reason(make_alloc):
+    alloc = make_alloc()
+    side = alloc.new_stream("side")
+    name = inspect.currentframe().f_code.co_name
+    with alloc.use_stream(side):
+        buf = alloc.full(4, 1.0)
+    alloc.device.advance(40)
+    with alloc.history():
+        line = line_of_next_statement()
+        alloc.release(buf)
+    (note,) = notes(alloc)
+    note["frames"] = note["frames"][:1]
+    assert note == {
+        "action": "release",
+        "trace_index": 1,  # after its free_requested
+        "time_us": 40,
+        "addr": note["addr"],
+        "size": 16,
+        "stream": 1,
+        "reason": "release()",
+        "frames": [{"filename": HERE, "line": line, "name": name}],
+    }
+    alloc.empty_cache()
+
+
+@pytest.mark.backends("sim")
+def test_after_recording_stopped_a_snapshot_forgets_the_freed_blocks(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    alloc.record_history(True)
+    awaiting_block(alloc)  # a 16-byte block awaiting side's event until t=10
+    kept = alloc.full(8, 1.0)
+    alloc.record_history(False)
+    assert alloc._history.pending  # still awaiting when recording stopped
+    alloc.device.advance(10)
+    (block,) = [s["blocks"][0] for s in alloc.snapshot()["segments"] if s["total_size"] == 16]
+    assert (block["state"], block["frames"]) == ("inactive", [])  # reusable: no frames
+    alloc.release(kept)  # freed while off: the recorder hears nothing of it
+    alloc.empty_cache()
+    assert alloc.snapshot()["segments"] == []
+    recorder = alloc._history
+    assert (recorder.alloc_frames, recorder.segment_frames, recorder.addresses) == ({}, {}, {})
+
+
+def test_live_block_format_lists_its_frames_up_to_a_limit():
+    frames = tuple(StackFrame(f"{c}.py", n, c) for n, c in enumerate("fgh", start=1))
+    block = LiveBlock(0x1000, 64, 2, frames)
+    full = (
+        "0x1000: 64 bytes on stream 2, allocated at\n"
+        "    f.py:1 in f\n    g.py:2 in g\n    h.py:3 in h"
+    )
+    assert block.format() == full == block.format(max_frames=3)
+    assert block.format("  ", 1) == (
+        "  0x1000: 64 bytes on stream 2, allocated at\n      f.py:1 in f\n      ... 2 more frames"
+    )
+    assert LiveBlock(0x10, 8, 0, ()).format("> ") == (
+        "> 0x10: 8 bytes on stream 0, allocated while history was off (or without stacks)"
+    )
+
+
+def test_dump_refuses_a_path_that_is_not_one(tmp_path):
+    from allocator import _snapshot
+
+    with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got bytes$"):
+        _snapshot.dump({}, b"s.pickle")
+    _snapshot.dump({"segments": []}, str(tmp_path / "s.pickle"))
+    assert pickle.loads((tmp_path / "s.pickle").read_bytes()) == {"segments": []}
