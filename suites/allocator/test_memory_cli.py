@@ -15,7 +15,18 @@ from pathlib import Path
 import pytest
 
 from allocator import memory
-from allocator._timeline import BEFORE_TRACE, NO_STACK, format_bytes, site_of, sites, timeline
+from allocator._timeline import (
+    BEFORE_TRACE,
+    NO_STACK,
+    Marker,
+    Site,
+    Timeline,
+    device_of,
+    format_bytes,
+    site_of,
+    sites,
+    timeline,
+)
 
 from . import _stress
 
@@ -258,3 +269,156 @@ def test_format_bytes_and_bad_arguments():
         memory.summary(empty, top=0)
     with pytest.raises(ValueError, match=r"^device=2: the snapshot has traces for devices 0 to 0$"):
         timeline(empty, device=2)
+
+
+# -- the timeline's arithmetic on a snapshot written by hand (every default a reader meets) ------
+
+
+def src(name: str, line: int) -> dict:
+    return {"filename": "/src/app/model.py", "line": line, "name": name}
+
+
+LOAD, OTHER = src("load", 5), src("other", 9)
+BUILD = [src("<listcomp>", 7), src("build", 6)]
+BY_HAND = {
+    "segments": [
+        {
+            "device": 1,
+            "total_size": 1024,
+            "blocks": [  # device 1 listed first: device 0 reads on past it
+                {"size": 512, "state": "active_allocated"},
+                {"size": 1, "state": "active_allocated"},
+            ],
+        },
+        {
+            "device": 0,
+            "total_size": 4096,
+            "blocks": [
+                {"size": 24, "state": "active_allocated"},
+                {"size": 500, "state": "active_allocated"},
+                {"state": "active_allocated"},  # no size: counts 0
+            ],
+        },
+        {"total_size": 2048, "blocks": [{"size": 1, "state": "active_allocated"}]},  # device 0
+        {"device": 0},  # no size, no blocks
+    ],
+    "device_traces": [
+        [
+            {"action": "segment_alloc", "addr": 0, "size": 4096, "time_us": 100},
+            {"action": "alloc", "addr": 16, "size": 1000, "frames": [LOAD], "time_us": 110},
+            {"action": "alloc", "addr": 32, "size": 24, "frames": BUILD, "time_us": 120},
+            {"action": "free_requested", "addr": 16, "size": 1000, "time_us": 130},
+            {"action": "alloc", "addr": 48, "size": 500, "frames": [LOAD]},  # no time: 130
+            {"action": "free_requested", "addr": 99, "size": 64, "time_us": 140},  # from before
+            {"action": "oom", "size": 2048, "device_free": 0, "time_us": 150},
+            {"action": "segment_free", "addr": 4096, "size": 1024, "time_us": 160},
+            {"action": "oom", "time_us": 170},  # no size
+        ],
+        [
+            {"action": "alloc", "addr": 1, "size": 512, "frames": [OTHER], "time_us": 5},
+            {"action": "alloc", "addr": 2, "size": 1},  # no frames, no time
+            {"action": "segment_alloc", "time_us": 9},  # no size
+        ],
+    ],
+    "devmem": {
+        "annotations": [
+            {"action": "mystery", "trace_index": 1},  # not ours to mark: skipped
+            {"action": "arena_exit", "trace_index": 2, "depth": 0, "reclaimed": 3},
+            {"action": "release", "trace_index": 4},  # no reason
+            {"action": "cap_evict", "trace_index": 7, "size": 1024},
+            {"action": "release", "reason": "release_param"},  # no trace_index
+            {"action": "cap_evict", "trace_index": 8},  # no size
+        ]
+    },
+}
+
+
+def test_the_timeline_of_a_snapshot_written_by_hand():
+    load, build = "model.py:5 in load", "model.py:7 in <listcomp> < build"
+    assert timeline(BY_HAND) == Timeline(
+        time_us=[100, 100, 110, 120, 130, 130, 140, 150, 160, 170],
+        live=[65, 65, 1065, 1089, 89, 589, 525, 525, 525, 525],
+        reserved=[3072] + [7168] * 7 + [6144] * 2,
+        by_site={
+            load: [0, 0, 1000, 1000, 0, 500, 500, 500, 500, 500],
+            BEFORE_TRACE: [65] * 6 + [1] * 4,
+            build: [0, 0, 0, 24, 24, 24, 24, 24, 24, 24],
+        },
+        markers=[
+            Marker(0, "release", "release_param"),
+            Marker(2, "arena_exit", "exit d0: 3 buffers"),
+            Marker(4, "release", "release"),
+            Marker(6, "oom", "OOM 2.00 KiB"),
+            Marker(7, "cap_evict", "cap evict 1.00 KiB"),
+            Marker(8, "oom", "OOM 0 B"),
+            Marker(8, "cap_evict", "cap evict 0 B"),
+        ],
+        backend="torch",
+    )
+    assert sites(BY_HAND) == [
+        Site("/src/app/model.py:5 in load", 1000, 2, 1000, 500),  # peak before the second
+        Site(BEFORE_TRACE, 65, 0, 0, 1),
+        Site("/src/app/model.py:7 in <listcomp> < build", 24, 1, 24, 24),
+    ]
+    assert [site.name for site in sites(BY_HAND, short=True)] == [load, BEFORE_TRACE, build]
+
+
+def test_the_timeline_of_another_device():
+    assert device_of(BY_HAND) == 0 and device_of(BY_HAND, 1) == 1
+    assert timeline(BY_HAND, device=1) == Timeline(
+        time_us=[5, 5, 5, 9],
+        live=[0, 512, 513, 513],
+        reserved=[1024] * 4,
+        by_site={"model.py:9 in other": [0, 512, 512, 512], NO_STACK: [0, 0, 1, 1]},
+        markers=[m for m in timeline(BY_HAND).markers if m.kind != "oom"],  # device 0's
+        backend="torch",
+    )
+    assert sites(BY_HAND, device=1) == [  # nothing live from before: no such site
+        Site("/src/app/model.py:9 in other", 512, 1, 512, 512),
+        Site(NO_STACK, 1, 1, 1, 1),
+    ]
+    assert timeline(BY_HAND, device=1, top=1, short=False).by_site == {
+        "/src/app/model.py:9 in other": [0, 512, 512, 512]
+    }
+
+
+def test_devices_traces_and_sites_at_their_edges():
+    two = {"segments": [], "device_traces": [[], [{"action": "alloc", "size": 8}]]}
+    assert device_of(two) == 1 and device_of({"device_traces": [[], []]}) == 0
+    assert device_of({}) == 0 and device_of({}, 0) == 0
+    for snapshot, device, last in ((two, 2, 1), ({"device_traces": []}, 1, -1)):
+        with pytest.raises(ValueError, match=rf"^device={device}: .* devices 0 to {last}$"):
+            device_of(snapshot, device)
+    assert timeline({"segments": []}) == Timeline([0], [0], [0], {}, [], "torch")
+    assert sites({}) == []
+    one_byte = {"segments": [{"blocks": [{"size": 1, "state": "active_allocated"}]}]}
+    assert sites(one_byte) == [Site(BEFORE_TRACE, 1, 0, 0, 1)]
+    untimed = {"device_traces": [[{"action": "segment_alloc", "size": 8}]]}
+    assert timeline(untimed).time_us == [0, 0]
+    many = [
+        {"action": "alloc", "addr": i, "size": 8, "frames": [src(f"f{i}", i)]} for i in range(8)
+    ]
+    line = timeline({"segments": [], "device_traces": [many]})
+    assert list(line.by_site) == [f"model.py:{i} in f{i}" for i in range(6)]  # 6 by default
+
+
+def test_site_names_when_frames_lack_fields():
+    assert site_of([{"name": "f"}]) == "?:? in f"  # no file: the first frame, not Python's
+    assert site_of([{"filename": "", "line": 1, "name": "f"}]) == ":1 in f"  # relpath refuses ""
+    assert site_of([{"filename": "a.py", "line": 3}]) == "a.py:3 in ?"
+    assert site_of([src("f", 1), src("g", 2)], short=True) == "model.py:1 in f"  # no caller
+    assert site_of([{"filename": "a.py", "line": 3, "name": "<lambda>"}]) == "a.py:3 in <lambda>"
+    assert site_of([src("<listcomp>", 3), {"filename": "b.py"}], True) == (
+        "model.py:3 in <listcomp> < ?"
+    )
+
+
+def test_format_bytes_at_each_unit_boundary():
+    assert [format_bytes(n) for n in (1023, 1024, -1023, -1024)] == [
+        "1023 B",
+        "1.00 KiB",
+        "-1023 B",
+        "-1.00 KiB",
+    ]
+    assert format_bytes(1 << 40) == "1.00 TiB"
+    assert format_bytes(1 << 50) == "1024.00 TiB"  # no unit past TiB
