@@ -8,6 +8,7 @@ no ``devmem`` key) and traces that start late are read too.
 from __future__ import annotations
 
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -422,3 +423,164 @@ def test_format_bytes_at_each_unit_boundary():
     ]
     assert format_bytes(1 << 40) == "1.00 TiB"
     assert format_bytes(1 << 50) == "1024.00 TiB"  # no unit past TiB
+
+
+SUMMARY_HEAD = """\
+top allocation sites by peak live bytes:
+   peak live   allocs      largest  live at end  site
+"""
+
+
+def test_summary_of_the_snapshot_written_by_hand():
+    assert (
+        memory.summary(BY_HAND, top=3)
+        == memory.summary(BY_HAND)
+        == (
+            "backend torch: 9 events\n"
+            "peak live 1.06 KiB after event 3; at the end: live 525 B, cached 5.49 KiB, reserved"
+            " 6.00 KiB\n"
+            "arena exits 1, releases 2, cap evictions 2, OOMs 2\n"
+            "\n" + SUMMARY_HEAD + "      1000 B        2       1000 B        500 B"
+            "  /src/app/model.py:5 in load\n"
+            "        65 B        0          0 B          1 B  <live before the trace>\n"
+            "        24 B        1         24 B         24 B"
+            "  /src/app/model.py:7 in <listcomp> < build\n"
+        )
+    )
+    assert memory.summary(BY_HAND, device=1, top=1) == (
+        "backend torch: 3 events\n"
+        "peak live 513 B after event 2; at the end: live 513 B, cached 511 B, reserved 1.00 KiB\n"
+        "arena exits 1, releases 2, cap evictions 2, OOMs 0\n"
+        "\n" + SUMMARY_HEAD + "       512 B        1        512 B        512 B"
+        "  /src/app/model.py:9 in other\n"
+        "... and 1 more sites (--top to see more)\n"
+    )
+
+
+def test_summary_of_the_last_event_a_full_ring_and_an_empty_trace():
+    allocs = [
+        {"action": "alloc", "addr": i, "size": 8, "frames": [src(f"f{i}", i)]} for i in range(11)
+    ]
+    trace = [{"action": "segment_alloc", "size": 4096}, *allocs]
+    segment = {"total_size": 4096, "blocks": [{"size": 88, "state": "active_allocated"}]}
+    full = {"segments": [segment], "device_traces": [trace], "devmem": {"max_entries": 12}}
+    text = memory.summary(full).splitlines()
+    assert text[:2] == [
+        "backend torch: 12 events (the ring is full: older events were dropped)",
+        "peak live 88 B after event 12; at the end: live 88 B, cached 3.91 KiB, reserved 4.00 KiB",
+    ]
+    assert len(text) == 6 + 10 + 1 and text[-1] == "... and 1 more sites (--top to see more)"
+    full["devmem"]["max_entries"] = 13
+    assert memory.summary(full, top=1).splitlines()[0] == "backend torch: 12 events"
+    freed = {
+        "segments": [],
+        "device_traces": [[*trace[:2], {"action": "segment_free", "size": 4096}]],
+    }
+    assert memory.summary(freed).splitlines()[1] == (
+        "peak live 0 B after event 2; at the end: live 0 B, cached 0 B, reserved 0 B"
+    )
+    assert memory.summary({"segments": [], "device_traces": [[]]}).endswith(
+        SUMMARY_HEAD + "             (no allocation in the trace)\n"
+    )
+
+
+def test_plot_units_and_time_axes():
+    assert memory._unit(2047) == (1, "bytes")
+    assert [memory._unit(2 << shift) for shift in (10, 20, 30)] == [
+        (1 << 10, "KiB"),
+        (1 << 20, "MiB"),
+        (1 << 30, "GiB"),
+    ]
+    assert [memory._unit((2 << shift) - 1)[1] for shift in (20, 30)] == ["KiB", "MiB"]
+    line = timeline(BY_HAND)
+    assert memory._x_axis(line, False, BY_HAND) == (list(range(10)), "event")
+    seconds, label = memory._x_axis(line, True, BY_HAND)  # no clock named: the host's
+    assert label == "time (s since the first event)"
+    assert seconds == pytest.approx([(t - 100) / 1e6 for t in line.time_us])
+    sim = {**BY_HAND, "devmem": {"clock": "sim"}}
+    assert memory._x_axis(line, True, sim) == (
+        [t - 100 for t in line.time_us],
+        "time (us of the simulated clock)",
+    )
+
+
+def test_load_takes_a_bare_list_of_segments(tmp_path):
+    path = tmp_path / "segments.pickle"
+    path.write_bytes(pickle.dumps(BY_HAND["segments"]))
+    assert memory.load(path) == {"segments": BY_HAND["segments"], "device_traces": []}
+    path.write_bytes(pickle.dumps({"device_traces": [], 3: None}))
+    with pytest.raises(ValueError, match=re.escape("got keys ['3', 'device_traces']")):
+        memory.load(path)
+
+
+def test_the_command_line_help_says_what_each_option_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    for command, helps in (
+        (
+            "plot",
+            [
+                "snapshot    the pickled snapshot",
+                "-o OUTPUT, --output OUTPUT  the picture: .png, .svg or .pdf"
+                " (default timeline.png)",
+                "--top TOP   allocation sites drawn in their own band (default 6)",
+                "--time      x is the events' time_us instead of their index",
+                "--title TITLE  the picture's title",
+                "--device DEVICE  the device to read (default: the first with events)",
+            ],
+        ),
+        (
+            "summary",
+            [
+                "snapshot    the pickled snapshot",
+                "--top TOP   sites to list (default 10)",
+                "--device DEVICE  the device to read (default: the first with events)",
+            ],
+        ),
+        (
+            None,
+            [
+                "usage: python -m allocator.memory [-h] {plot,summary} ...",
+                "Read a memory snapshot (Allocator.dump_snapshot, or PyTorch's"
+                " torch.cuda.memory._dump_snapshot): a timeline picture, or the top allocation"
+                " sites.",
+                "plot      draw live and cached bytes over time (matplotlib)",
+                "summary   print the top allocation sites by peak bytes",
+            ],
+        ),
+    ):
+        with pytest.raises(SystemExit):
+            memory.main([command, "--help"] if command else ["--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        for text in helps:
+            assert " ".join(text.split()) in out, (command, text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["summary", "s", "--top", "0"], "--top: expected a whole number >= 1, got '0'"),
+        (["summary", "s", "--top", "x"], "--top: expected a whole number >= 1, got 'x'"),
+        (["plot", "s", "--top", "-1"], "--top: expected a whole number >= 0, got '-1'"),
+        (["plot", "s", "--device", "-1"], "--device: expected a whole number >= 0, got '-1'"),
+        (["plot", "s", "--top", "x"], "--top: expected a whole number >= 0, got 'x'"),
+    ],
+)
+def test_counts_on_the_command_line_say_what_they_expect(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        memory.main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_summary_on_the_command_line_reads_the_device_and_top(tmp_path, capsys):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(BY_HAND))
+    assert memory.main(["summary", str(path), "--device", "1", "--top", "1"]) == 0
+    assert capsys.readouterr().out == memory.summary(BY_HAND, device=1, top=1)
+    assert memory.main(["summary", str(path), "--top", "1"]) == 0  # 1 is a count it takes
+    assert capsys.readouterr().out == memory.summary(BY_HAND, top=1)
+    allocs = [
+        {"action": "alloc", "addr": i, "size": 8, "frames": [src(f"f{i}", i)]} for i in range(11)
+    ]
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [allocs]}))
+    assert memory.main(["summary", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "... and 1 more sites (--top to see more)"
