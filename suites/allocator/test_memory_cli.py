@@ -366,14 +366,15 @@ def test_the_timeline_of_a_snapshot_written_by_hand():
 
 def test_the_timeline_of_another_device():
     assert device_of(BY_HAND) == 0 and device_of(BY_HAND, 1) == 1
-    assert timeline(BY_HAND, device=1) == Timeline(
-        time_us=[5, 5, 5, 9],
-        live=[0, 512, 513, 513],
-        reserved=[1024] * 4,
-        by_site={"model.py:9 in other": [0, 512, 512, 512], NO_STACK: [0, 0, 1, 1]},
-        markers=[m for m in timeline(BY_HAND).markers if m.kind != "oom"],  # device 0's
-        backend="torch",
+    line = timeline(BY_HAND, device=1)
+    assert (line.time_us, line.live, line.reserved, line.by_site, line.backend) == (
+        [5, 5, 5, 9],
+        [0, 512, 513, 513],
+        [1024] * 4,
+        {"model.py:9 in other": [0, 512, 512, 512], NO_STACK: [0, 0, 1, 1]},
+        "torch",
     )
+    assert "oom" not in {marker.kind for marker in line.markers}  # device 0's OOMs
     assert sites(BY_HAND, device=1) == [  # nothing live from before: no such site
         Site("/src/app/model.py:9 in other", 512, 1, 512, 512),
         Site(NO_STACK, 1, 1, 1, 1),
@@ -584,3 +585,282 @@ def test_summary_on_the_command_line_reads_the_device_and_top(tmp_path, capsys):
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [allocs]}))
     assert memory.main(["summary", str(path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "... and 1 more sites (--top to see more)"
+
+
+# -- the picture, artist by artist ----------------------------------------------------------------
+
+
+def describe(fig) -> dict:
+    """What a drawn figure shows, artist by artist (values rounded to 4 decimals; labels that
+    matplotlib leaves out of legends, ``_child<n>``, as ``None``)."""
+    from matplotlib.colors import to_hex
+
+    def r(values):
+        return [round(float(v), 4) for v in values]
+
+    def label(artist):
+        text = artist.get_label()
+        return None if text.startswith("_") else text
+
+    (ax,) = fig.axes
+    grid = ax.yaxis.get_gridlines()[0]
+    legend = fig.legends[0]
+    return {
+        "figure": [r(fig.get_size_inches()), fig.dpi, type(fig.get_layout_engine()).__name__],
+        "axes": [
+            r(ax.get_xlim()),
+            r(ax.get_ylim()),
+            ax.get_xlabel(),
+            ax.get_ylabel(),
+            ax.get_title(),
+            ax.title.get_fontsize(),
+        ],
+        "grid": [grid.get_visible(), grid.get_linewidth(), grid.get_alpha()],
+        "x grid": ax.xaxis.get_gridlines()[0].get_visible(),
+        "bands": [  # label, color, edge width, top of the stack, vertices (a step: 4 a point)
+            [
+                label(c),
+                to_hex(c.get_facecolor()[0]),
+                r(c.get_linewidth()),
+                round(float(c.get_paths()[0].vertices[:, 1].max()), 4),
+                len(c.get_paths()[0].vertices),
+            ]
+            for c in ax.collections
+        ],
+        "lines": [
+            [
+                label(line),
+                to_hex(line.get_color()),
+                line.get_linestyle(),
+                line.get_linewidth(),
+                line.get_marker(),
+                line.get_markersize(),
+                line.get_clip_on(),
+                line.get_drawstyle(),
+                r(line.get_xdata()),
+                r(line.get_ydata()),
+            ]
+            for line in ax.lines
+        ],
+        "texts": [
+            [
+                t.get_text(),
+                r(t.get_position()),
+                t.get_rotation(),
+                t.get_fontsize(),
+                t.get_va(),
+                t.get_ha(),
+                to_hex(t.get_color()),
+            ]
+            for t in ax.texts
+        ],
+        "arrows": [[r(a.xy), a.anncoords, a.arrowprops] for a in ax.texts if hasattr(a, "xyann")],
+        "legend": [
+            legend._loc,
+            legend._outside_loc,
+            legend.get_frame_on(),
+            {t.get_fontsize() for t in legend.get_texts()},
+            [t.get_text() for t in legend.get_texts()],
+        ],
+    }
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures :func:`memory.plot` draws, kept for :func:`describe`."""
+    pytest.importorskip("matplotlib", reason="the plot extra: pip install 'devmem-harness[plot]'")
+    from matplotlib.figure import Figure
+
+    figures = []
+
+    class Kept(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            figures.append(self)
+
+    monkeypatch.setattr(memory, "_figure", lambda: Kept)
+    return figures
+
+
+def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
+    memory.plot(BY_HAND, tmp_path / "t.png")
+    # KiB (7168 B reserved at most); markers at the top: max level 7.0 KiB
+    load, before, build = "model.py:5 in load", BEFORE_TRACE, "model.py:7 in <listcomp> < build"
+    bands = [f"peak 1000 B: {load}", f"peak 65 B: {before}", f"peak 24 B: {build}"]
+    cached = "cached (reuse cache, blocks awaiting their event)"
+    assert describe(drawn[-1]) == {
+        "figure": [[11.0, 5.2], 100, "ConstrainedLayoutEngine"],
+        "axes": [
+            [0.0, 9.0],
+            [0.0, 7.84],  # 7 KiB and 12 % above it
+            "event",
+            "KiB",
+            "devmem memory timeline (torch): 9 events, peak live 1.06 KiB",
+            11.0,
+        ],
+        "grid": [True, 0.4, 0.5],
+        "x grid": False,
+        "bands": [
+            [bands[0], "#4e79a7", [0.0], 0.9766, 41],  # 1000 B
+            [bands[1], "#c7c7c7", [0.0], 1.04, 41],  # + 65 B from before the trace
+            [bands[2], "#f28e2c", [0.0], 1.0635, 41],  # + 24 B: the peak, 1089 B
+            [cached, "#d6e6f5", [0.0], 7.0, 41],  # up to the reserved bytes
+        ],
+        "lines": [
+            [
+                "live bytes",
+                "#222222",
+                "-",
+                0.8,
+                "None",
+                6.0,
+                True,
+                "steps-post",
+                [float(i) for i in range(10)],
+                [0.0635, 0.0635, 1.04, 1.0635, 0.0869, 0.5752, 0.5127, 0.5127, 0.5127, 0.5127],
+            ],
+            [
+                "arena exit (1)",
+                "#555555",
+                ":",
+                0.8,
+                "None",
+                6.0,
+                True,
+                "default",
+                [2.0, 2.0],
+                [0.0, 1.0],
+            ],
+            [
+                "release (2)",
+                "#7b3294",
+                "None",
+                1.5,
+                "|",
+                7.0,
+                False,
+                "default",
+                [0.0, 4.0],
+                [0.0, 0.0],
+            ],
+            [
+                "cap eviction (2)",
+                "#e66101",
+                "None",
+                1.5,
+                "v",
+                7.0,
+                False,
+                "default",
+                [7.0, 8.0],
+                [7.42, 7.42],
+            ],
+            ["OOM (2)", "#d7191c", "-", 1.4, "None", 6.0, True, "default", [6.0, 6.0], [0.0, 1.0]],
+            [None, "#d7191c", "-", 1.4, "None", 6.0, True, "default", [8.0, 8.0], [0.0, 1.0]],
+        ],
+        "texts": [
+            ["exit d0: 3 buffers ", [2.0, 7.7], 90.0, 6.5, "top", "right", "#555555"],
+            ["OOM 2.00 KiB ", [6.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
+            ["OOM 0 B ", [8.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
+            ["peak live 1.06 KiB", [14.0, -24.0], 0.0, 8.0, "baseline", "left", "#000000"],
+        ],
+        "arrows": [[[3.0, 1.0635], "offset points", {"arrowstyle": "->", "lw": 0.8}]],
+        "legend": [
+            1,
+            "right",
+            False,
+            {8.0},
+            [
+                *bands,
+                cached,
+                "live bytes",
+                "arena exit (1)",
+                "release (2)",
+                "cap eviction (2)",
+                "OOM (2)",
+            ],
+        ],
+    }
+
+
+def test_the_picture_on_the_simulated_clock_with_long_names_and_many_exits(drawn, tmp_path):
+    def frame(name):
+        return {"filename": "/src/m.py", "line": 1, "name": name}
+
+    n58, n59 = "f" * 48, "g" * 49  # site names of 58 and 59 characters
+    trace = [
+        {"action": "segment_alloc", "size": 3 << 20, "time_us": 1000},
+        {"action": "alloc", "addr": 1, "size": 2 << 20, "frames": [frame(n58)], "time_us": 1010},
+        {"action": "alloc", "addr": 2, "size": 1 << 20, "frames": [frame(n59)], "time_us": 1030},
+    ]
+    exits = [
+        {"action": "arena_exit", "trace_index": i % 4, "depth": i, "reclaimed": 1}
+        for i in range(12)
+    ]
+    snapshot = {
+        "segments": [
+            {"total_size": 3 << 20, "blocks": [{"size": 3 << 20, "state": "active_allocated"}]}
+        ],
+        "device_traces": [trace],
+        "devmem": {"clock": "sim", "backend": "sim", "annotations": exits},
+    }
+    memory.plot(snapshot, tmp_path / "t.png", top=2, use_time=True, title="a title")
+    seen = describe(drawn[-1])
+    assert seen["axes"] == [
+        [0.0, 30.0],
+        [0.0, 3.36],
+        "time (us of the simulated clock)",
+        "MiB",
+        "a title",
+        11.0,
+    ]
+    assert seen["lines"][0][-2:] == [[0.0, 0.0, 10.0, 30.0], [0.0, 0.0, 2.0, 3.0]]
+    assert (
+        [band[:2] for band in seen["bands"]]
+        == [
+            [f"peak 2.00 MiB: m.py:1 in {n58}", "#4e79a7"],  # 58 characters: whole
+            [f"peak 1.00 MiB: m.py:1 in {n59[:45]}...", "#f28e2c"],  # 59: cut to 55 and "..."
+            ["cached (reuse cache, blocks awaiting their event)", "#d6e6f5"],
+        ]
+    )
+    assert len(seen["texts"]) == 12 + 1  # 12 exits still get their labels
+    assert seen["texts"][0] == [
+        "exit d0: 1 buffers ",
+        [0.0, 3.3],
+        90.0,
+        6.5,
+        "top",
+        "right",
+        "#555555",
+    ]
+    assert seen["lines"][1][0] == "arena exit (12)" and seen["lines"][2][0] is None
+    exits.append({"action": "arena_exit", "trace_index": 0, "depth": 12, "reclaimed": 1})
+    memory.plot(snapshot, tmp_path / "t.png", top=1)  # 13 exits: no labels; one site
+    seen = describe(drawn[-1])
+    assert seen["axes"][2:5] == [
+        "event",
+        "MiB",
+        "devmem memory timeline (sim): 3 events, peak live 3.00 MiB",
+    ]
+    assert len(seen["texts"]) == 1 and seen["lines"][1][0] == "arena exit (13)"
+    assert [band[:2] for band in seen["bands"]][1] == ["other sites", "#9c9c9c"]
+
+
+def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({**BY_HAND, "devmem": {}}))  # annotations index device 0's
+    monkeypatch.chdir(tmp_path)
+    argv = ["plot", str(path), "--device", "1", "--top", "1", "--time", "--title", "T"]
+    assert memory.main(argv) == 0
+    assert (
+        capsys.readouterr().out == "wrote timeline.png\n" and (tmp_path / "timeline.png").exists()
+    )
+    seen = describe(drawn[-1])
+    assert seen["axes"][2:5] == ["time (s since the first event)", "bytes", "T"]
+    assert [band[0] for band in seen["bands"]][:2] == [
+        "peak 512 B: model.py:9 in other",
+        "other sites",
+    ]
+    assert memory.main(["plot", str(path)]) == 0  # the defaults: device 0, 6 sites, events
+    seen = describe(drawn[-1])
+    assert seen["axes"][2] == "event" and len(seen["bands"]) == 4
