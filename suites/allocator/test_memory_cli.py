@@ -497,7 +497,7 @@ def test_plot_units_and_time_axes():
     assert memory._x_axis(line, False, BY_HAND) == (list(range(10)), "event")
     seconds, label = memory._x_axis(line, True, BY_HAND)  # no clock named: the host's
     assert label == "time (s since the first event)"
-    assert seconds == pytest.approx([(t - 100) / 1e6 for t in line.time_us])
+    assert seconds == [(t - 100) / 1e6 for t in line.time_us]  # exactly: 1e6 us a second
     sim = {**BY_HAND, "devmem": {"clock": "sim"}}
     assert memory._x_axis(line, True, sim) == (
         [t - 100 for t in line.time_us],
@@ -844,6 +844,7 @@ def test_the_picture_on_the_simulated_clock_with_long_names_and_many_exits(drawn
     ]
     assert len(seen["texts"]) == 1 and seen["lines"][1][0] == "arena exit (13)"
     assert [band[:2] for band in seen["bands"]][1] == ["other sites", "#9c9c9c"]
+    assert [band[3] for band in seen["bands"]] == [2.0, 3.0, 3.0]  # MiB: the site, others, cache
 
 
 def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypatch, capsys):
@@ -864,3 +865,77 @@ def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypat
     assert memory.main(["plot", str(path)]) == 0  # the defaults: device 0, 6 sites, events
     seen = describe(drawn[-1])
     assert seen["axes"][2] == "event" and len(seen["bands"]) == 4
+
+
+def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
+    import matplotlib
+
+    out = tmp_path / "t.png"
+    with matplotlib.rc_context({"figure.dpi": 50}):  # a user's settings: the picture's own dpi
+        memory.plot({"segments": [], "device_traces": [[]]}, out, use_time=True)
+    assert describe(drawn[-1])["figure"] == [[11.0, 5.2], 100, "ConstrainedLayoutEngine"]
+    assert describe(drawn[-1])["axes"][:4] == [
+        [0.0, 1.0],
+        [0.0, 1.12],
+        "time (s since the first event)",
+        "bytes",
+    ]
+    # nothing held, one OOM: the levels floor at 1 byte, the OOM's label just below it
+    memory.plot({"segments": [], "device_traces": [[{"action": "oom", "time_us": 7}]]}, out)
+    seen = describe(drawn[-1])
+    assert (seen["axes"][:2], seen["texts"][0][:2]) == (
+        [[0.0, 1.0], [0.0, 1.12]],
+        ["OOM 0 B ", [0.0, 0.95]],
+    )
+    # a clock that never moved: one unit wide; live bytes above reserved ones set the top
+    held = {"segments": [{"blocks": [{"size": 4096, "state": "active_allocated"}]}]}
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 4096, "time_us": 5},
+        {"action": "oom", "time_us": 5},
+    ]
+    memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
+    seen = describe(drawn[-1])
+    assert seen["axes"][:2] == [[0.0, 1.0], [0.0, 4.48]]  # KiB: 4 KiB live, 12 % above
+    assert seen["texts"][0][:2] == ["OOM 0 B ", [0.0, 3.8]]  # 0.95 of 4 KiB
+    # the clock moved at the last event only
+    trace += [{"action": "segment_alloc", "size": 8192, "time_us": 9}]
+    memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
+    assert describe(drawn[-1])["axes"][0] == [0.0, 4.0]
+    # below zero: a trace that frees more than the segments held starts below 0; the axis not
+    freed = [
+        {"action": "alloc", "addr": 1, "size": 8},
+        {"action": "free_requested", "addr": 1, "size": 16},
+    ]
+    memory.plot({"segments": [], "device_traces": [freed]}, out)
+    assert describe(drawn[-1])["axes"][1][0] == 0.0
+    # reserved exactly live: no cached bytes, not even one
+    both = [{"action": "segment_alloc", "size": 8}, {"action": "alloc", "addr": 1, "size": 8}]
+    segment = {"total_size": 8, "blocks": [{"size": 8, "state": "active_allocated"}]}
+    memory.plot({"segments": [segment], "device_traces": [both]}, out)
+    assert [band[3] for band in describe(drawn[-1])["bands"]] == [8.0, 8.0]  # the site, cached
+
+
+def test_the_picture_colors_six_sites_and_bands_the_others(drawn, tmp_path):
+    many = [
+        {"action": "alloc", "addr": i, "size": 8 << i, "frames": [src(f"f{i}", i)]}
+        for i in range(8)
+    ]
+    snapshot = {"segments": [], "device_traces": [many]}
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    memory.plot(snapshot, tmp_path / "t.png")
+    assert memory.main(["plot", str(path), "-o", str(tmp_path / "u.png")]) == 0
+    for fig in drawn[-2:]:  # the function's default and the command line's: 6 sites
+        bands = describe(fig)["bands"]
+        assert [band[1] for band in bands] == [
+            "#4e79a7",
+            "#f28e2c",
+            "#59a14f",
+            "#e15759",
+            "#76b7b2",
+            "#edc949",
+            "#9c9c9c",
+            "#d6e6f5",
+        ]  # by peak: f7 first; then the other sites (f1, f0), then the cache
+        assert bands[0][0] == "peak 1.00 KiB: model.py:7 in f7"
+        assert bands[6][0] == "other sites"
