@@ -283,10 +283,15 @@ def streams_logic(latency: int = 0, mutant: str | None = None) -> dict:
         "side": [side.handle.name, side.handle.non_blocking, side.handle.device],
     }
     log()
-    with alloc.use_stream(side):
+    scope = alloc.use_stream(side)  # held past its block: its exit alone restores CuPy's
+    with scope:
         a = alloc.full(16, 1.0)
         report["current_inside"] = [cupy.cuda.get_current_stream() is side.handle, fake.current]
-    report["current_after"] = cupy.cuda.get_current_stream() is cupy.cuda.Stream.null
+    report["current_after"] = [
+        cupy.cuda.get_current_stream() is cupy.cuda.Stream.null,
+        fake.current,
+    ]
+    del scope
     report["fill_log"] = log()
     alloc.default_stream.wait_stream(side)
     report["wait_log"] = log()

@@ -187,3 +187,33 @@ def test_readbacks_copy_and_sum_in_float64(alloc):
 def test_a_fatal_line_survives_characters_it_cannot_encode(death):
     outcome = death.run(_fatal_probes.fatal_with_a_lone_surrogate)
     outcome.assert_aborted(r"(?m)^devmem: fatal: bad byte \?$")
+
+
+def test_a_fresh_simulator_synchronizes_without_moving_its_clock():
+    sim = SimDevice(1 << 20, latency_us=5)
+    sim.synchronize()
+    assert (sim.now_us, sim.tail_us, sim.clock_us()) == (0, 0, 0)
+
+
+def test_a_lifes_kernels_on_every_stream_join_the_race_check():
+    sim = SimDevice(1 << 20, latency_us=1)
+    default, side = sim.new_stream(default=True), sim.new_stream("side")
+    block = sim.malloc(64)
+    block.stream = default
+    sim.launch(side, block)  # t = 0..1 on side
+    sim.launch(default, block)  # t = 0..1 on its own stream
+    assert block.uses == {side: 1, default: 1}
+    sim.record(block)  # freed at t=0: both still in flight, both kept for the next life
+    assert (block.prior, block.uses) == ({side: 1, default: 1}, None)
+    sim.advance(1)
+    sim.launch(default, block)  # t = 1..2: the next life, after both
+    sim.record(block)
+    assert block.prior == {default: 2}  # side's kernel completed: forgotten
+
+
+def test_the_host_clock_is_whole_microseconds_since_the_epoch():
+    import time
+
+    before = time.time_ns() // 1000
+    now = CpuDevice().clock_us()
+    assert type(now) is int and before <= now <= time.time_ns() // 1000

@@ -190,7 +190,7 @@ def test_an_oom_is_recorded_with_the_device_free_bytes(make_alloc):
         alloc.full(2048, 1.0)
     oom = alloc.snapshot()["device_traces"][0][-1]
     assert oom["action"] == "oom" and "addr" not in oom
-    assert (oom["size"], oom["device_free"]) == (8192, 3072)
+    assert (oom["size"], oom["device_free"], oom["stream"]) == (8192, 3072, 0)
     assert oom["frames"][0]["filename"] == HERE
     alloc.release(held)
 
@@ -554,3 +554,299 @@ def test_a_zero3_release_is_recorded_with_its_stack_and_awaits_the_compute_strea
     ]
     alloc.release(x)
     alloc.release(out)
+
+
+# -- what the mutation run asked for: times, frames and maps of completed frees -----------------
+
+
+def awaiting_block(alloc):
+    """Free a 16-byte block recorded on a side stream whose kernel runs until t=10 (sim,
+    latency 10): it awaits that stream's event. Returns the lines of its allocation and free,
+    and the side stream."""
+    side = alloc.new_stream("side")
+    with alloc.use_stream(side):
+        on_side = alloc.full(2, 0.0)  # a kernel on side, until t=10
+    alloc_line = line_of_next_statement()
+    buf = alloc.full(4, 1.0)
+    buf.record_stream(side)
+    free_line = line_of_next_statement()
+    alloc.release(buf)
+    alloc.release(on_side)
+    return alloc_line, free_line, side
+
+
+def event_of(alloc_or_trace, action: str, size: int) -> dict:
+    trace = alloc_or_trace
+    if not isinstance(trace, list):
+        trace = alloc_or_trace.snapshot()["device_traces"][0]
+    (event,) = [e for e in trace if (e["action"], e["size"]) == (action, size)]
+    return event
+
+
+@pytest.mark.backends("sim")
+@pytest.mark.parametrize("when", ["snapshot", "allocation", "stop"])
+def test_a_completed_free_is_stamped_when_found_with_its_free_stack(make_alloc, when):
+    alloc = make_alloc(sim_latency_us=10)
+    alloc.record_history(True)
+    _, free_line, _ = awaiting_block(alloc)
+    assert alloc._history.pending
+    alloc.device.advance(25)  # the side stream's event completed at t=10; now t=25
+    if when == "snapshot":  # a snapshot while recording records the completions first
+        trace = alloc.snapshot()["device_traces"][0]
+        alloc.record_history(False)
+    elif when == "allocation":  # the next allocation, before its own events
+        alloc.release(alloc.full(8, 1.0))
+        trace = alloc.snapshot()["device_traces"][0]
+        assert [(e["action"], e["size"]) for e in trace[-5:-2]] == [
+            ("free_completed", 16),
+            ("segment_alloc", 32),
+            ("alloc", 32),
+        ]
+        alloc.record_history(False)
+    else:  # stopping records them too
+        alloc.record_history(False)
+        trace = alloc.snapshot()["device_traces"][0]
+    completed = event_of(trace, "free_completed", 16)
+    requested = event_of(trace, "free_requested", 16)
+    assert (completed["time_us"], requested["time_us"]) == (25, 0)
+    assert completed["frames"] == requested["frames"]
+    assert (completed["frames"][0]["filename"], completed["frames"][0]["line"]) == (HERE, free_line)
+    assert not alloc._history.pending
+    alloc.empty_cache()
+
+
+@pytest.mark.backends("sim")
+def test_a_free_completed_during_an_allocation_is_recorded_before_its_alloc(
+    make_alloc, monkeypatch
+):
+    # On a GPU, time passes during a device malloc: the awaited event may complete after the
+    # allocation's first look. The simulator's clock moves only when told: here, in malloc.
+    alloc = make_alloc(sim_latency_us=10)
+    device = alloc.device
+    malloc = device.malloc
+
+    def slow_malloc(nbytes):
+        device.advance(30)
+        return malloc(nbytes)
+
+    with alloc.history():
+        _, free_line, _ = awaiting_block(alloc)
+        monkeypatch.setattr(device, "malloc", slow_malloc)
+        kept = alloc.full(32, 1.0)  # a cache miss: the device malloc takes the clock to 30
+        monkeypatch.undo()
+    trace = alloc.snapshot()["device_traces"][0]
+    assert [(e["action"], e["size"], e["time_us"]) for e in trace[-3:]] == [
+        ("segment_alloc", 128, 30),
+        ("free_completed", 16, 30),
+        ("alloc", 128, 30),
+    ]
+    assert trace[-2]["frames"][0]["line"] == free_line
+    alloc.release(kept)
+    alloc.empty_cache()
+
+
+@pytest.mark.backends("sim")
+def test_a_flushed_awaiting_block_completes_with_its_free_stack(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    with alloc.history():
+        _, free_line, _ = awaiting_block(alloc)
+        alloc.empty_cache()
+    trace = alloc.snapshot()["device_traces"][0]
+    completed = event_of(trace, "free_completed", 16)
+    assert completed["time_us"] == 10 and completed["frames"][0]["line"] == free_line
+    assert completed["frames"] == event_of(trace, "free_requested", 16)["frames"]
+
+
+@pytest.mark.backends("sim")
+def test_an_awaiting_block_shows_the_stack_it_was_allocated_with(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    before = alloc.full(8, 1.0)  # allocated while history was off
+    with alloc.history():
+        alloc_line, _, side = awaiting_block(alloc)
+        before.record_stream(side)  # side's kernel runs until t=10
+        alloc.release(before)  # freed while recording: it had no frames
+        snapshot = alloc.snapshot()
+    blocks = {s["total_size"]: s["blocks"][0] for s in snapshot["segments"]}
+    assert (blocks[16]["state"], blocks[32]["state"]) == ("active_pending_free",) * 2
+    assert (blocks[16]["frames"][0]["filename"], blocks[16]["frames"][0]["line"]) == (
+        HERE,
+        alloc_line,
+    )
+    assert blocks[32]["frames"] == []
+    assert alloc._history.alloc_frames == {}  # a freed block's frames moved to its free
+    alloc.empty_cache()
+
+
+def test_the_recorder_forgets_the_blocks_the_device_got_back(make_alloc):
+    alloc = make_alloc()
+    before = alloc.full(8, 1.0)  # allocated (its segment too) while history was off
+    if alloc._cache is not None:
+        alloc.release(before)
+    with alloc.history():
+        if alloc._cache is None:
+            alloc.release(before)  # no cache: freed to the device at once
+        alloc.release(alloc.full(4, 1.0))
+        alloc.empty_cache()
+        recorder = alloc._history
+        assert (recorder.alloc_frames, recorder.segment_frames, recorder.addresses) == ({}, {}, {})
+        assert recorder.pending == {}
+    trace = alloc.snapshot()["device_traces"][0]
+    assert [e["size"] for e in trace if e["action"] == "segment_free"] == [32, 16]
+
+
+def test_block_stream_is_the_default_streams_until_the_block_is_handed_out():
+    from allocator._history import block_stream
+
+    alloc = dm.Allocator(dm.AllocatorConfig(backend="sim"))
+    block = alloc.device.malloc(16)
+    assert block.stream is None and block_stream(block) == 0
+    block.stream = alloc.new_stream("side")
+    assert block_stream(block) == block.stream.id == 1
+    alloc.device.free(block)
+
+
+def test_a_fresh_allocator_reports_the_history_defaults(make_alloc):
+    devmem = make_alloc().snapshot()["devmem"]
+    assert (devmem["recording"], devmem["stacks"], devmem["max_entries"]) == (False, True, 100_000)
+
+
+@pytest.mark.backends("sim")
+def test_a_segment_has_every_field_pytorch_writes(make_alloc):
+    alloc = make_alloc()
+    name = inspect.currentframe().f_code.co_name
+    with alloc.history():
+        line = line_of_next_statement()
+        small = alloc.full(1 << 18, 1.0)  # exactly 1 MiB: still PyTorch's small pool
+        large = alloc.full((1 << 18) + 1, 1.0)
+        alloc.release(large)
+    by_size = {s["total_size"]: s for s in alloc.snapshot()["segments"]}
+    here = [{"filename": HERE, "line": line, "name": name}]
+    below = [{"filename": HERE, "line": line + 1, "name": name}]
+
+    def segment(size, address, allocated, frames, state, block_frames):
+        return {
+            "device": 0,
+            "address": address,
+            "total_size": size,
+            "allocated_size": allocated,
+            "active_size": 0 if state == "inactive" else size,
+            "requested_size": allocated,
+            "stream": 0,
+            "segment_type": "small" if size == 1 << 20 else "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": frames,
+            "blocks": [
+                {
+                    "address": address,
+                    "size": size,
+                    "requested_size": size,
+                    "state": state,
+                    "frames": block_frames,
+                }
+            ],
+        }
+
+    small_address, large_address = (by_size[n]["address"] for n in (1 << 20, (1 << 20) + 4))
+    trimmed = {  # the innermost frame of each stack: the rest is pytest's
+        n: {
+            **s,
+            "frames": s["frames"][:1],
+            "blocks": [{**b, "frames": b["frames"][:1]} for b in s["blocks"]],
+        }
+        for n, s in by_size.items()
+    }
+    assert trimmed == {
+        1 << 20: segment(1 << 20, small_address, 1 << 20, here, "active_allocated", here),
+        (1 << 20) + 4: segment((1 << 20) + 4, large_address, 0, below, "inactive", []),
+    }
+    alloc.release(small)
+    alloc.empty_cache()
+
+
+@pytest.mark.parametrize("recording", [False, True])
+def test_the_devmem_part_says_how_it_was_recorded(make_alloc, backend, recording):
+    alloc = make_alloc()
+    if recording:
+        alloc.record_history(True, max_entries=7, stacks=False)
+    devmem = alloc.snapshot()["devmem"]
+    assert devmem == {
+        "format": 1,
+        "backend": backend,
+        "clock": "sim" if backend == "sim" else "host",
+        "recording": recording,
+        "stacks": not recording,  # the default, until a recording says otherwise
+        "max_entries": 7 if recording else 100_000,
+        "stats": dataclass_dict(alloc.stats()),
+        "annotations": [],
+    }
+    alloc.record_history(False)
+
+
+@pytest.mark.backends("sim")
+def test_an_annotation_has_its_time_stream_and_reason(make_alloc):
+    alloc = make_alloc()
+    side = alloc.new_stream("side")
+    name = inspect.currentframe().f_code.co_name
+    with alloc.use_stream(side):
+        buf = alloc.full(4, 1.0)
+    alloc.device.advance(40)
+    with alloc.history():
+        line = line_of_next_statement()
+        alloc.release(buf)
+    (note,) = notes(alloc)
+    note["frames"] = note["frames"][:1]
+    assert note == {
+        "action": "release",
+        "trace_index": 1,  # after its free_requested
+        "time_us": 40,
+        "addr": note["addr"],
+        "size": 16,
+        "stream": 1,
+        "reason": "release()",
+        "frames": [{"filename": HERE, "line": line, "name": name}],
+    }
+    alloc.empty_cache()
+
+
+@pytest.mark.backends("sim")
+def test_after_recording_stopped_a_snapshot_forgets_the_freed_blocks(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    alloc.record_history(True)
+    awaiting_block(alloc)  # a 16-byte block awaiting side's event until t=10
+    kept = alloc.full(8, 1.0)
+    alloc.record_history(False)
+    assert alloc._history.pending  # still awaiting when recording stopped
+    alloc.device.advance(10)
+    (block,) = [s["blocks"][0] for s in alloc.snapshot()["segments"] if s["total_size"] == 16]
+    assert (block["state"], block["frames"]) == ("inactive", [])  # reusable: no frames
+    alloc.release(kept)  # freed while off: the recorder hears nothing of it
+    alloc.empty_cache()
+    assert alloc.snapshot()["segments"] == []
+    recorder = alloc._history
+    assert (recorder.alloc_frames, recorder.segment_frames, recorder.addresses) == ({}, {}, {})
+
+
+def test_live_block_format_lists_its_frames_up_to_a_limit():
+    frames = tuple(StackFrame(f"{c}.py", n, c) for n, c in enumerate("fgh", start=1))
+    block = LiveBlock(0x1000, 64, 2, frames)
+    full = (
+        "0x1000: 64 bytes on stream 2, allocated at\n"
+        "    f.py:1 in f\n    g.py:2 in g\n    h.py:3 in h"
+    )
+    assert block.format() == full == block.format(max_frames=3)
+    assert block.format("  ", 1) == (
+        "  0x1000: 64 bytes on stream 2, allocated at\n      f.py:1 in f\n      ... 2 more frames"
+    )
+    assert LiveBlock(0x10, 8, 0, ()).format("> ") == (
+        "> 0x10: 8 bytes on stream 0, allocated while history was off (or without stacks)"
+    )
+
+
+def test_dump_refuses_a_path_that_is_not_one(tmp_path):
+    from allocator import _snapshot
+
+    with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got bytes$"):
+        _snapshot.dump({}, b"s.pickle")
+    _snapshot.dump({"segments": []}, str(tmp_path / "s.pickle"))
+    assert pickle.loads((tmp_path / "s.pickle").read_bytes()) == {"segments": []}

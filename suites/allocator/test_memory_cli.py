@@ -8,6 +8,7 @@ no ``devmem`` key) and traces that start late are read too.
 from __future__ import annotations
 
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,18 @@ from pathlib import Path
 import pytest
 
 from allocator import memory
-from allocator._timeline import BEFORE_TRACE, NO_STACK, format_bytes, site_of, sites, timeline
+from allocator._timeline import (
+    BEFORE_TRACE,
+    NO_STACK,
+    Marker,
+    Site,
+    Timeline,
+    device_of,
+    format_bytes,
+    site_of,
+    sites,
+    timeline,
+)
 
 from . import _stress
 
@@ -258,3 +270,672 @@ def test_format_bytes_and_bad_arguments():
         memory.summary(empty, top=0)
     with pytest.raises(ValueError, match=r"^device=2: the snapshot has traces for devices 0 to 0$"):
         timeline(empty, device=2)
+
+
+# -- the timeline's arithmetic on a snapshot written by hand (every default a reader meets) ------
+
+
+def src(name: str, line: int) -> dict:
+    return {"filename": "/src/app/model.py", "line": line, "name": name}
+
+
+LOAD, OTHER = src("load", 5), src("other", 9)
+BUILD = [src("<listcomp>", 7), src("build", 6)]
+BY_HAND = {
+    "segments": [
+        {
+            "device": 1,
+            "total_size": 1024,
+            "blocks": [  # device 1 listed first: device 0 reads on past it
+                {"size": 512, "state": "active_allocated"},
+                {"size": 1, "state": "active_allocated"},
+            ],
+        },
+        {
+            "device": 0,
+            "total_size": 4096,
+            "blocks": [
+                {"size": 24, "state": "active_allocated"},
+                {"size": 500, "state": "active_allocated"},
+                {"state": "active_allocated"},  # no size: counts 0
+            ],
+        },
+        {"total_size": 2048, "blocks": [{"size": 1, "state": "active_allocated"}]},  # device 0
+        {"device": 0},  # no size, no blocks
+    ],
+    "device_traces": [
+        [
+            {"action": "segment_alloc", "addr": 0, "size": 4096, "time_us": 100},
+            {"action": "alloc", "addr": 16, "size": 1000, "frames": [LOAD], "time_us": 110},
+            {"action": "alloc", "addr": 32, "size": 24, "frames": BUILD, "time_us": 120},
+            {"action": "free_requested", "addr": 16, "size": 1000, "time_us": 130},
+            {"action": "alloc", "addr": 48, "size": 500, "frames": [LOAD]},  # no time: 130
+            {"action": "free_requested", "addr": 99, "size": 64, "time_us": 140},  # from before
+            {"action": "oom", "size": 2048, "device_free": 0, "time_us": 150},
+            {"action": "segment_free", "addr": 4096, "size": 1024, "time_us": 160},
+            {"action": "oom", "time_us": 170},  # no size
+        ],
+        [
+            {"action": "alloc", "addr": 1, "size": 512, "frames": [OTHER], "time_us": 5},
+            {"action": "alloc", "addr": 2, "size": 1},  # no frames, no time
+            {"action": "segment_alloc", "time_us": 9},  # no size
+        ],
+    ],
+    "devmem": {
+        "annotations": [
+            {"action": "mystery", "trace_index": 1},  # not ours to mark: skipped
+            {"action": "arena_exit", "trace_index": 2, "depth": 0, "reclaimed": 3},
+            {"action": "release", "trace_index": 4},  # no reason
+            {"action": "cap_evict", "trace_index": 7, "size": 1024},
+            {"action": "release", "reason": "release_param"},  # no trace_index
+            {"action": "cap_evict", "trace_index": 8},  # no size
+        ]
+    },
+}
+
+
+def test_the_timeline_of_a_snapshot_written_by_hand():
+    load, build = "model.py:5 in load", "model.py:7 in <listcomp> < build"
+    assert timeline(BY_HAND) == Timeline(
+        time_us=[100, 100, 110, 120, 130, 130, 140, 150, 160, 170],
+        live=[65, 65, 1065, 1089, 89, 589, 525, 525, 525, 525],
+        reserved=[3072] + [7168] * 7 + [6144] * 2,
+        by_site={
+            load: [0, 0, 1000, 1000, 0, 500, 500, 500, 500, 500],
+            BEFORE_TRACE: [65] * 6 + [1] * 4,
+            build: [0, 0, 0, 24, 24, 24, 24, 24, 24, 24],
+        },
+        markers=[
+            Marker(0, "release", "release_param"),
+            Marker(2, "arena_exit", "exit d0: 3 buffers"),
+            Marker(4, "release", "release"),
+            Marker(6, "oom", "OOM 2.00 KiB"),
+            Marker(7, "cap_evict", "cap evict 1.00 KiB"),
+            Marker(8, "oom", "OOM 0 B"),
+            Marker(8, "cap_evict", "cap evict 0 B"),
+        ],
+        backend="torch",
+    )
+    assert sites(BY_HAND) == [
+        Site("/src/app/model.py:5 in load", 1000, 2, 1000, 500),  # peak before the second
+        Site(BEFORE_TRACE, 65, 0, 0, 1),
+        Site("/src/app/model.py:7 in <listcomp> < build", 24, 1, 24, 24),
+    ]
+    assert [site.name for site in sites(BY_HAND, short=True)] == [load, BEFORE_TRACE, build]
+
+
+def test_the_timeline_of_another_device():
+    assert device_of(BY_HAND) == 0 and device_of(BY_HAND, 1) == 1
+    line = timeline(BY_HAND, device=1)
+    assert (line.time_us, line.live, line.reserved, line.by_site, line.backend) == (
+        [5, 5, 5, 9],
+        [0, 512, 513, 513],
+        [1024] * 4,
+        {"model.py:9 in other": [0, 512, 512, 512], NO_STACK: [0, 0, 1, 1]},
+        "torch",
+    )
+    assert "oom" not in {marker.kind for marker in line.markers}  # device 0's OOMs
+    assert sites(BY_HAND, device=1) == [  # nothing live from before: no such site
+        Site("/src/app/model.py:9 in other", 512, 1, 512, 512),
+        Site(NO_STACK, 1, 1, 1, 1),
+    ]
+    assert timeline(BY_HAND, device=1, top=1, short=False).by_site == {
+        "/src/app/model.py:9 in other": [0, 512, 512, 512]
+    }
+
+
+def test_devices_traces_and_sites_at_their_edges():
+    two = {"segments": [], "device_traces": [[], [{"action": "alloc", "size": 8}]]}
+    assert device_of(two) == 1 and device_of({"device_traces": [[], []]}) == 0
+    assert device_of({}) == 0 and device_of({}, 0) == 0
+    for snapshot, device, last in ((two, 2, 1), ({"device_traces": []}, 1, -1)):
+        with pytest.raises(ValueError, match=rf"^device={device}: .* devices 0 to {last}$"):
+            device_of(snapshot, device)
+    assert timeline({"segments": []}) == Timeline([0], [0], [0], {}, [], "torch")
+    assert sites({}) == []
+    one_byte = {"segments": [{"blocks": [{"size": 1, "state": "active_allocated"}]}]}
+    assert sites(one_byte) == [Site(BEFORE_TRACE, 1, 0, 0, 1)]
+    untimed = {"device_traces": [[{"action": "segment_alloc", "size": 8}]]}
+    assert timeline(untimed).time_us == [0, 0]
+    many = [
+        {"action": "alloc", "addr": i, "size": 8, "frames": [src(f"f{i}", i)]} for i in range(8)
+    ]
+    line = timeline({"segments": [], "device_traces": [many]})
+    assert list(line.by_site) == [f"model.py:{i} in f{i}" for i in range(6)]  # 6 by default
+
+
+def test_site_names_when_frames_lack_fields():
+    assert site_of([{"name": "f"}]) == "?:? in f"  # no file: the first frame, not Python's
+    assert site_of([{"filename": "", "line": 1, "name": "f"}]) == ":1 in f"  # relpath refuses ""
+    assert site_of([{"filename": "a.py", "line": 3}]) == "a.py:3 in ?"
+    assert site_of([src("f", 1), src("g", 2)], short=True) == "model.py:1 in f"  # no caller
+    assert site_of([{"filename": "a.py", "line": 3, "name": "<lambda>"}]) == "a.py:3 in <lambda>"
+    assert site_of([src("<listcomp>", 3), {"filename": "b.py"}], True) == (
+        "model.py:3 in <listcomp> < ?"
+    )
+
+
+def test_format_bytes_at_each_unit_boundary():
+    assert [format_bytes(n) for n in (1023, 1024, -1023, -1024)] == [
+        "1023 B",
+        "1.00 KiB",
+        "-1023 B",
+        "-1.00 KiB",
+    ]
+    assert format_bytes(1 << 40) == "1.00 TiB"
+    assert format_bytes(1 << 50) == "1024.00 TiB"  # no unit past TiB
+
+
+SUMMARY_HEAD = """\
+top allocation sites by peak live bytes:
+   peak live   allocs      largest  live at end  site
+"""
+
+
+def test_summary_of_the_snapshot_written_by_hand():
+    assert (
+        memory.summary(BY_HAND, top=3)
+        == memory.summary(BY_HAND)
+        == (
+            "backend torch: 9 events\n"
+            "peak live 1.06 KiB after event 3; at the end: live 525 B, cached 5.49 KiB, reserved"
+            " 6.00 KiB\n"
+            "arena exits 1, releases 2, cap evictions 2, OOMs 2\n"
+            "\n" + SUMMARY_HEAD + "      1000 B        2       1000 B        500 B"
+            "  /src/app/model.py:5 in load\n"
+            "        65 B        0          0 B          1 B  <live before the trace>\n"
+            "        24 B        1         24 B         24 B"
+            "  /src/app/model.py:7 in <listcomp> < build\n"
+        )
+    )
+    assert memory.summary(BY_HAND, device=1, top=1) == (
+        "backend torch: 3 events\n"
+        "peak live 513 B after event 2; at the end: live 513 B, cached 511 B, reserved 1.00 KiB\n"
+        "arena exits 1, releases 2, cap evictions 2, OOMs 0\n"
+        "\n" + SUMMARY_HEAD + "       512 B        1        512 B        512 B"
+        "  /src/app/model.py:9 in other\n"
+        "... and 1 more sites (--top to see more)\n"
+    )
+
+
+def test_summary_of_the_last_event_a_full_ring_and_an_empty_trace():
+    allocs = [
+        {"action": "alloc", "addr": i, "size": 8, "frames": [src(f"f{i}", i)]} for i in range(11)
+    ]
+    trace = [{"action": "segment_alloc", "size": 4096}, *allocs]
+    segment = {"total_size": 4096, "blocks": [{"size": 88, "state": "active_allocated"}]}
+    full = {"segments": [segment], "device_traces": [trace], "devmem": {"max_entries": 12}}
+    text = memory.summary(full).splitlines()
+    assert text[:2] == [
+        "backend torch: 12 events (the ring is full: older events were dropped)",
+        "peak live 88 B after event 12; at the end: live 88 B, cached 3.91 KiB, reserved 4.00 KiB",
+    ]
+    assert len(text) == 6 + 10 + 1 and text[-1] == "... and 1 more sites (--top to see more)"
+    full["devmem"]["max_entries"] = 13
+    assert memory.summary(full, top=1).splitlines()[0] == "backend torch: 12 events"
+    freed = {
+        "segments": [],
+        "device_traces": [[*trace[:2], {"action": "segment_free", "size": 4096}]],
+    }
+    assert memory.summary(freed).splitlines()[1] == (
+        "peak live 0 B after event 2; at the end: live 0 B, cached 0 B, reserved 0 B"
+    )
+    assert memory.summary({"segments": [], "device_traces": [[]]}).endswith(
+        SUMMARY_HEAD + "             (no allocation in the trace)\n"
+    )
+
+
+def test_plot_units_and_time_axes():
+    assert memory._unit(2047) == (1, "bytes")
+    assert [memory._unit(2 << shift) for shift in (10, 20, 30)] == [
+        (1 << 10, "KiB"),
+        (1 << 20, "MiB"),
+        (1 << 30, "GiB"),
+    ]
+    assert [memory._unit((2 << shift) - 1)[1] for shift in (20, 30)] == ["KiB", "MiB"]
+    line = timeline(BY_HAND)
+    assert memory._x_axis(line, False, BY_HAND) == (list(range(10)), "event")
+    seconds, label = memory._x_axis(line, True, BY_HAND)  # no clock named: the host's
+    assert label == "time (s since the first event)"
+    assert seconds == [(t - 100) / 1e6 for t in line.time_us]  # exactly: 1e6 us a second
+    sim = {**BY_HAND, "devmem": {"clock": "sim"}}
+    assert memory._x_axis(line, True, sim) == (
+        [t - 100 for t in line.time_us],
+        "time (us of the simulated clock)",
+    )
+
+
+def test_load_takes_a_bare_list_of_segments(tmp_path):
+    path = tmp_path / "segments.pickle"
+    path.write_bytes(pickle.dumps(BY_HAND["segments"]))
+    assert memory.load(path) == {"segments": BY_HAND["segments"], "device_traces": []}
+    path.write_bytes(pickle.dumps({"device_traces": [], 3: None}))
+    with pytest.raises(ValueError, match=re.escape("got keys ['3', 'device_traces']")):
+        memory.load(path)
+
+
+def test_the_command_line_help_says_what_each_option_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    for command, helps in (
+        (
+            "plot",
+            [
+                "snapshot    the pickled snapshot",
+                "-o OUTPUT, --output OUTPUT  the picture: .png, .svg or .pdf"
+                " (default timeline.png)",
+                "--top TOP   allocation sites drawn in their own band (default 6)",
+                "--time      x is the events' time_us instead of their index",
+                "--title TITLE  the picture's title",
+                "--device DEVICE  the device to read (default: the first with events)",
+            ],
+        ),
+        (
+            "summary",
+            [
+                "snapshot    the pickled snapshot",
+                "--top TOP   sites to list (default 10)",
+                "--device DEVICE  the device to read (default: the first with events)",
+            ],
+        ),
+        (
+            None,
+            [
+                "usage: python -m allocator.memory [-h] {plot,summary} ...",
+                "Read a memory snapshot (Allocator.dump_snapshot, or PyTorch's"
+                " torch.cuda.memory._dump_snapshot): a timeline picture, or the top allocation"
+                " sites.",
+                "plot      draw live and cached bytes over time (matplotlib)",
+                "summary   print the top allocation sites by peak bytes",
+            ],
+        ),
+    ):
+        with pytest.raises(SystemExit):
+            memory.main([command, "--help"] if command else ["--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        for text in helps:
+            assert " ".join(text.split()) in out, (command, text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["summary", "s", "--top", "0"], "--top: expected a whole number >= 1, got '0'"),
+        (["summary", "s", "--top", "x"], "--top: expected a whole number >= 1, got 'x'"),
+        (["plot", "s", "--top", "-1"], "--top: expected a whole number >= 0, got '-1'"),
+        (["plot", "s", "--device", "-1"], "--device: expected a whole number >= 0, got '-1'"),
+        (["plot", "s", "--top", "x"], "--top: expected a whole number >= 0, got 'x'"),
+    ],
+)
+def test_counts_on_the_command_line_say_what_they_expect(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        memory.main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_summary_on_the_command_line_reads_the_device_and_top(tmp_path, capsys):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(BY_HAND))
+    assert memory.main(["summary", str(path), "--device", "1", "--top", "1"]) == 0
+    assert capsys.readouterr().out == memory.summary(BY_HAND, device=1, top=1)
+    assert memory.main(["summary", str(path), "--top", "1"]) == 0  # 1 is a count it takes
+    assert capsys.readouterr().out == memory.summary(BY_HAND, top=1)
+    allocs = [
+        {"action": "alloc", "addr": i, "size": 8, "frames": [src(f"f{i}", i)]} for i in range(11)
+    ]
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [allocs]}))
+    assert memory.main(["summary", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "... and 1 more sites (--top to see more)"
+
+
+# -- the picture, artist by artist ----------------------------------------------------------------
+
+
+def describe(fig) -> dict:
+    """What a drawn figure shows, artist by artist (values rounded to 4 decimals; labels that
+    matplotlib leaves out of legends, ``_child<n>``, as ``None``)."""
+    from matplotlib.colors import to_hex
+
+    def r(values):
+        return [round(float(v), 4) for v in values]
+
+    def label(artist):
+        text = artist.get_label()
+        return None if text.startswith("_") else text
+
+    (ax,) = fig.axes
+    grid = ax.yaxis.get_gridlines()[0]
+    legend = fig.legends[0]
+    return {
+        "figure": [r(fig.get_size_inches()), fig.dpi, type(fig.get_layout_engine()).__name__],
+        "axes": [
+            r(ax.get_xlim()),
+            r(ax.get_ylim()),
+            ax.get_xlabel(),
+            ax.get_ylabel(),
+            ax.get_title(),
+            ax.title.get_fontsize(),
+        ],
+        "grid": [grid.get_visible(), grid.get_linewidth(), grid.get_alpha()],
+        "x grid": ax.xaxis.get_gridlines()[0].get_visible(),
+        "bands": [  # label, color, edge width, top of the stack, vertices (a step: 4 a point)
+            [
+                label(c),
+                to_hex(c.get_facecolor()[0]),
+                r(c.get_linewidth()),
+                round(float(c.get_paths()[0].vertices[:, 1].max()), 4),
+                len(c.get_paths()[0].vertices),
+            ]
+            for c in ax.collections
+        ],
+        "lines": [
+            [
+                label(line),
+                to_hex(line.get_color()),
+                line.get_linestyle(),
+                line.get_linewidth(),
+                line.get_marker(),
+                line.get_markersize(),
+                line.get_clip_on(),
+                line.get_drawstyle(),
+                r(line.get_xdata()),
+                r(line.get_ydata()),
+            ]
+            for line in ax.lines
+        ],
+        "texts": [
+            [
+                t.get_text(),
+                r(t.get_position()),
+                t.get_rotation(),
+                t.get_fontsize(),
+                t.get_va(),
+                t.get_ha(),
+                to_hex(t.get_color()),
+            ]
+            for t in ax.texts
+        ],
+        "arrows": [[r(a.xy), a.anncoords, a.arrowprops] for a in ax.texts if hasattr(a, "xyann")],
+        "legend": [
+            legend._loc,
+            legend._outside_loc,
+            legend.get_frame_on(),
+            {t.get_fontsize() for t in legend.get_texts()},
+            [t.get_text() for t in legend.get_texts()],
+        ],
+    }
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures :func:`memory.plot` draws, kept for :func:`describe`."""
+    pytest.importorskip("matplotlib", reason="the plot extra: pip install 'devmem-harness[plot]'")
+    from matplotlib.figure import Figure
+
+    figures = []
+
+    class Kept(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            figures.append(self)
+
+    monkeypatch.setattr(memory, "_figure", lambda: Kept)
+    return figures
+
+
+def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
+    memory.plot(BY_HAND, tmp_path / "t.png")
+    # KiB (7168 B reserved at most); markers at the top: max level 7.0 KiB
+    load, before, build = "model.py:5 in load", BEFORE_TRACE, "model.py:7 in <listcomp> < build"
+    bands = [f"peak 1000 B: {load}", f"peak 65 B: {before}", f"peak 24 B: {build}"]
+    cached = "cached (reuse cache, blocks awaiting their event)"
+    assert describe(drawn[-1]) == {
+        "figure": [[11.0, 5.2], 100, "ConstrainedLayoutEngine"],
+        "axes": [
+            [0.0, 9.0],
+            [0.0, 7.84],  # 7 KiB and 12 % above it
+            "event",
+            "KiB",
+            "devmem memory timeline (torch): 9 events, peak live 1.06 KiB",
+            11.0,
+        ],
+        "grid": [True, 0.4, 0.5],
+        "x grid": False,
+        "bands": [
+            [bands[0], "#4e79a7", [0.0], 0.9766, 41],  # 1000 B
+            [bands[1], "#c7c7c7", [0.0], 1.04, 41],  # + 65 B from before the trace
+            [bands[2], "#f28e2c", [0.0], 1.0635, 41],  # + 24 B: the peak, 1089 B
+            [cached, "#d6e6f5", [0.0], 7.0, 41],  # up to the reserved bytes
+        ],
+        "lines": [
+            [
+                "live bytes",
+                "#222222",
+                "-",
+                0.8,
+                "None",
+                6.0,
+                True,
+                "steps-post",
+                [float(i) for i in range(10)],
+                [0.0635, 0.0635, 1.04, 1.0635, 0.0869, 0.5752, 0.5127, 0.5127, 0.5127, 0.5127],
+            ],
+            [
+                "arena exit (1)",
+                "#555555",
+                ":",
+                0.8,
+                "None",
+                6.0,
+                True,
+                "default",
+                [2.0, 2.0],
+                [0.0, 1.0],
+            ],
+            [
+                "release (2)",
+                "#7b3294",
+                "None",
+                1.5,
+                "|",
+                7.0,
+                False,
+                "default",
+                [0.0, 4.0],
+                [0.0, 0.0],
+            ],
+            [
+                "cap eviction (2)",
+                "#e66101",
+                "None",
+                1.5,
+                "v",
+                7.0,
+                False,
+                "default",
+                [7.0, 8.0],
+                [7.42, 7.42],
+            ],
+            ["OOM (2)", "#d7191c", "-", 1.4, "None", 6.0, True, "default", [6.0, 6.0], [0.0, 1.0]],
+            [None, "#d7191c", "-", 1.4, "None", 6.0, True, "default", [8.0, 8.0], [0.0, 1.0]],
+        ],
+        "texts": [
+            ["exit d0: 3 buffers ", [2.0, 7.7], 90.0, 6.5, "top", "right", "#555555"],
+            ["OOM 2.00 KiB ", [6.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
+            ["OOM 0 B ", [8.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
+            ["peak live 1.06 KiB", [14.0, -24.0], 0.0, 8.0, "baseline", "left", "#000000"],
+        ],
+        "arrows": [[[3.0, 1.0635], "offset points", {"arrowstyle": "->", "lw": 0.8}]],
+        "legend": [
+            1,
+            "right",
+            False,
+            {8.0},
+            [
+                *bands,
+                cached,
+                "live bytes",
+                "arena exit (1)",
+                "release (2)",
+                "cap eviction (2)",
+                "OOM (2)",
+            ],
+        ],
+    }
+
+
+def test_the_picture_on_the_simulated_clock_with_long_names_and_many_exits(drawn, tmp_path):
+    def frame(name):
+        return {"filename": "/src/m.py", "line": 1, "name": name}
+
+    n58, n59 = "f" * 48, "g" * 49  # site names of 58 and 59 characters
+    trace = [
+        {"action": "segment_alloc", "size": 3 << 20, "time_us": 1000},
+        {"action": "alloc", "addr": 1, "size": 2 << 20, "frames": [frame(n58)], "time_us": 1010},
+        {"action": "alloc", "addr": 2, "size": 1 << 20, "frames": [frame(n59)], "time_us": 1030},
+    ]
+    exits = [
+        {"action": "arena_exit", "trace_index": i % 4, "depth": i, "reclaimed": 1}
+        for i in range(12)
+    ]
+    snapshot = {
+        "segments": [
+            {"total_size": 3 << 20, "blocks": [{"size": 3 << 20, "state": "active_allocated"}]}
+        ],
+        "device_traces": [trace],
+        "devmem": {"clock": "sim", "backend": "sim", "annotations": exits},
+    }
+    memory.plot(snapshot, tmp_path / "t.png", top=2, use_time=True, title="a title")
+    seen = describe(drawn[-1])
+    assert seen["axes"] == [
+        [0.0, 30.0],
+        [0.0, 3.36],
+        "time (us of the simulated clock)",
+        "MiB",
+        "a title",
+        11.0,
+    ]
+    assert seen["lines"][0][-2:] == [[0.0, 0.0, 10.0, 30.0], [0.0, 0.0, 2.0, 3.0]]
+    assert (
+        [band[:2] for band in seen["bands"]]
+        == [
+            [f"peak 2.00 MiB: m.py:1 in {n58}", "#4e79a7"],  # 58 characters: whole
+            [f"peak 1.00 MiB: m.py:1 in {n59[:45]}...", "#f28e2c"],  # 59: cut to 55 and "..."
+            ["cached (reuse cache, blocks awaiting their event)", "#d6e6f5"],
+        ]
+    )
+    assert len(seen["texts"]) == 12 + 1  # 12 exits still get their labels
+    assert seen["texts"][0] == [
+        "exit d0: 1 buffers ",
+        [0.0, 3.3],
+        90.0,
+        6.5,
+        "top",
+        "right",
+        "#555555",
+    ]
+    assert seen["lines"][1][0] == "arena exit (12)" and seen["lines"][2][0] is None
+    exits.append({"action": "arena_exit", "trace_index": 0, "depth": 12, "reclaimed": 1})
+    memory.plot(snapshot, tmp_path / "t.png", top=1)  # 13 exits: no labels; one site
+    seen = describe(drawn[-1])
+    assert seen["axes"][2:5] == [
+        "event",
+        "MiB",
+        "devmem memory timeline (sim): 3 events, peak live 3.00 MiB",
+    ]
+    assert len(seen["texts"]) == 1 and seen["lines"][1][0] == "arena exit (13)"
+    assert [band[:2] for band in seen["bands"]][1] == ["other sites", "#9c9c9c"]
+    assert [band[3] for band in seen["bands"]] == [2.0, 3.0, 3.0]  # MiB: the site, others, cache
+
+
+def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({**BY_HAND, "devmem": {}}))  # annotations index device 0's
+    monkeypatch.chdir(tmp_path)
+    argv = ["plot", str(path), "--device", "1", "--top", "1", "--time", "--title", "T"]
+    assert memory.main(argv) == 0
+    assert (
+        capsys.readouterr().out == "wrote timeline.png\n" and (tmp_path / "timeline.png").exists()
+    )
+    seen = describe(drawn[-1])
+    assert seen["axes"][2:5] == ["time (s since the first event)", "bytes", "T"]
+    assert [band[0] for band in seen["bands"]][:2] == [
+        "peak 512 B: model.py:9 in other",
+        "other sites",
+    ]
+    assert memory.main(["plot", str(path)]) == 0  # the defaults: device 0, 6 sites, events
+    seen = describe(drawn[-1])
+    assert seen["axes"][2] == "event" and len(seen["bands"]) == 4
+
+
+def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
+    import matplotlib
+
+    out = tmp_path / "t.png"
+    with matplotlib.rc_context({"figure.dpi": 50}):  # a user's settings: the picture's own dpi
+        memory.plot({"segments": [], "device_traces": [[]]}, out, use_time=True)
+    assert describe(drawn[-1])["figure"] == [[11.0, 5.2], 100, "ConstrainedLayoutEngine"]
+    assert describe(drawn[-1])["axes"][:4] == [
+        [0.0, 1.0],
+        [0.0, 1.12],
+        "time (s since the first event)",
+        "bytes",
+    ]
+    # nothing held, one OOM: the levels floor at 1 byte, the OOM's label just below it
+    memory.plot({"segments": [], "device_traces": [[{"action": "oom", "time_us": 7}]]}, out)
+    seen = describe(drawn[-1])
+    assert (seen["axes"][:2], seen["texts"][0][:2]) == (
+        [[0.0, 1.0], [0.0, 1.12]],
+        ["OOM 0 B ", [0.0, 0.95]],
+    )
+    # a clock that never moved: one unit wide; live bytes above reserved ones set the top
+    held = {"segments": [{"blocks": [{"size": 4096, "state": "active_allocated"}]}]}
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 4096, "time_us": 5},
+        {"action": "oom", "time_us": 5},
+    ]
+    memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
+    seen = describe(drawn[-1])
+    assert seen["axes"][:2] == [[0.0, 1.0], [0.0, 4.48]]  # KiB: 4 KiB live, 12 % above
+    assert seen["texts"][0][:2] == ["OOM 0 B ", [0.0, 3.8]]  # 0.95 of 4 KiB
+    # the clock moved at the last event only
+    trace += [{"action": "segment_alloc", "size": 8192, "time_us": 9}]
+    memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
+    assert describe(drawn[-1])["axes"][0] == [0.0, 4.0]
+    # below zero: a trace that frees more than the segments held starts below 0; the axis not
+    freed = [
+        {"action": "alloc", "addr": 1, "size": 8},
+        {"action": "free_requested", "addr": 1, "size": 16},
+    ]
+    memory.plot({"segments": [], "device_traces": [freed]}, out)
+    assert describe(drawn[-1])["axes"][1][0] == 0.0
+    # reserved exactly live: no cached bytes, not even one
+    both = [{"action": "segment_alloc", "size": 8}, {"action": "alloc", "addr": 1, "size": 8}]
+    segment = {"total_size": 8, "blocks": [{"size": 8, "state": "active_allocated"}]}
+    memory.plot({"segments": [segment], "device_traces": [both]}, out)
+    assert [band[3] for band in describe(drawn[-1])["bands"]] == [8.0, 8.0]  # the site, cached
+
+
+def test_the_picture_colors_six_sites_and_bands_the_others(drawn, tmp_path):
+    many = [
+        {"action": "alloc", "addr": i, "size": 8 << i, "frames": [src(f"f{i}", i)]}
+        for i in range(8)
+    ]
+    snapshot = {"segments": [], "device_traces": [many]}
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    memory.plot(snapshot, tmp_path / "t.png")
+    assert memory.main(["plot", str(path), "-o", str(tmp_path / "u.png")]) == 0
+    for fig in drawn[-2:]:  # the function's default and the command line's: 6 sites
+        bands = describe(fig)["bands"]
+        assert [band[1] for band in bands] == [
+            "#4e79a7",
+            "#f28e2c",
+            "#59a14f",
+            "#e15759",
+            "#76b7b2",
+            "#edc949",
+            "#9c9c9c",
+            "#d6e6f5",
+        ]  # by peak: f7 first; then the other sites (f1, f0), then the cache
+        assert bands[0][0] == "peak 1.00 KiB: model.py:7 in f7"
+        assert bands[6][0] == "other sites"
