@@ -239,12 +239,15 @@ def sites(snapshot: dict, device: int | None = None, short: bool = False) -> lis
     return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
 
 
-def _markers(snapshot: dict, trace: list[dict]) -> list[Marker]:
+def _markers(snapshot: dict, trace: list[dict], device: int) -> list[Marker]:
+    """The OOMs of ``trace`` and, on device 0 (whose trace their ``trace_index`` counts), our
+    annotations."""
     markers = []
     for i, event in enumerate(trace):
         if event.get("action") == "oom":
             markers.append(Marker(i, "oom", f"OOM {format_bytes(event.get('size', 0))}"))
-    for note in (snapshot.get("devmem") or {}).get("annotations", []):
+    notes = (snapshot.get("devmem") or {}).get("annotations", []) if device == 0 else []
+    for note in notes:
         kind, index = note.get("action"), note.get("trace_index", 0)
         if kind == "arena_exit":
             label = f"exit d{note.get('depth')}: {note.get('reclaimed')} buffers"
@@ -298,4 +301,5 @@ def timeline(
         for name, series in by_site.items():
             series.append(levels[name])
     backend = (snapshot.get("devmem") or {}).get("backend", "torch")
-    return Timeline(time_us, live, reserved, by_site, _markers(snapshot, trace), backend)
+    markers = _markers(snapshot, trace, device)
+    return Timeline(time_us, live, reserved, by_site, markers, backend)

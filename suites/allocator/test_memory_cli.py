@@ -448,13 +448,16 @@ def test_summary_of_the_snapshot_written_by_hand():
             "  /src/app/model.py:7 in <listcomp> < build\n"
         )
     )
-    assert memory.summary(BY_HAND, device=1, top=1) == (
-        "backend torch: 3 events\n"
-        "peak live 513 B after event 2; at the end: live 513 B, cached 511 B, reserved 1.00 KiB\n"
-        "arena exits 1, releases 2, cap evictions 2, OOMs 0\n"
-        "\n" + SUMMARY_HEAD + "       512 B        1        512 B        512 B"
-        "  /src/app/model.py:9 in other\n"
-        "... and 1 more sites (--top to see more)\n"
+    assert (
+        memory.summary(BY_HAND, device=1, top=1)
+        == (
+            "backend torch: 3 events\n"
+            "peak live 513 B after event 2; at the end: live 513 B, cached 511 B, reserved 1.00 KiB\n"
+            "arena exits 0, releases 0, cap evictions 0, OOMs 0\n"  # the annotations are device 0's
+            "\n" + SUMMARY_HEAD + "       512 B        1        512 B        512 B"
+            "  /src/app/model.py:9 in other\n"
+            "... and 1 more sites (--top to see more)\n"
+        )
     )
 
 
@@ -847,9 +850,15 @@ def test_the_picture_on_the_simulated_clock_with_long_names_and_many_exits(drawn
     assert [band[3] for band in seen["bands"]] == [2.0, 3.0, 3.0]  # MiB: the site, others, cache
 
 
+def test_annotations_mark_device_0_only():
+    # their trace_index counts device 0's events; on device 1 they would point past its trace
+    assert [m.kind for m in timeline(BY_HAND, device=1).markers] == []
+    assert {m.kind for m in timeline(BY_HAND, device=0).markers} >= {"arena_exit", "release"}
+
+
 def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypatch, capsys):
     path = tmp_path / "s.pickle"
-    path.write_bytes(pickle.dumps({**BY_HAND, "devmem": {}}))  # annotations index device 0's
+    path.write_bytes(pickle.dumps(BY_HAND))  # annotations index device 0's: not drawn on 1
     monkeypatch.chdir(tmp_path)
     argv = ["plot", str(path), "--device", "1", "--top", "1", "--time", "--title", "T"]
     assert memory.main(argv) == 0
