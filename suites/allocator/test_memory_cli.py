@@ -448,16 +448,14 @@ def test_summary_of_the_snapshot_written_by_hand():
             "  /src/app/model.py:7 in <listcomp> < build\n"
         )
     )
-    assert (
-        memory.summary(BY_HAND, device=1, top=1)
-        == (
-            "backend torch: 3 events\n"
-            "peak live 513 B after event 2; at the end: live 513 B, cached 511 B, reserved 1.00 KiB\n"
-            "arena exits 0, releases 0, cap evictions 0, OOMs 0\n"  # the annotations are device 0's
-            "\n" + SUMMARY_HEAD + "       512 B        1        512 B        512 B"
-            "  /src/app/model.py:9 in other\n"
-            "... and 1 more sites (--top to see more)\n"
-        )
+    # the annotations count device 0's events: none on device 1
+    assert memory.summary(BY_HAND, device=1, top=1) == (
+        "backend torch: 3 events\n"
+        "peak live 513 B after event 2; at the end: live 513 B, cached 511 B, reserved 1.00 KiB\n"
+        "arena exits 0, releases 0, cap evictions 0, OOMs 0\n"
+        "\n" + SUMMARY_HEAD + "       512 B        1        512 B        512 B"
+        "  /src/app/model.py:9 in other\n"
+        "... and 1 more sites (--top to see more)\n"
     )
 
 
