@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +24,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
-__all__ = ["RESULTS", "ROOT", "finish", "machine", "parse", "parser", "per_call_us"]
+__all__ = [
+    "RESULTS",
+    "ROOT",
+    "finish",
+    "machine",
+    "paired_ratio",
+    "parse",
+    "parser",
+    "per_call_us",
+]
 
 
 def parser(name: str, doc: str, *, repeat: int, quick: str) -> argparse.ArgumentParser:
@@ -113,3 +123,19 @@ def per_call_us(fn: Callable[[], None], number: int, repeat: int) -> list[float]
                 gc.enable()
         runs.append(elapsed / number * 1e6)
     return runs
+
+
+def paired_ratio(runs: list[float], reference: list[float]) -> float:
+    """The median of ``runs[i] / reference[i]``: each run against the reference run beside it,
+    so that a change of the machine's load between runs cancels (a ratio of two medians does
+    not when the load moves during the benchmark).
+
+    Args:
+        runs, reference: timings in any one unit, taken in pairs (``runs[i]`` beside
+            ``reference[i]``), at least one pair.
+
+    Raises:
+        ValueError: the lists differ in length (``zip(strict=True)``).
+        statistics.StatisticsError: they are empty.
+    """
+    return statistics.median(a / b for a, b in zip(runs, reference, strict=True))

@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 import _common  # bench/_common.py, beside this script
 import numpy as np
-from _common import per_call_us
+from _common import paired_ratio, per_call_us
 
 sys.path.insert(0, str(_common.ROOT))
 
@@ -59,13 +59,6 @@ TARGET_EXIT_VS_ROUND_TRIP = 1.0
 TARGET_CUDA_VS_POOL = 2.0
 TARGET_CUDA_VS_RAW = 10.0
 EXIT_KS = (1_000, 10_000, 100_000)
-
-
-def paired_ratio(runs: list[float], reference: list[float]) -> float:
-    """The median of ``runs[i] / reference[i]``: each run against the reference run beside it,
-    so that a change of the machine's load between runs cancels (a ratio of two medians
-    does not when the load moves during the benchmark)."""
-    return statistics.median(a / b for a, b in zip(runs, reference, strict=True))
 
 
 def bench_round_trip(repeat: int, number: int) -> dict:
@@ -106,33 +99,38 @@ def _at_depth(depth: int, fn: Callable[[], list[float]]) -> list[float]:
     return fn() if depth <= 0 else _at_depth(depth - 1, fn)
 
 
+HISTORY_VARIANTS: dict[str, Callable[[Allocator], object]] = {
+    "off": lambda alloc: None,
+    # recorded once, then stopped: its layers are out of the stack again
+    "was_on": lambda alloc: (alloc.record_history(True), alloc.record_history(False)),
+    "on": lambda alloc: alloc.record_history(True, stacks=False),
+    "stacks": lambda alloc: alloc.record_history(True, stacks=True),
+}
+
+
 def bench_history(repeat: int, number: int) -> dict:
-    """(a) the cached round trip with the memory history off, on without stacks, on with."""
-    variants = {}
-    for name, stacks in (("off", None), ("was_on", None), ("on", False), ("stacks", True)):
+    """(a) the cached round trip with the memory history off, recorded once then stopped, on
+    without stacks, and on with stacks, each from a caller ``HISTORY_STACK_DEPTH`` deep."""
+    loops = {}
+    for name, setup in HISTORY_VARIANTS.items():
         alloc = Allocator(AllocatorConfig(backend="sim"))
-        if name == "was_on":  # recorded once, then stopped: its layers are out of the stack
-            alloc.record_history(True)
-            alloc.record_history(False)
-        elif stacks is not None:
-            alloc.record_history(True, stacks=stacks)
+        setup(alloc)
         alloc.release(alloc.empty(4096))
         empty, release = alloc.empty, alloc.release
 
         def cached(empty=empty, release=release) -> None:
             release(empty(4096))
 
-        variants[name] = (cached, [])
-    for cached, _ in variants.values():  # warm up, untimed
-        per_call_us(cached, number, 1)
+        loops[name] = cached
+        per_call_us(cached, number, 1)  # warm up, untimed
+    runs: dict[str, list[float]] = {name: [] for name in loops}
+    names = list(loops)
     for i in range(repeat):  # interleaved, rotating the order
-        names = list(variants)
         for name in names[i % 4 :] + names[: i % 4]:
-            cached, runs = variants[name]
-            runs += _at_depth(
+            cached = loops[name]
+            runs[name] += _at_depth(
                 HISTORY_STACK_DEPTH, lambda cached=cached: per_call_us(cached, number, 1)
             )
-    runs = {name: variant_runs for name, (_, variant_runs) in variants.items()}
     return {
         "off_us": statistics.median(runs["off"]),
         "was_on_us": statistics.median(runs["was_on"]),

@@ -132,7 +132,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
             times, raw = time_children(style, target, args, runs)
             raws += raw
             children[style][f"{name}_ms"] = statistics.median(times) * 1000
-            children[style][f"{name}_over_raw"] = statistics.median(times) / statistics.median(raw)
+            children[style][f"{name}_over_raw"] = _common.paired_ratio(times, raw)
     forked = time_pytest_forked(forked_tests, forked_repeat)
     ratios = {
         "fork_over_raw": max(
@@ -181,7 +181,8 @@ def format_table(results: dict) -> str:
     lines += [
         "",
         f"Medians of {results['repeat']} children per cell (exec: a quarter), each right after a"
-        f" raw fork; (Nx) = over the raw fork. pytest-forked: {forked['tests']} trivial tests,"
+        " raw fork; (Nx) = the median of each child over the raw fork beside it."
+        f" pytest-forked: {forked['tests']} trivial tests,"
         f" {forked['forked_s']:.2f} s with --forked vs {forked['plain_s']:.2f} s without (median"
         f" of {forked['runs']} runs).",
     ]

@@ -1,9 +1,9 @@
 """ZeRO-3 benchmark: a parameter's gather+release round trip against plain allocations.
 
-Not a test: run it by hand (``python bench/zero3.py``). It prints a table and writes JSON
-(``bench/results/zero3.json`` by default). Every figure is the median of ``--repeat`` runs,
-each run interleaving the three loops below, and every ratio is taken against references
-measured in the same run, on the same allocator.
+Not a test: run it by hand (``.venv/bin/python bench/zero3.py``). It prints a table and writes
+JSON (``bench/results/zero3.json`` by default). Every figure is the median of ``--repeat`` runs,
+each run interleaving the three loops below, and every ratio is the median of each run over the
+reference run beside it (``_common.paired_ratio``), on the same allocator.
 
 For each backend (``cpu``, ``sim``, and ``cuda`` where a GPU is visible; otherwise the ``cuda``
 column says why it was skipped) and each parameter size (4,097 and 262,145 float32 elements
@@ -30,7 +30,7 @@ import sys
 
 import _common  # bench/_common.py, beside this script
 import numpy as np
-from _common import per_call_us
+from _common import paired_ratio, per_call_us
 
 ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))
@@ -76,13 +76,13 @@ def bench_backend(backend: str, numel: int, repeat: int, number: int) -> dict:
         alloc.device.synchronize()
     medians = {name: statistics.median(values) for name, values in runs.items()}
     stats = alloc.stats()
-    ratio = medians["zero3"] / medians["alloc+upload+free"]
+    ratio = paired_ratio(runs["zero3"], runs["alloc+upload+free"])
     return {
         "numel": numel,
         "padded_bytes": param.padded_bytes,
         "median_us": medians,
         "runs_us": runs,
-        "ratio_vs_alloc_free": medians["zero3"] / medians["alloc+free"],
+        "ratio_vs_alloc_free": paired_ratio(runs["zero3"], runs["alloc+free"]),
         "ratio_vs_alloc_upload_free": ratio,
         "overhead_us": medians["zero3"] - medians["alloc+upload+free"],
         "cache_hits": stats.cache_hits,

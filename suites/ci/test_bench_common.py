@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,20 @@ def test_per_call_us_times_each_run(common):
     calls = []
     runs = common.per_call_us(lambda: calls.append(1), 100, 3)
     assert len(runs) == 3 and all(us > 0 for us in runs) and len(calls) == 300
+
+
+def test_paired_ratio_takes_each_run_over_the_one_beside_it(common):
+    # the load doubles halfway: each pair still says 2x, a ratio of medians would not
+    runs, reference = [2, 2, 4, 4, 4], [1, 1, 2, 2, 2]
+    assert common.paired_ratio(runs, reference) == 2
+    assert common.paired_ratio([3, 1], [1, 1]) == 2  # the median of 3x and 1x
+
+
+def test_paired_ratio_rejects_unpaired_runs(common):
+    with pytest.raises(ValueError):
+        common.paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(statistics.StatisticsError):
+        common.paired_ratio([], [])
 
 
 def test_every_benchmark_has_the_shared_options():
