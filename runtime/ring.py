@@ -121,13 +121,13 @@ def run(
 
 # -- the command line -----------------------------------------------------------------------
 
-_PARAMS = {  # CLI option -> (workload parameter, the workloads that take it)
-    "batch": ("batch", ("paged_attention",)),
-    "q_tiles": ("q_tiles", ("paged_attention",)),
-    "kv_blocks": ("kv_blocks", ("paged_attention",)),
-    "scopes": ("scopes", ("long_span",)),
-    "span": ("span", ("long_span",)),
-    "k": ("k", ("tiles",)),
+_PARAMS = {  # workload parameter (and CLI option) -> the workloads that take it
+    "batch": ("paged_attention",),
+    "q_tiles": ("paged_attention",),
+    "kv_blocks": ("paged_attention",),
+    "scopes": ("long_span",),
+    "span": ("long_span",),
+    "k": ("tiles",),
 }
 
 
@@ -236,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     params = {}
-    for option, (name, takers) in _PARAMS.items():
-        value = getattr(args, option)
+    for name, takers in _PARAMS.items():
+        value = getattr(args, name)
         if value is None:
             continue
         if args.workload not in takers:
-            flag = "--" + option.replace("_", "-")
+            flag = "--" + name.replace("_", "-")
             parser.error(f"{flag} applies to {', '.join(takers)}, not to {args.workload}")
         params[name] = value
     if args.workload == "paged_attention" and "batch" not in params:

@@ -85,3 +85,24 @@ def test_every_benchmark_has_the_shared_options():
         assert result.returncode == 0, (script.name, result.stderr)
         for option in ("--repeat", "--quick", "--check", "--out"):
             assert option in result.stdout, (script.name, option)
+
+
+@pytest.mark.parametrize("script", sorted(path.name for path in (ROOT / "bench").glob("[!_]*.py")))
+def test_every_benchmark_runs_as_the_readme_says(script, tmp_path):
+    # the smallest run of the README's command: a table, the JSON and one verdict line
+    out = tmp_path / "results.json"
+    # checkpoint.py also draws a picture: into tmp_path, not over bench/results/
+    extra = ["--plot", str(tmp_path / "plot.png")] if script == "checkpoint.py" else []
+    argv = ["--quick", "--repeat", "1", "--out", str(out), *extra]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith("verdict: "), result.stdout[-2000:]
+    results = json.loads(out.read_text())
+    assert results["verdicts"] and all(
+        isinstance(met, bool) for met in results["verdicts"].values()
+    )

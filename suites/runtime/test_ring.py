@@ -7,7 +7,10 @@ checker: every task's inputs were complete when it ran, and no live heap byte wa
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -509,3 +512,18 @@ def test_format_summary_is_a_pure_function():
         "tasks           5",
     ]
     assert "fatal           boom" in text and "simulated time  1.500 us" in text
+
+
+def test_the_readme_synopsis_names_every_option_of_the_command_line():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    synopsis = readme.split("```\npython -m runtime.ring run ", 1)[1].split("```", 1)[0]
+    (run,) = [
+        action.choices["run"]
+        for action in ring._parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    ]
+    options = {flag for action in run._actions for flag in action.option_strings} - {
+        "-h",
+        "--help",
+    }
+    assert set(re.findall(r"--[a-z][a-z-]*", synopsis)) == options
