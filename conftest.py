@@ -155,6 +155,7 @@ def stress_scale(request: pytest.FixtureRequest) -> int:
 
 _call_failed = pytest.StashKey[bool]()
 _memory_history = pytest.StashKey[MemoryHistory]()
+_made = pytest.StashKey[list]()  # the allocators make_alloc built for this test
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -218,6 +219,7 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
     (mark a test ``no_leak_check`` to opt out).
     """
     made: list[Allocator] = []
+    request.node.stash[_made] = made  # memory_history watches those built before it, too
 
     def make(**overrides) -> Allocator:
         alloc = Allocator(dataclasses.replace(AllocatorConfig(backend=backend), **overrides))
@@ -263,5 +265,7 @@ def memory_history(request: pytest.FixtureRequest, tmp_path):
     """
     history = MemoryHistory(tmp_path)
     request.node.stash[_memory_history] = history
+    for alloc in request.node.stash.get(_made, ()):  # e.g. ``def test(alloc, memory_history)``
+        history.watch(alloc)
     yield history
     history.stop()

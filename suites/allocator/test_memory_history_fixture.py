@@ -36,6 +36,10 @@ def test_leaks(make_alloc, memory_history):
     LEAKED.append(alloc.full(16, 1.0))
 
 
+def test_alloc_first(alloc, memory_history):
+    LEAKED.append(alloc.full(32, 1.0))
+
+
 def test_passes(make_alloc, memory_history):
     alloc = make_alloc()
     alloc.release(alloc.full(16, 1.0))
@@ -67,7 +71,7 @@ def line_of(text: str) -> int:
 )
 def test_failures_show_the_snapshot_and_the_live_blocks(project):
     result = project.runpytest_subprocess("--backend", "sim", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=2, errors=1)
+    result.assert_outcomes(passed=3, failed=2, errors=2)
     result.stdout.fnmatch_lines(
         [
             "*_ ERROR at teardown of test_leaks[[]sim[]] _*",
@@ -97,7 +101,20 @@ def test_failures_show_the_snapshot_and_the_live_blocks(project):
             "  0x*: 32 bytes on stream 0, allocated at",
             f"      */test_leaky.py:{line_of('buf = allocator.full')} in test_default_allocator",
             "      ... * more frames",
-            "*= 2 failed, 2 passed, 1 error in *",
+            "*= 2 failed, 3 passed, 2 errors in *",
+        ]
+    )
+    # an allocator built before the fixture (the ``alloc`` fixture first) is watched as well
+    result.stdout.fnmatch_lines(
+        [
+            "*_ ERROR at teardown of test_alloc_first[[]sim[]] _*",
+            "*leak check: 1 buffers (128 bytes) still live*",
+            "*- devmem memory history -*",
+            "open a snapshot with: *",
+            "allocator 1 (backend=sim *): snapshot */test_alloc_first_sim_0-memory.pickle",
+            "  1 live blocks, 128 B:",
+            "  0x*: 128 bytes on stream 0, allocated at",
+            f"      */test_leaky.py:{line_of('LEAKED.append(alloc.full(32')} in test_alloc_first",
         ]
     )
     assert "_pytest" not in result.stdout.str().split("devmem memory history")[1]
@@ -106,7 +123,7 @@ def test_failures_show_the_snapshot_and_the_live_blocks(project):
     )
     dumped = sorted(path.name for path in project.path.parent.rglob("*-memory.pickle"))
     paths = re.findall(r"snapshot (\S+-memory\.pickle)", result.stdout.str())
-    assert len(paths) == 3 == len(dumped)
+    assert len(paths) == 4 == len(dumped)
     (failed,) = [path for path in paths if "test_fails" in path]
     snapshot = pickle.loads(Path(failed).read_bytes())
     (live,) = [s for s in snapshot["segments"] if s["blocks"][0]["state"] == "active_allocated"]
