@@ -522,7 +522,8 @@ class Allocator:
 
         Args:
             enabled: start (``True``) or stop (``False``).
-            max_entries: the most events kept; the oldest are dropped first (a ring).
+            max_entries: the most entries kept, events and annotations together; the oldest
+                are dropped first (a ring).
             stacks: record the Python stack of each event (costs a walk of the stack per
                 event; see ``bench/alloc.py``).
 

@@ -279,7 +279,7 @@ def timeline(
         raise ValueError(f"top must be >= 0, got {top}")
     device = device_of(snapshot, device)
     trace = _trace(snapshot, device)
-    chosen = [site.name for site in sites(snapshot, device, short)[:top]]
+    chosen = [site.name for site in sites(snapshot, device, short)[:top]] if top else []
     end_live, end_reserved = _end_levels(snapshot, device)
     d_live = d_reserved = 0
     for _, _, a, b in _walk(trace, short):

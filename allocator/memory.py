@@ -73,7 +73,9 @@ def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
     peak, at = line.peak
     notes = {kind: sum(m.kind == kind for m in line.markers) for kind in _MARKER_STYLE}
     devmem = snapshot.get("devmem") or {}
-    full = devmem.get("max_entries") and line.events >= devmem["max_entries"]
+    # the ring holds device 0's events and the annotations
+    kept = len((snapshot.get("device_traces") or [[]])[0]) + len(devmem.get("annotations", ()))
+    full = devmem.get("max_entries") and kept >= devmem["max_entries"]
     lines = [
         f"backend {line.backend}: {line.events} events"
         + (" (the ring is full: older events were dropped)" if full else ""),

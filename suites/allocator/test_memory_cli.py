@@ -459,6 +459,19 @@ def test_summary_of_the_snapshot_written_by_hand():
     )
 
 
+@pytest.mark.backends("sim")
+def test_a_ring_full_of_events_and_annotations_is_said_to_be_full(make_alloc):
+    # the ring keeps events and annotations (here a release per round trip) together
+    alloc = make_alloc()
+    with alloc.history(max_entries=10):
+        for _ in range(20):
+            alloc.release(alloc.full(4, 1.0))
+    snapshot = alloc.snapshot()
+    assert snapshot["devmem"]["annotations"] and len(snapshot["device_traces"][0]) < 10
+    head = memory.summary(snapshot).splitlines()[0]
+    assert head.endswith(" events (the ring is full: older events were dropped)"), head
+
+
 def test_summary_of_the_last_event_a_full_ring_and_an_empty_trace():
     allocs = [
         {"action": "alloc", "addr": i, "size": 8, "frames": [src(f"f{i}", i)]} for i in range(11)
