@@ -29,7 +29,15 @@ import dataclasses
 import re
 from pathlib import Path
 
-__all__ = ["Block", "DocError", "Step", "blocks_in", "output_matches", "parse_transcript"]
+__all__ = [
+    "Block",
+    "DocError",
+    "Step",
+    "blocks_in",
+    "line_matches",
+    "output_matches",
+    "parse_transcript",
+]
 
 COPYABLE = {"python": "python", "py": "python", "sh": "sh", "bash": "sh", "shell": "sh"}
 COPYABLE["console"] = "console"
@@ -162,7 +170,8 @@ class Step:
 
     Attributes:
         command: the text after ``$ ``.
-        expected: the lines shown after it; a line ``...`` stands for any number of lines.
+        expected: the lines shown after it; a line ``...`` stands for any number of lines,
+            and ``...`` within a line for any text.
     """
 
     command: str
@@ -187,9 +196,19 @@ def parse_transcript(block: Block) -> list[Step]:
     return steps
 
 
+def line_matches(expected: str, actual: str) -> bool:
+    """Whether one ``actual`` line matches an ``expected`` one, in which ``...`` stands for any
+    text (doctest's ELLIPSIS: an address, a path), trailing spaces cut from both."""
+    expected, actual = expected.rstrip(), actual.rstrip()
+    if "..." not in expected:
+        return actual == expected
+    pattern = ".*".join(re.escape(part) for part in expected.split("..."))
+    return re.fullmatch(pattern, actual, re.DOTALL) is not None
+
+
 def output_matches(expected: tuple[str, ...], actual: list[str]) -> bool:
     """Whether ``actual`` lines match ``expected``, where a line ``...`` matches any run of
-    lines (none included) and every other line must be equal after trailing spaces are cut."""
+    lines (none included) and every other line must match as :func:`line_matches` says."""
     actual = [line.rstrip() for line in actual]
     while actual and not actual[-1]:
         actual.pop()
@@ -202,6 +221,6 @@ def output_matches(expected: tuple[str, ...], actual: list[str]) -> bool:
             return a == len(actual)
         if expected[e] == "...":
             return any(match(e + 1, k) for k in range(a, len(actual) + 1))
-        return a < len(actual) and actual[a] == expected[e] and match(e + 1, a + 1)
+        return a < len(actual) and line_matches(expected[e], actual[a]) and match(e + 1, a + 1)
 
     return match(0, 0)

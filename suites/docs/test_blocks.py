@@ -100,6 +100,12 @@ def test_transcript_steps_and_a_block_without_a_command(tmp_path):
         (("a", "...", "z"), ["a", "1", "2"], False),
         (("...",), [], True),
         ((), ["surprise"], False),
+        (("0x...: 16 bytes",), ["0x55e4: 16 bytes"], True),
+        (("0x...: 16 bytes",), ["0x55e4: 32 bytes"], False),
+        (("    .../a.py:8 in f",), ["    /tmp/x/a.py:8 in f"], True),
+        (("    .../a.py:8 in f",), ["    /tmp/x/a.py:9 in f"], False),
+        (("a.b ...",), ["aXb c"], False),  # only "..." is a wildcard; "." is itself
+        (("x...",), ["x"], True),
     ],
 )
 def test_output_matching(expected, actual, matches):
