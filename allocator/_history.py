@@ -206,14 +206,16 @@ class Recorder:
             address = self.addresses[block] = block.address
         return address
 
-    def _complete_ready(self, now: int) -> None:
-        """Record ``free_completed`` for every pending block that is reusable now (lock held)."""
+    def _complete_ready(self, now: int, blocks: Sequence[Block] | None = None) -> None:
+        """Record ``free_completed`` for every pending block (of ``blocks``, if given) that is
+        reusable now (lock held)."""
         pending = self.pending
         if not pending:
             return
         device = self.device
         append = self.ring.append
-        for block in [block for block in pending if not awaiting_free(device, block)]:
+        candidates = pending if blocks is None else [b for b in blocks if b in pending]
+        for block in [block for block in candidates if not awaiting_free(device, block)]:
             address, size, stream, frames, _ = pending.pop(block)
             append(("free_completed", address, size, stream, now, frames, None))
 
@@ -265,15 +267,8 @@ class Recorder:
         """``free_completed`` of those of ``blocks`` that are reusable now that their layer took
         them back (the others stay pending)."""
         with self._lock:
-            pending = self.pending
-            if not pending:
-                return
-            device = self.device
-            now = device.clock_us()
-            for block in blocks:
-                if block in pending and not awaiting_free(device, block):
-                    address, size, stream, frames, _ = pending.pop(block)
-                    self.ring.append(("free_completed", address, size, stream, now, frames, None))
+            if self.pending:
+                self._complete_ready(self.device.clock_us(), blocks)
 
     def segment_allocated(self, block: Block) -> None:
         """``segment_alloc`` of ``block`` (a device malloc)."""

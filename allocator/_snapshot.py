@@ -186,7 +186,18 @@ def build(
     recorder: Recorder,
     stats: AllocatorStats,
 ) -> dict:
-    """The snapshot of an allocator's layers (see the module docstring for its structure)."""
+    """The snapshot of an allocator's layers, in ``torch.cuda.memory._snapshot()``'s format
+    plus our ``devmem`` key (the module docstring gives every field).
+
+    Args:
+        registry: the allocator's arena registry (its storages are the live blocks).
+        cache: its reuse cache (``None`` on ``cpu``): cached and awaiting blocks.
+        recorder: its memory history (events, annotations, frames), recording or not.
+        stats: its statistics at the snapshot, written to ``devmem["stats"]``.
+
+    Returns:
+        A new dict; sizes in bytes, ``time_us`` in microseconds of the recorder's clock.
+    """
     entries = recorder.entries()
     device = recorder.device
     frames_cache = _stacks.FrameCache()
@@ -259,13 +270,11 @@ def build(
 
 
 def dump(snapshot: dict, path: str | os.PathLike) -> None:
-    """Pickle ``snapshot`` to ``path`` with :data:`PICKLE_PROTOCOL`.
+    """Pickle ``snapshot`` to ``path`` with :data:`PICKLE_PROTOCOL` (its one caller,
+    ``Allocator.dump_snapshot``, has checked ``path`` before building the snapshot).
 
     Raises:
-        TypeError: ``path`` is not a str or path-like.
         OSError: the file cannot be written.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     with open(path, "wb") as f:
         pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)

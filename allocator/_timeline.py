@@ -213,7 +213,20 @@ def _walk(trace: list[dict], short: bool):
 
 def sites(snapshot: dict, device: int | None = None, short: bool = False) -> list[Site]:
     """Every allocation site of a device's trace, by peak live bytes (largest first), and the
-    bytes live from before the trace as :data:`BEFORE_TRACE` (if any)."""
+    bytes live from before the trace as :data:`BEFORE_TRACE` (if any).
+
+    Args:
+        snapshot: a snapshot dict (``torch.cuda.memory._snapshot()``'s format, ours or
+            PyTorch's).
+        device: the device to read (default: the first with events).
+        short: site names without directories.
+
+    Returns:
+        One :class:`Site` per allocating frame chain; its byte counts are bytes.
+
+    Raises:
+        ValueError: ``device`` has no trace.
+    """
     device = device_of(snapshot, device)
     trace = _trace(snapshot, device)
     end_live, _ = _end_levels(snapshot, device)

@@ -64,6 +64,15 @@ def load(path: str | os.PathLike) -> dict:
 def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
     """The snapshot's levels and its ``top`` allocation sites by peak live bytes, as text.
 
+    Args:
+        snapshot: a snapshot dict (ours, or ``torch.cuda.memory._snapshot()``'s).
+        top: how many sites to list, >= 1 (the others are counted).
+        device: the device to read (default: the first with events).
+
+    Returns:
+        Lines ending with a newline: event count (and whether the ring dropped some), peak,
+        live, cached and reserved bytes, marker counts, then the sites' table.
+
     Raises:
         ValueError: ``top`` < 1, or ``device`` has no trace.
     """

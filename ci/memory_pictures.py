@@ -52,6 +52,9 @@ RUNS: dict[str, tuple[Callable[[int], Allocator], str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write each run's snapshot, picture and summary to ``--out``. Returns the exit status: 0,
+    1 when a run cannot be drawn or written (the reason on stderr), 2 on bad arguments
+    (``--scale`` below 1)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "memory")
     parser.add_argument("--scale", type=int, default=1, help="buffer counts x this (default 1)")
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             alloc = workload(args.scale)
             alloc.dump_snapshot(args.out / f"{name}.pickle")
-            snapshot = alloc.snapshot()
+            snapshot = memory.load(args.out / f"{name}.pickle")  # what was written, read back
             memory.plot(snapshot, args.out / f"{name}.png", title=f"{title}: memory timeline")
             (args.out / f"{name}.txt").write_text(memory.summary(snapshot))
         except (ImportError, OSError, ValueError) as exc:

@@ -317,6 +317,8 @@ def test_bad_arguments_are_refused_and_change_nothing(make_alloc, kwargs, error,
     assert not alloc._history.recording
     with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got int$"):
         alloc.dump_snapshot(3)
+    with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got bytes$"):
+        alloc.dump_snapshot(b"s.pickle")
 
 
 # -- snapshots ----------------------------------------------------------------------------------
@@ -723,16 +725,17 @@ def test_a_segment_has_every_field_pytorch_writes(make_alloc):
     here = [{"filename": HERE, "line": line, "name": name}]
     below = [{"filename": HERE, "line": line + 1, "name": name}]
 
-    def segment(size, address, allocated, frames, state, block_frames):
+    def segment(size, address, sizes, segment_type, frames, state, block_frames):
+        allocated, active, requested = sizes  # literal: a wrong formula must not pass twice
         return {
             "device": 0,
             "address": address,
             "total_size": size,
             "allocated_size": allocated,
-            "active_size": 0 if state == "inactive" else size,
-            "requested_size": allocated,
+            "active_size": active,
+            "requested_size": requested,
             "stream": 0,
-            "segment_type": "small" if size == 1 << 20 else "large",
+            "segment_type": segment_type,
             "segment_pool_id": (0, 0),
             "is_expandable": False,
             "frames": frames,
@@ -757,8 +760,12 @@ def test_a_segment_has_every_field_pytorch_writes(make_alloc):
         for n, s in by_size.items()
     }
     assert trimmed == {
-        1 << 20: segment(1 << 20, small_address, 1 << 20, here, "active_allocated", here),
-        (1 << 20) + 4: segment((1 << 20) + 4, large_address, 0, below, "inactive", []),
+        1 << 20: segment(
+            1 << 20, small_address, (1 << 20,) * 3, "small", here, "active_allocated", here
+        ),
+        (1 << 20) + 4: segment(
+            (1 << 20) + 4, large_address, (0, 0, 0), "large", below, "inactive", []
+        ),
     }
     alloc.release(small)
     alloc.empty_cache()
@@ -843,10 +850,8 @@ def test_live_block_format_lists_its_frames_up_to_a_limit():
     )
 
 
-def test_dump_refuses_a_path_that_is_not_one(tmp_path):
+def test_dump_writes_the_snapshot_to_a_str_path(tmp_path):
     from allocator import _snapshot
 
-    with pytest.raises(TypeError, match=r"^path must be a str or os\.PathLike, got bytes$"):
-        _snapshot.dump({}, b"s.pickle")
     _snapshot.dump({"segments": []}, str(tmp_path / "s.pickle"))
     assert pickle.loads((tmp_path / "s.pickle").read_bytes()) == {"segments": []}

@@ -133,6 +133,17 @@ def test_the_nightly_memory_timelines_are_written_and_linked(tmp_path):
     assert nightly_summary.memory_section(tmp_path, tmp_path) == ""
 
 
+def test_memory_pictures_refuses_a_scale_below_one(tmp_path):
+    out = tmp_path / "memory"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "ci" / "memory_pictures.py"), "--scale", "0", "--out", out],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "--scale must be >= 1, got 0" in done.stderr
+    assert not out.exists()  # refused before anything was written
+
+
 def test_interop_is_an_option_of_check_sh_and_ci_runs_it():
     assert "--interop   also run the tests marked interop" in _check_sh("-h").stdout
     run = (ROOT / ".ci" / "run").read_text().splitlines()
