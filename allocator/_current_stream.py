@@ -44,28 +44,29 @@ class StreamScope:
     thread's current stream in the ``with`` block, and the one current before is restored at
     its exit, also after an exception. On ``cuda`` the device's own scope
     (:meth:`~allocator.device.base.Device.stream_scope`) is entered too, so that CuPy's kernels
-    in the block run on the stream. A plain class rather than a generator: entering one is
-    on the path of every ZeRO-3 gather."""
+    in the block run on the stream. One object may be entered again, nested or later (each
+    entry keeps what it restores), from the thread that made it. A plain class rather than a
+    generator: entering one is on the path of every ZeRO-3 gather."""
 
-    __slots__ = ("_current", "_device_scope", "_previous", "_stream")
+    __slots__ = ("_current", "_device", "_entered", "_stream")
 
     def __init__(self, current: CurrentStream, stream: Stream, device: Device) -> None:
         self._current = current
         self._stream = stream
-        self._device_scope = device.stream_scope(stream)
-        self._previous: Stream | None = None
+        self._device = device
+        self._entered: list[tuple[Stream, object]] = []  # (previous stream, device scope)
 
     def __enter__(self) -> Stream:
         current = self._current
-        self._previous = current.stream
-        scope = self._device_scope
+        scope = self._device.stream_scope(self._stream)
         if scope is not None:
             scope.__enter__()
+        self._entered.append((current.stream, scope))
         current.stream = self._stream
         return self._stream
 
     def __exit__(self, *exc) -> None:
-        self._current.stream = self._previous
-        scope = self._device_scope
+        previous, scope = self._entered.pop()
+        self._current.stream = previous
         if scope is not None:
             scope.__exit__(*exc)

@@ -291,6 +291,12 @@ def streams_logic(latency: int = 0, mutant: str | None = None) -> dict:
         cupy.cuda.get_current_stream() is cupy.cuda.Stream.null,
         fake.current,
     ]
+    with scope:  # the same object entered again
+        report["reentered"] = [cupy.cuda.get_current_stream() is side.handle, fake.current]
+    report["after_reentry"] = [
+        cupy.cuda.get_current_stream() is cupy.cuda.Stream.null,
+        alloc.current_stream() is alloc.default_stream,
+    ]
     del scope
     report["fill_log"] = log()
     alloc.default_stream.wait_stream(side)

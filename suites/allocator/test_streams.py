@@ -60,6 +60,19 @@ def test_use_stream_makes_a_stream_current_for_the_block(alloc):
         alloc.release(buf)
 
 
+def test_one_scope_object_entered_again_restores_each_time(alloc):
+    side = alloc.new_stream("side")
+    scope = alloc.use_stream(side)
+    with scope:
+        with scope:  # nested: its exit restores side, the outer exit the default stream
+            assert alloc.current_stream() is side
+        assert alloc.current_stream() is side
+    assert alloc.current_stream() is alloc.default_stream
+    with scope:  # later, again
+        assert alloc.current_stream() is side
+    assert alloc.current_stream() is alloc.default_stream
+
+
 def test_the_current_stream_is_per_thread(alloc):
     side = alloc.new_stream("side")
     entered, leave = threading.Event(), threading.Event()
