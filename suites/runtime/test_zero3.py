@@ -240,3 +240,18 @@ def test_teeth_after_the_pre_fix_release_the_view_still_reads_the_parameter(deat
         outcome.assert_aborted(LINE)
     report = outcome.returned
     assert report["size"] == 4097 and report["live"] == 16392 and report["sum"] > 0
+
+
+@pytest.mark.backends("sim")
+def test_a_gather_waits_for_the_kernels_queued_on_the_current_stream(make_alloc):
+    # DeepSpeed's ag_comp_done: the gather stream waits for the current stream first, so the
+    # gather's upload is queued after the default stream's fill (t=100), completing at t=200
+    alloc = make_alloc(sim_latency_us=100)
+    z3 = Zero3(alloc, 2)
+    z3.register("w", 5)
+    x = alloc.full(8, 1.0)  # a kernel on the default stream, until t=100
+    view = z3.allgather("w")
+    assert z3.gather_stream.handle.tail_us == 200
+    z3.release(z3.wait(view, "w"), "w", 1)
+    alloc.release(x)
+    alloc.device.advance(200)
