@@ -57,7 +57,7 @@ from ._arena import ArenaRegistry, Epoch
 from ._buffer import FLOAT32_BYTES, Buffer, Storage, element_count
 from ._cache import CachingLayer
 from ._config import AllocatorConfig, default_config
-from ._current_stream import CurrentStream, StreamScope, check_stream
+from ._current_stream import CurrentStream, StreamScope
 from ._detector import Detector
 from ._device_layer import DeviceLayer
 from ._errors import DeviceOutOfMemory
@@ -68,7 +68,7 @@ from ._snapshot import LiveBlock
 from ._statistics import Statistics
 from ._stats import AllocatorStats, EpochStats
 from .device import Device, DeviceAllocationError, make_device
-from .device.stream import Stream
+from .device.stream import Stream, check_stream
 
 __all__ = ["Allocator"]
 

@@ -21,7 +21,7 @@ import operator
 from typing import TYPE_CHECKING
 
 from ._free_cause import FreeCause
-from .device.stream import Stream
+from .device.stream import Stream, check_stream
 
 if TYPE_CHECKING:
     from ._arena import ArenaRegistry, Epoch
@@ -166,8 +166,8 @@ class Storage:
         own = block.stream
         if stream is own:
             return
-        if own is not None and stream.device is not own.device:
-            raise ValueError(f"stream {stream.name!r} belongs to another allocator")
+        if own is not None:
+            check_stream(own.device, stream)
         uses = block.stream_uses
         if uses is None:
             block.stream_uses = {stream}

@@ -14,21 +14,7 @@ import threading
 from .device.base import Device
 from .device.stream import Stream
 
-__all__ = ["CurrentStream", "StreamScope", "check_stream"]
-
-
-def check_stream(device: Device, stream: object, name: str = "stream") -> Stream:
-    """Validate that ``stream`` is a stream of ``device``; return it.
-
-    Raises:
-        TypeError: ``stream`` is not a Stream.
-        ValueError: it belongs to another allocator.
-    """
-    if not isinstance(stream, Stream):
-        raise TypeError(f"{name} must be a Stream, got {type(stream).__name__}")
-    if stream.device is not device:
-        raise ValueError(f"{name} ({stream.name!r}) belongs to another allocator")
-    return stream
+__all__ = ["CurrentStream", "StreamScope"]
 
 
 class CurrentStream(threading.local):

@@ -18,7 +18,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .base import Device
 
-__all__ = ["Stream"]
+__all__ = ["Stream", "check_stream"]
+
+
+def check_stream(device: Device, stream: object, name: str = "stream") -> Stream:
+    """Validate that ``stream`` is a stream of ``device``; return it.
+
+    Raises:
+        TypeError: ``stream`` is not a Stream.
+        ValueError: it belongs to another allocator.
+    """
+    if not isinstance(stream, Stream):
+        raise TypeError(f"{name} must be a Stream, got {type(stream).__name__}")
+    if stream.device is not device:
+        raise ValueError(f"{name} ({stream.name!r}) belongs to another allocator")
+    return stream
 
 
 class Stream:
@@ -45,15 +59,6 @@ class Stream:
         self.name = name
         self.handle = handle
 
-    def _peer(self, other: object, what: str) -> Stream:
-        if not isinstance(other, Stream):
-            raise TypeError(f"{what} must be a Stream, got {type(other).__name__}")
-        if other.device is not self.device:
-            raise ValueError(
-                f"{what} ({other.name!r}) belongs to another allocator than stream {self.name!r}"
-            )
-        return other
-
     def wait_stream(self, other: Stream) -> None:
         """Make every kernel queued on this stream from now on wait for the kernels queued on
         ``other`` so far (PyTorch's ``Stream.wait_stream``: an event recorded on ``other``,
@@ -63,7 +68,7 @@ class Stream:
             TypeError: ``other`` is not a Stream.
             ValueError: ``other`` belongs to another allocator.
         """
-        other = self._peer(other, "other")
+        other = check_stream(self.device, other, "other")
         if other is not self:
             self.device.wait_stream(self, other)
 

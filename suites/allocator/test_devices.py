@@ -137,9 +137,7 @@ def test_streams_check_their_peers():
     mine, theirs = sim.new_stream(default=True), other.new_stream("far")
     with pytest.raises(TypeError, match=r"^other must be a Stream, got int$"):
         mine.wait_stream(3)
-    with pytest.raises(
-        ValueError, match=r"^other \('far'\) belongs to another allocator than stream 'default'$"
-    ):
+    with pytest.raises(ValueError, match=r"^other \('far'\) belongs to another allocator$"):
         mine.wait_stream(theirs)
     assert repr(theirs) == "<Stream 'far' (#1) on sim>"
 

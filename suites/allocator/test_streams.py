@@ -116,7 +116,7 @@ def test_record_stream_marks_the_block_and_checks_its_argument(alloc, make_alloc
     assert buf.storage.stream_uses == {side} and view.stream is alloc.default_stream
     with pytest.raises(TypeError, match=r"^stream must be a Stream, got NoneType$"):
         buf.record_stream(None)
-    with pytest.raises(ValueError, match=r"^stream 'far' belongs to another allocator$"):
+    with pytest.raises(ValueError, match=r"^stream \('far'\) belongs to another allocator$"):
         buf.record_stream(make_alloc().new_stream("far"))
     alloc.release(buf)
     assert buf.stream is None and buf.storage.stream_uses == frozenset()
