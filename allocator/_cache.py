@@ -224,13 +224,7 @@ class CachingLayer:
             The bytes handed back.
         """
         with self._lock:
-            blocks = [
-                block
-                for sizes in self._free.values()
-                for size_list in sizes.values()
-                for block in size_list
-            ]
-            blocks += self._awaiting
+            blocks = self._cached()
             self._free = {}
             self._awaiting = []
             self.cache_bytes = 0
@@ -249,23 +243,25 @@ class CachingLayer:
                 self.oom_flushes,
             )
 
+    def _cached(self) -> list[Block]:
+        """The cached blocks (lock held): those on the streams' free lists, then those awaiting
+        other streams' events."""
+        listed = [
+            block for sizes in self._free.values() for blocks in sizes.values() for block in blocks
+        ]
+        return listed + self._awaiting
+
     def blocks(self) -> list[Block]:
-        """The cached blocks, a copy taken under the lock (for snapshots): those on the streams'
-        free lists, then those awaiting other streams' events."""
+        """The cached blocks, a copy taken under the lock (for snapshots), in
+        :meth:`_cached`'s order."""
         with self._lock:
-            listed = [
-                block
-                for sizes in self._free.values()
-                for blocks in sizes.values()
-                for block in blocks
-            ]
-            return listed + self._awaiting
+            return self._cached()
 
     def awaiting(self) -> tuple[tuple[Block, tuple[Stream, ...]], ...]:
         """The cached blocks not yet reusable, each with the streams whose events it still
         waits on (a block whose events completed is listed with none until the next
-        allocation moves it to its free list). For memory snapshots: PyTorch calls such a
-        block ``active_awaiting_free``."""
+        allocation moves it to its free list). Snapshots call such a block
+        ``active_pending_free`` (PyTorch's docstring: ``active_awaiting_free``)."""
         pending = self._device.pending_streams
         with self._lock:
             return tuple((block, pending(block)) for block in self._awaiting)
@@ -273,8 +269,7 @@ class CachingLayer:
     def __len__(self) -> int:
         """The number of blocks cached (awaiting blocks included)."""
         with self._lock:
-            listed = sum(len(blocks) for sizes in self._free.values() for blocks in sizes.values())
-            return listed + len(self._awaiting)
+            return len(self._cached())
 
     def __del__(self) -> None:
         # The allocator was dropped: hand the cached blocks back to the device. Nothing can hold
