@@ -24,8 +24,9 @@ Order of operations:
   and the same stream, else the device; on failure the cache collects garbage, flushes and
   retries once), counted on the way back up, tracked by the open arena; a failure raises
   :class:`DeviceOutOfMemory` and changes no live count;
-- an op: its output allocated, then ``device.launch(stream, out, *inputs)`` (the simulator's
-  clock and race check), then the kernel on that stream;
+- an op: its output allocated, then ``device.launch(stream, out, *inputs)`` where the backend
+  tracks launches (the simulator with a latency: its clock and race check), then the kernel on
+  that stream;
 - free (release, ``resize_(0)``, finalization, arena exit): one path, in the registry; the
   block is counted as freed first, then its events are recorded (its stream's and those of the
   streams ``record_stream`` named) and it is cached, or freed after waiting on them if the cap
@@ -130,6 +131,7 @@ class Allocator:
             self._cache.on_oom = _reclaimer(weakref.ref(self._arenas))
         self._pending = self._arenas.pending
         self._detector = Detector(self._arenas, self.config.arena_debug)
+        self._launch = self.device.launch if self.device.tracks_launches else None
         self.default_stream = self.device.new_stream(default=True)
         self._current = CurrentStream(self.default_stream)
         self._history = Recorder(self.device)
@@ -227,8 +229,10 @@ class Allocator:
         """Launch ``kernel(stream, out_array, *input_arrays, *args)`` on the current stream;
         free ``out`` if it fails."""
         stream = self._current.stream
+        launch = self._launch
         try:
-            self.device.launch(stream, out._st._cell[0], *[buf._st._cell[0] for buf in inputs])
+            if launch is not None:
+                launch(stream, out._st._cell[0], *[buf._st._cell[0] for buf in inputs])
             kernel(stream, out._array(), *[buf._array() for buf in inputs], *args)
         except BaseException:
             self._arenas.free(out._st, RELEASE)
@@ -296,7 +300,8 @@ class Allocator:
         if not n:
             return 0.0
         stream = self._current.stream
-        self.device.launch(stream, a._st._cell[0])
+        if self._launch is not None:
+            self._launch(stream, a._st._cell[0])
         return self.device.sum(stream, a._array())
 
     def to_numpy(self, a: Buffer) -> np.ndarray:
@@ -311,7 +316,8 @@ class Allocator:
         if not n:
             return np.empty(0, dtype=np.float32)
         stream = self._current.stream
-        self.device.launch(stream, a._st._cell[0])
+        if self._launch is not None:
+            self._launch(stream, a._st._cell[0])
         return self.device.download(stream, a._array())
 
     # -- freeing ---------------------------------------------------------------------------------

@@ -151,6 +151,10 @@ class Device:
         """Whether every kernel queued on ``stream`` has completed. Never waits."""
         return True
 
+    tracks_launches = False
+    """Whether :meth:`launch` does anything; where it does not, the allocator skips the call
+    (it is on the path of every op)."""
+
     def launch(self, stream: Stream, *blocks: Block) -> None:
         """A kernel on ``stream`` that uses ``blocks`` is about to run (bookkeeping only)."""
 

@@ -114,6 +114,7 @@ class SimDevice(Device):
         super().__init__()
         self.capacity_bytes = capacity_bytes
         self.latency_us = latency_us
+        self.tracks_launches = latency_us > 0  # with no latency every kernel is done at once
         self.used_bytes = 0
         self.now_us = 0
         self.tail_us = 0
