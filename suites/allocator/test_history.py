@@ -18,7 +18,7 @@ import pytest
 
 import allocator as dm
 from allocator import LiveBlock, StackFrame
-from allocator._history import DeviceHistoryLayer, HistoryLayer
+from allocator._history import ACTIONS, DeviceHistoryLayer, HistoryLayer
 from allocator._stacks import FINALIZED
 
 from . import _history_probes, _snapshot_checks, _stress
@@ -577,6 +577,29 @@ def awaiting_block(alloc):
     return alloc_line, free_line, side
 
 
+@pytest.mark.backends("sim")
+@pytest.mark.parametrize("free", ["release", "arena_exit"])
+def test_a_free_completes_its_own_blocks_not_others_found_ready(make_alloc, free):
+    # PyTorch processes events at malloc: a block whose awaited event completed meanwhile is
+    # completed by the next allocation (or a snapshot), not by another block's free
+    alloc = make_alloc(sim_latency_us=10)
+    with alloc.history():
+        if free == "arena_exit":
+            alloc.arena_enter()
+        kept = alloc.empty(32)
+        awaiting_block(alloc)  # 16 bytes awaiting the side stream until t=10
+        alloc.device.advance(10)  # its event is done; no allocation has looked since
+        if free == "arena_exit":
+            alloc.arena_exit()
+        else:
+            alloc.release(kept)
+        events = [entry for entry in alloc._history.ring if entry[0] in ACTIONS]
+        tail = [(entry[0], entry[2]) for entry in events][-2:]
+        assert tail == [("free_requested", 128), ("free_completed", 128)]
+        assert [block.nbytes for block in alloc._history.pending] == [16]
+    assert event_of(alloc, "free_completed", 16)["time_us"] == 10  # the snapshot's look
+
+
 def event_of(alloc_or_trace, action: str, size: int) -> dict:
     trace = alloc_or_trace
     if not isinstance(trace, list):
@@ -769,6 +792,17 @@ def test_a_segment_has_every_field_pytorch_writes(make_alloc):
     }
     alloc.release(small)
     alloc.empty_cache()
+
+
+def test_record_history_starts_by_default_and_takes_a_ring_of_one(make_alloc):
+    alloc = make_alloc()
+    alloc.record_history()  # enabled=True is the default
+    assert alloc._history.recording and alloc._history.stacks
+    alloc.record_history(True, max_entries=1)  # the smallest ring: the newest entry alone
+    alloc.release(alloc.full(4, 1.0))
+    assert len(alloc._history.ring) == 1
+    alloc.record_history(False)
+    assert not alloc._history.recording
 
 
 @pytest.mark.parametrize("recording", [False, True])

@@ -116,6 +116,11 @@ def test_record_stream_marks_the_block_and_checks_its_argument(alloc, make_alloc
     assert buf.storage.stream_uses == {side} and view.stream is alloc.default_stream
     with pytest.raises(TypeError, match=r"^stream must be a Stream, got NoneType$"):
         buf.record_stream(None)
+    with pytest.raises(TypeError, match=r"^stream must be a Stream, got int$"):
+        buf.record_stream(3)
+    other = alloc.new_stream("other")
+    buf.record_stream(other)  # a second stream joins the first
+    assert buf.storage.stream_uses == {side, other}
     with pytest.raises(ValueError, match=r"^stream \('far'\) belongs to another allocator$"):
         buf.record_stream(make_alloc().new_stream("far"))
     alloc.release(buf)
@@ -201,3 +206,13 @@ def test_module_level_stream_functions_act_on_the_default_allocator(death):
 def test_module_level_stream_functions_are_exported():
     for name in ("new_stream", "default_stream", "current_stream", "use_stream", "Stream"):
         assert name in allocator.__all__
+
+
+@pytest.mark.backends("sim")
+@pytest.mark.parametrize("latency", [0, 1])
+def test_ops_queue_on_the_streams_clock_from_a_latency_of_one(make_alloc, latency):
+    # the allocator skips launch bookkeeping only where every kernel is done at once
+    alloc = make_alloc(sim_latency_us=latency)
+    buf = alloc.full(4, 1.0)
+    assert alloc.default_stream.handle.tail_us == latency
+    alloc.release(buf)
