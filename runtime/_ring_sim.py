@@ -16,10 +16,23 @@ in order of scheduling), so a seed fixes the whole interleaving and every verdic
 
 Heap-ring back-pressure (the seed's, with unsigned 64-bit arithmetic emulated): before a task's
 heap slice ``[start, vend[N])`` is used, the live window ``vend[N] - boundary`` (mod 2**64) must
-fit in the ring, where ``boundary`` is ``vend[F - H]`` (``reclaim="window"``) or the start of the
-oldest region still live (``reclaim="exact"``: a region dies when its task and every task that
-touches it are done and its scope has closed). If it does not fit the core waits for progress;
-if every predecessor is already done (``F >= N - 1``) it is fatal: "heap ring too small".
+fit in the ring, where ``boundary`` is ``vend[F - H]`` (``reclaim="window"``) or the first
+output byte of the oldest slice still live (``reclaim="exact"``: a slice dies when its task and
+every task that touches it are done and its scope has closed; the alignment padding skipped
+before a slice is not live). If it does not fit the core waits for progress. It is fatal, "heap
+ring too small", only when waiting cannot help:
+
+- window mode: every predecessor is already done (``F >= N - 1``). The boundary is a function of
+  ``F`` alone and ``F`` cannot pass ``N - 1`` before task N itself is done, so no progress can
+  ever make room (the seed's rule, exact here);
+- exact mode: no core can make progress (every core is blocked on back-pressure or idle, and no
+  kernel is running): the stall detector. A slice may be freed by tasks after N (a later reader
+  that does not depend on N, or the end of a scope that another core replays past), so ``F >=
+  N - 1`` proves nothing there. The message names the oldest live slice, which holds the ring,
+  and what it still waits for.
+
+Every fatal ends the run. The pre-fix path (below) keeps the seed's ``F >= N - 1`` rule in both
+modes: it is what that path reproduces, false fatals included.
 
 ``alloc_tensors`` has two paths. The fixed one (``alloc_election=True``, the default): every core
 materializes the outputs (views of the ring), then one owner is elected on the alloc cursor and
@@ -33,6 +46,7 @@ orchestration's ``get_ref(0)`` fails ``always_assert(index < output_count_)``: a
 
 from __future__ import annotations
 
+import enum
 import heapq
 import math
 import numbers
@@ -61,6 +75,14 @@ SHARDS = 4
 """Claim cursors are sharded by ``N % 4``, as in the seed."""
 
 _CLAIM, _ALLOC, _START, _END, _FATAL = "claim", "alloc", "start", "end", "fatal"
+
+
+class _Fit(enum.Enum):
+    """A back-pressure verdict: the slice fits, the core waits for progress, or it is fatal."""
+
+    FITS = "fits"
+    WAIT = "wait"
+    FATAL = "fatal"
 
 
 @dataclass(frozen=True)
@@ -260,7 +282,17 @@ class RunResult:
 
 
 class _Core:
-    __slots__ = ("blocked", "id", "pending", "pos", "ready", "running", "scheduled", "speed")
+    __slots__ = (
+        "blocked",
+        "held",
+        "id",
+        "pending",
+        "pos",
+        "ready",
+        "running",
+        "scheduled",
+        "speed",
+    )
 
     def __init__(self, core_id: int, speed: float) -> None:
         self.id = core_id
@@ -270,6 +302,7 @@ class _Core:
         self.pending = 0  # owned kernel tasks not yet run
         self.running: int | None = None
         self.blocked: bool | None = None  # waiting on back-pressure: whether it owns the task
+        self.held: TaskOutputTensors | None = None  # a blocked alloc owner's materialized result
         self.scheduled = False
 
 
@@ -289,6 +322,8 @@ class _Engine:
         self.n = len(tasks)
         self.positions = self.n + (1 if plan.fatal else 0)
         self.vend = [t.end for t in tasks]
+        # exact reclaim's boundary: a slice's first output byte (its padding is not live)
+        self.first_byte = [t.outputs[0].byte_range[0] if t.outputs else t.start for t in tasks]
         self.done = bytearray(self.n)
         self.frontier = -1
         self.remaining = [len(t.deps) for t in tasks]
@@ -385,7 +420,7 @@ class _Engine:
         while self.tail < len(owners) and self._dead(owners[self.tail]):
             self.tail += 1
         if self.tail < len(owners):
-            return tasks[owners[self.tail]].start
+            return self.first_byte[owners[self.tail]]
         return tasks[owners[-1]].end if owners else 0
 
     def _dead(self, p: int) -> bool:
@@ -393,22 +428,47 @@ class _Engine:
         and its scope has closed (a core replayed past its end)."""
         return bool(self.done[p]) and not self.users_left[p] and self.max_pos >= self.close[p]
 
-    def _backpressure(self, task: int) -> bool | None:
-        """True: the slice fits. None: wait for progress. False: fatal (set)."""
-        end = self.vend[task]
-        window = (end - self._boundary()) & MASK64  # uint64_t arithmetic, as in the seed
+    def _window(self, task: int) -> int:
+        """The live window task ``task``'s slice needs, in bytes (uint64_t, as in the seed)."""
+        return (self.vend[task] - self._boundary()) & MASK64
+
+    def _backpressure(self, task: int, seed_rule: bool) -> _Fit:
+        """Whether task ``task``'s slice fits now; ``seed_rule``: fatal once every predecessor
+        is done (window mode, and the pre-fix path), else wait (the stall detector decides)."""
+        window = self._window(task)
         ring = self.cfg.ring_bytes
         if window <= ring:
             self.max_window = max(self.max_window, window)
-            return True
-        if self.frontier >= task - 1:
+            return _Fit.FITS
+        if seed_rule and self.frontier >= task - 1:
             self._set_fatal(
                 task,
                 f"heap ring too small: task {task} needs a live window of {window} bytes, more"
                 f" than the ring's {ring} (frontier F={self.frontier})",
             )
-            return False
-        return None
+            return _Fit.FATAL
+        return _Fit.WAIT
+
+    def _holder(self) -> str:
+        """Exact reclaim: what holds the ring (the oldest live slice and what it waits for)."""
+        owners = self.heap_owners
+        if self.tail >= len(owners):
+            return "no slice is live"
+        p = owners[self.tail]
+        t = self.tasks[p]
+        waits = []
+        if not self.done[p]:
+            waits.append(f"task {p} itself")
+        users = [u for u in self.plan.consumers[p] if not self.done[u]]
+        if users:
+            shown = ", ".join(map(str, users[:8])) + (", ..." if len(users) > 8 else "")
+            waits.append(f"its reader{'s' if len(users) > 1 else ''} (task {shown})")
+        if self.max_pos < self.close[p]:
+            waits.append(f"its scope to close (after task {self.close[p] - 1})")
+        return (
+            f"the ring is held by task {p}'s slice [{self.first_byte[p]}, {t.end}), waiting for"
+            f" {' and '.join(waits)}"
+        )
 
     def _set_fatal(self, task: int, message: str) -> None:
         if self.fatal is None:
@@ -465,6 +525,7 @@ class _Engine:
             self._set_fatal(task, message)
             raise _Stop
         task = self.tasks[n]
+        seed_rule = self.cfg.reclaim == "window"
         if task.kind == "kernel":
             owns = core.blocked
             if owns is None:
@@ -472,8 +533,12 @@ class _Engine:
                 if owns:
                     self.owner[n] = core.id
                     self._event(core.id, _CLAIM, n)
-            if owns and task.heap_bytes and not self._fits(core, n, owns):
-                return False
+            if owns and task.heap_bytes:
+                fit = self._fits(core, n, owns, seed_rule)
+                if fit is _Fit.WAIT:
+                    return False
+                if fit is _Fit.FATAL:
+                    raise _Stop
             if owns:  # only now may it run: its slice is granted
                 self.granted[n] = 1
                 core.pending += 1
@@ -488,25 +553,23 @@ class _Engine:
                     self.owner[n] = core.id
                     self._event(core.id, _CLAIM, n)
             else:
-                result = self._materialize(n)
+                result = core.held or self._materialize(n)
             if owns:
-                fits = self._fits(core, n, owns)
-                if fits is None:
+                fit = self._fits(core, n, owns, seed_rule)
+                if fit is _Fit.WAIT:
+                    core.held = result
                     return False
-                if not fits:
-                    self.fatal_outputs = result
-                    self._take_refs(result)  # the materialized outputs: no assertion
-                    raise _Stop
+                core.held = None
+                if fit is _Fit.FATAL:
+                    self._fatal_outputs(result)
                 self._complete(core, n)
             self._take_refs(result)
         else:  # the seed's pre-fix path: every core checks before materializing
-            fits = self._fits(core, n, False)
-            if fits is None:
+            fit = self._fits(core, n, False, True)
+            if fit is _Fit.WAIT:
                 return False
-            if not fits:  # the seed logs the fatal, returns {} and the caller's get_ref aborts
-                sys.stderr.write(f"set_fatal: {self.fatal}\n")
-                self._take_refs(TaskOutputTensors(n))
-                raise _Stop
+            if fit is _Fit.FATAL:
+                self._seed_crash(n)
             result = self._materialize(n)
             if not self.done[n]:
                 self.owner[n] = core.id
@@ -517,19 +580,49 @@ class _Engine:
         self._advance(core)
         return True
 
-    def _fits(self, core: _Core, task: int, owns: bool) -> bool | None:
-        fits = self._backpressure(task)
-        if fits is None:
+    def _fatal_outputs(self, result: TaskOutputTensors) -> None:
+        """A fatal on an elected ``alloc_tensors`` owner: the fix returns the materialized
+        outputs (the orchestration's ``get_ref`` calls succeed), and the run ends."""
+        self.fatal_outputs = result
+        self._take_refs(result)
+        raise _Stop
+
+    def _seed_crash(self, task: int) -> None:
+        """The pre-fix path's fatal: the seed logs it, returns ``{}``, and the caller's
+        ``get_ref`` aborts the process."""
+        sys.stderr.write(f"set_fatal: {self.fatal}\n")
+        self._take_refs(TaskOutputTensors(task))
+        raise _Stop
+
+    def _fits(self, core: _Core, task: int, owns: bool, seed_rule: bool) -> _Fit:
+        fit = self._backpressure(task, seed_rule)
+        if fit is _Fit.WAIT:
             if core.blocked is None:
                 self.waits += 1
             core.blocked = owns
             self.blocked.append(core)
-            return None
-        if fits:
+        elif fit is _Fit.FITS:
             core.blocked = None
             if owns or not self.done[task]:
                 self._event(core.id, _ALLOC, task)
-        return fits
+        return fit
+
+    def _stalled(self) -> None:
+        """No core can make progress: with a core blocked on back-pressure, the ring is too
+        small (exact reclaim's fatal); the blocked core with the oldest task reports it."""
+        core = min(self.blocked, key=lambda c: c.pos)
+        n = core.pos
+        self._set_fatal(
+            n,
+            f"heap ring too small: task {n} needs a live window of {self._window(n)} bytes,"
+            f" more than the ring's {self.cfg.ring_bytes}, and no core can make progress"
+            f" (frontier F={self.frontier}): {self._holder()}",
+        )
+        if self.tasks[n].kind == "alloc":
+            if self.cfg.alloc_election:
+                result, core.held = core.held, None
+                self._fatal_outputs(result)
+            self._seed_crash(n)
 
     def _step(self, core: _Core) -> None:
         # While a core steps, wakes aimed at it are no-ops: the step itself decides when it
@@ -553,6 +646,8 @@ class _Engine:
             while queue:
                 self.now, _, core_id = heapq.heappop(queue)
                 self._step(cores[core_id])
+            if self.blocked and self.completed < self.n:
+                self._stalled()
         except _Stop:
             pass
         if self.fatal is None and self.completed < self.n:

@@ -36,9 +36,11 @@ def paged_attention(
 
 
 def nested_allocs(election: bool, ring_bytes: int = 2048) -> dict:
-    """A genuinely too-small ring: an outer scope's 1024-byte tensor stays live while an inner
-    scope allocates 1024 + 64 bytes. Returns the fatal and the outputs the result holds."""
-    config = ring.RingConfig(cores=2, ring_bytes=ring_bytes, alloc_election=election)
+    """A genuinely too-small ring on one core: an outer scope's 1024-byte tensor stays live
+    (its reader comes after the inner scope) while an inner scope allocates 1024 + 64 bytes;
+    one core cannot replay past that allocation (two cores can: the second runs the reader).
+    Returns the fatal and the outputs the result holds."""
+    config = ring.RingConfig(cores=1, ring_bytes=ring_bytes, alloc_election=election)
     result = ring.run(nested_scopes, config)
     outputs = result.fatal_outputs
     return {

@@ -1,0 +1,191 @@
+"""A "heap ring too small" only when it is true
+(``../shared/seeds/pto-ring-heap-and-tensormap.txt``).
+
+Exact reclaim's boundary is the oldest live slice's first output byte (its alignment padding is
+not live), and its fatal is the stall detector's: no core can make progress. Window mode keeps
+the seed's rule (every predecessor done), which is exact there. Every fatal ends the run.
+
+The oracle is a brute force over physical ring bytes on one core
+(:func:`~suites.runtime._ring_programs.one_core_verdict`); with more cores a run must complete
+whenever one core completes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from runtime import ring
+from runtime.ring import RingConfig
+
+from . import _ring_programs, _ring_targets
+
+
+def checked(workload, config, alloc, **params) -> ring.RunResult:
+    result = ring.run(workload, config, alloc, **params)
+    violations = ring.check_trace(result)
+    assert violations == [], "\n".join(violations)
+    return result
+
+
+def two_scopes(rt) -> None:
+    """A 1024-byte tensor in one scope, then a 1088-byte tensor in the next."""
+    with rt.scope():
+        a = rt.alloc_tensors(256)
+        rt.submit("use", inputs=[a.get_ref(0)])
+    with rt.scope():
+        b = rt.alloc_tensors(256, 16)
+        rt.submit("use", inputs=[b.get_ref(0), b.get_ref(1)])
+
+
+def read_then_alloc(rt) -> None:
+    """Alloc P, read P, alloc N, use N, in one scope: P dies only when the scope closes, after
+    N's allocation in program order, but a second core replays past the scope's end."""
+    with rt.scope():
+        p = rt.submit("make_p", outputs=[256]).get_ref(0)
+        rt.submit("read_p", inputs=[p])
+        n = rt.submit("make_n", outputs=[256]).get_ref(0)
+        rt.submit("use_n", inputs=[n])
+
+
+def test_the_boundary_is_the_oldest_live_slice_s_first_output_byte(make_alloc):
+    """The 1088-byte slice skips to virtual 2048 (it would straddle the ring's end); the
+    padding it skipped [1024, 2048) is not live. Before the fix: "task 2 needs a live window of
+    2112 bytes" with the ring empty."""
+    result = checked(two_scopes, RingConfig(cores=1, ring_bytes=2048), make_alloc())
+    assert result.fatal is None and result.completed == result.tasks == 4
+    assert result.max_live_window_bytes == 1088
+    assert [t.start for t in result.plan.tasks] == [0, 1024, 1024, 3136]
+
+
+@pytest.mark.parametrize(
+    ("workload", "ring_bytes", "window"),
+    [(read_then_alloc, 1024, 1024), (_ring_targets.nested_scopes, 2048, 1088)],
+    ids=["scope-end", "late-reader"],
+)
+def test_a_slice_freed_by_later_tasks_is_waited_for_not_fatal(
+    make_alloc, workload, ring_bytes, window
+):
+    """Two cores: the non-owner replays past the allocation and frees the slice that holds the
+    ring (its scope closes, or its last reader runs). Before the fix: fatal at once, because
+    every predecessor was done."""
+    for seed in range(5):
+        config = RingConfig(cores=2, ring_bytes=ring_bytes, seed=seed)
+        result = checked(workload, config, make_alloc())
+        assert result.fatal is None and result.completed == result.tasks
+        assert result.waits >= 1 and result.max_live_window_bytes == window
+
+
+def test_one_core_cannot_progress_so_the_same_program_is_fatal_naming_the_holder(make_alloc):
+    result = checked(read_then_alloc, RingConfig(cores=1, ring_bytes=1024), make_alloc())
+    assert result.fatal == (
+        "heap ring too small: task 2 needs a live window of 2048 bytes, more than the ring's"
+        " 1024, and no core can make progress (frontier F=1): the ring is held by task 0's"
+        " slice [0, 1024), waiting for its scope to close (after task 3)"
+    )
+    assert result.fatal_task == 2 and result.completed == 2
+    assert result.trace[-1][2] == "fatal"
+
+
+def test_a_fatal_on_an_alloc_task_keeps_its_materialized_outputs(make_alloc):
+    result = checked(
+        _ring_targets.nested_scopes, RingConfig(cores=1, ring_bytes=2048), make_alloc()
+    )
+    assert result.fatal == (
+        "heap ring too small: task 1 needs a live window of 3136 bytes, more than the ring's"
+        " 2048, and no core can make progress (frontier F=0): the ring is held by task 0's"
+        " slice [0, 1024), waiting for its reader (task 3) and its scope to close (after"
+        " task 3)"
+    )
+    assert result.fatal_task == 1 and result.completed == 1
+    outputs = result.fatal_outputs
+    assert outputs.task == 1 and [b.size for b in outputs.outputs] == [256, 16]
+    assert all(b.storage is result.ring.storage for b in outputs.outputs)
+    # the 1088-byte slice would straddle the ring's end at 2048: it starts at virtual 2048,
+    # physical byte 0, so its outputs are the ring's floats 0.. and 256..
+    assert [b.offset for b in outputs.outputs] == [0, 256]
+    assert outputs.get_ref(1) is outputs.outputs[1]
+
+
+def kernel_fatal(rt) -> None:
+    """A kernel with a heap output that cannot fit (window mode), then independent work."""
+    big = rt.submit("big", outputs=[200]).get_ref(0)
+    rt.submit("bigger", inputs=[big], outputs=[200])
+    for _ in range(6):
+        rt.submit("other", outputs=[1], cost_ns=10)
+
+
+def test_a_fatal_on_a_kernel_task_ends_the_run(make_alloc):
+    """Before the fix the kernel path read the fatal as "wait": with 2 cores, 6 more tasks ran
+    after it."""
+    config = RingConfig(cores=2, ring_bytes=1024, reclaim="window", h=4)
+    result = checked(kernel_fatal, config, make_alloc())
+    assert result.fatal.startswith("heap ring too small: task 1 needs a live window of 1856")
+    assert result.fatal_task == 1
+    fatal_at = next(i for i, e in enumerate(result.trace) if e[2] == "fatal")
+    assert fatal_at == len(result.trace) - 1, result.trace[fatal_at:]
+    assert result.completed == 1
+
+
+@pytest.mark.backends("cpu")
+def test_one_core_agrees_with_the_brute_force_oracle(make_alloc, stress_scale):
+    """Exact reclaim, one core, random programs (1-byte to 1 KiB outputs, nested scopes,
+    rings of 256 B to 4 KiB): the simulator's verdict is the physical-bytes oracle's, task for
+    task, in both directions."""
+    alloc = make_alloc()
+
+    @settings(max_examples=200 * min(stress_scale, 5), deadline=None)
+    @given(_ring_programs.PROGRAMS, st.sampled_from([256, 512, 1024, 2048, 4096]))
+    @example(_ring_programs.TWO_SCOPES, 2048)
+    def check(ops, ring_bytes):
+        config = RingConfig(cores=1, ring_bytes=ring_bytes)
+        result = checked(_ring_programs.workload(ops), config, alloc)
+        expected = _ring_programs.one_core_verdict(result.plan)
+        assert result.fatal_task == expected, (result.fatal, expected)
+        if expected is None:
+            assert result.completed == result.tasks
+
+    check()
+
+
+@pytest.mark.backends("cpu")
+def test_more_cores_complete_whatever_one_core_completes(make_alloc, stress_scale):
+    """A program one core runs to the end is never fatal on more cores (any seed, any lag),
+    and every exact-mode "heap ring too small" is a stall: no core could make progress."""
+    alloc = make_alloc()
+
+    @settings(max_examples=100 * min(stress_scale, 5), deadline=None)
+    @given(
+        _ring_programs.PROGRAMS,
+        st.sampled_from([256, 512, 1024, 2048]),
+        st.integers(2, 5),
+        st.integers(0, 1000),
+        st.sampled_from([(), ((1, 16.0),)]),
+    )
+    def check(ops, ring_bytes, cores, seed, lag):
+        program = _ring_programs.workload(ops)
+        config = RingConfig(cores=cores, ring_bytes=ring_bytes, seed=seed, lag=lag)
+        result = checked(program, config, alloc)
+        if result.fatal and result.fatal.startswith("heap ring too small"):
+            assert "no core can make progress" in result.fatal
+        if _ring_programs.one_core_verdict(result.plan) is None:
+            assert result.fatal is None and result.completed == result.tasks
+
+    check()
+
+
+def test_teeth_the_oracle_catches_the_padded_boundary(make_alloc, monkeypatch):
+    """Mutant probe: the pre-fix boundary (the slice's ``start``, padding included) disagrees
+    with the oracle on the two-scope program."""
+    from runtime import _ring_sim
+
+    def padded(self):
+        owners = self.heap_owners
+        while self.tail < len(owners) and self._dead(owners[self.tail]):
+            self.tail += 1
+        return self.tasks[owners[self.tail]].start if self.tail < len(owners) else 0
+
+    monkeypatch.setattr(_ring_sim._Engine, "_boundary", padded)
+    result = ring.run(two_scopes, RingConfig(cores=1, ring_bytes=2048), make_alloc())
+    assert result.fatal_task == 2 != _ring_programs.one_core_verdict(result.plan)
