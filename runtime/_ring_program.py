@@ -11,7 +11,8 @@ an :class:`Orchestrator`, which
   the task's outputs packed, a task never straddling the ring's end (its base moves to the next
   multiple of the ring size); ``vend[N]`` is ``heap_next`` after task N;
 - finds each task's producers with the :class:`~runtime.tensormap.TensorMap` (every overlapping
-  producer, exactly), plus the task that allocated each heap tensor it touches;
+  producer of the bytes it reads or writes, exactly: a writer waits for the earlier writers it
+  overlaps), plus the task that allocated each heap tensor it touches;
 - records, per heap-owning task, the tasks that touch its region and where its scope closes
   (for exact reclaim), and checks window mode's span rule.
 
@@ -134,8 +135,8 @@ class PlannedTask:
         outputs: its heap output regions (virtual).
         reads: regions it reads (inputs and inouts). writes: regions it writes (inouts, writes
             into existing tensors, new outputs).
-        deps: the producers it waits for (the TensorMap's fan-in plus the owners of the heap
-            tensors it touches), newest first.
+        deps: the producers it waits for (the TensorMap's fan-in over its reads and writes,
+            plus the owners of the heap tensors it touches), newest first.
         touches: owners of the heap slices it reads or writes.
         cost_ns: its recorded execution time (what busy-wait replay spins for).
         refs: how many ``get_ref`` calls the orchestration makes on its result.
@@ -399,6 +400,7 @@ class Orchestrator:
                 task_id,
                 inputs=[t.region for t in args["inputs"]],
                 inouts=[t.region for t in args["inouts"]],
+                writes=[t.region for t in args["writes"]],
                 max_fanin=self.limits.max_fanin,
             )
         except FaninExceeded as exc:

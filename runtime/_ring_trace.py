@@ -16,7 +16,7 @@ import numpy as np
 from ._ring_program import HEAP, Plan
 from ._ring_sim import RunResult
 
-__all__ = ["check_trace", "ground_truth_producers"]
+__all__ = ["check_trace", "ground_truth_overwrites", "ground_truth_producers"]
 
 _MAX_REPORTED = 20
 
@@ -36,6 +36,21 @@ def ground_truth_producers(plan: Plan) -> tuple[list[set[int]], list[set[int]]]:
         last earlier task that wrote it, plus the owners of the heap slices it touches;
         ``touches[N]`` holds those owners.
     """
+    producers, touches, _ = _ground_truth(plan)
+    return producers, touches
+
+
+def ground_truth_overwrites(plan: Plan) -> list[set[int]]:
+    """Per task: the earlier tasks whose writes it overwrites, by brute force.
+
+    Returns:
+        ``overwrites[N]``: for every element task N writes, the last earlier task that wrote
+        it. Each of them must end before task N starts (write-after-write order).
+    """
+    return _ground_truth(plan)[2]
+
+
+def _ground_truth(plan: Plan) -> tuple[list[set[int]], list[set[int]], list[set[int]]]:
     sizes = {name: n for name, n in plan.externals.items()}
     heap_elems = max((t.end for t in plan.tasks), default=0) // 4
     writer = {name: np.full(n, -1, dtype=np.int64) for name, n in sizes.items()}
@@ -43,6 +58,7 @@ def ground_truth_producers(plan: Plan) -> tuple[list[set[int]], list[set[int]]]:
     owner = np.full(heap_elems, -1, dtype=np.int64)
     producers: list[set[int]] = []
     touches: list[set[int]] = []
+    overwrites: list[set[int]] = []
     for task in plan.tasks:
         for region in task.outputs:
             owner[_elements(region)] = task.id
@@ -58,9 +74,14 @@ def ground_truth_producers(plan: Plan) -> tuple[list[set[int]], list[set[int]]]:
         found |= owners
         producers.append(found)
         touches.append(owners)
+        older: set[int] = set()
         for region in task.writes:
-            writer[region.buffer][_elements(region)] = task.id
-    return producers, touches
+            idx = _elements(region)
+            older.update(int(w) for w in np.unique(writer[region.buffer][idx]))
+            writer[region.buffer][idx] = task.id
+        older -= {-1, task.id}
+        overwrites.append(older)
+    return producers, touches, overwrites
 
 
 def _index_events(trace: Iterable[tuple[int, int, str, int]]) -> dict[str, dict[int, list[int]]]:
@@ -79,6 +100,9 @@ def check_trace(result: RunResult) -> list[str]:
         - inputs complete: every task started (or, for ``alloc_tensors``, completed) only
           after every producer of every element it reads had ended (brute force, see
           :func:`ground_truth_producers`);
+        - writes ordered: a task that overwrites elements started only after the previous
+          writer of each had ended (concurrent overlapping writers leave whichever finishes
+          last; see :func:`ground_truth_overwrites`);
         - heap safety: a task's heap slice was granted (its ``alloc`` event) only after every
           task that touches an older slice on the same ring bytes had finished with it;
         - the run's ``completed`` count equals the tasks that ended.
@@ -105,7 +129,7 @@ def check_trace(result: RunResult) -> list[str]:
             f"the run reports {result.completed} tasks completed, the trace ends"
             f" {sum(len(v) for v in ends.values())}"
         )
-    producers, touches = ground_truth_producers(plan)
+    producers, touches, overwrites = _ground_truth(plan)
     for task in plan.tasks:
         when = starts.get(task.id) if task.kind == "kernel" else ends.get(task.id)
         if not when:
@@ -115,6 +139,13 @@ def check_trace(result: RunResult) -> list[str]:
                 problems.append(
                     f"task {task.id} ({task.name}) ran before its producer task {p}"
                     f" ({plan.tasks[p].name}) ended: its input was incomplete"
+                )
+        for w in sorted(overwrites[task.id]):
+            if w not in ends or ends[w][0] > when[0]:
+                problems.append(
+                    f"task {task.id} ({task.name}) wrote bytes that task {w}"
+                    f" ({plan.tasks[w].name}) was still writing: overlapping writers ran"
+                    " concurrently (write-after-write not ordered)"
                 )
     problems += _heap_reuse(result, touches, starts, ends, allocs)
     if len(problems) > _MAX_REPORTED:

@@ -46,7 +46,7 @@ from ._ring_sim import (
     TaskOutputTensors,
     simulate,
 )
-from ._ring_trace import check_trace, ground_truth_producers
+from ._ring_trace import check_trace, ground_truth_overwrites, ground_truth_producers
 from ._ring_workloads import WORKLOADS, long_span, paged_attention, tiles
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "Tensor",
     "check_trace",
     "format_summary",
+    "ground_truth_overwrites",
     "ground_truth_producers",
     "long_span",
     "main",

@@ -324,18 +324,23 @@ def gather_fanin(
     *,
     inputs: Iterable[Region] = (),
     inouts: Iterable[Region] = (),
+    writes: Iterable[Region] = (),
     max_fanin: int | None = None,
 ) -> tuple[int, ...]:
-    """A task's fan-in: every producer of the bytes it reads, newest first, deduplicated.
+    """A task's fan-in: every producer of the bytes it reads or overwrites, newest first,
+    deduplicated.
 
-    Looks up ``inputs`` (read only) and ``inouts`` (read then written; the entries each covers
-    are then removed, see :meth:`TensorMap.lookup`). It does not insert the task's own writes:
-    call :meth:`TensorMap.insert` for those afterwards.
+    Looks up ``inputs`` (read only), ``inouts`` (read then written) and ``writes`` (written
+    without being read). A write depends on the live producers it overlaps, as a read does
+    (write-after-write: the older write must land first, or a slow old writer would leave stale
+    bytes behind the new one), and supersedes the entries it covers: they are removed, see
+    :meth:`TensorMap.lookup`, so fan-in does not grow with every past writer. It does not insert
+    the task's own writes: call :meth:`TensorMap.insert` for those afterwards.
 
     Args:
         tmap: the map.
         task: the consumer's id (for the error message).
-        inputs, inouts: the consumer's regions.
+        inputs, inouts, writes: the consumer's regions.
         max_fanin: the most producers allowed, >= 1; ``None`` (default) for no cap.
 
     Raises:
@@ -344,10 +349,10 @@ def gather_fanin(
     """
     if max_fanin is not None:
         max_fanin = integer(max_fanin, "max_fanin", 1)
-    inouts = list(inouts)
+    written = [*inouts, *writes]
     found = [match for region in inputs for match in tmap._matches(region)]
     covered = []
-    for region in inouts:
+    for region in written:
         matches = tmap._matches(region)
         found += matches
         covered += [entry for entry, overlap in matches if overlap is Overlap.COVERED]
