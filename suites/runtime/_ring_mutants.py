@@ -12,6 +12,7 @@ from collections.abc import Callable
 from runtime import _ring_program, _ring_sim, tensormap
 
 _real_by_producer = tensormap._by_producer
+_real_candidates = tensormap._Bucket.candidates
 
 
 def _newest_only_lookup():
@@ -40,11 +41,50 @@ def _exact_reclaim_ignores_consumers():
     return _ring_sim._Engine, "_dead", dead
 
 
+def _exact_reclaim_ignores_scope():
+    """An exact reclaim that frees a slice once its task and readers are done, before its scope
+    closes: the simulator knows every future reader from the plan, a real runtime does not (a
+    reader submitted later in the scope would find the bytes gone)."""
+
+    def dead(self, p):
+        return bool(self.done[p]) and not self.users_left[p]
+
+    return _ring_sim._Engine, "_dead", dead
+
+
+def _window_boundary_one_late():
+    """Window reclaim's boundary one task too far: ``vend[F - H + 1]``."""
+
+    def boundary(self):
+        r = self.frontier - self.cfg.h + 1
+        return self.vend[r] if r >= 0 else 0
+
+    return _ring_sim._Engine, "_boundary", boundary
+
+
+def _fanin_truncated_at_100():
+    """A fan-in array of 100: producers beyond it silently dropped."""
+    return tensormap, "_by_producer", lambda found: _real_by_producer(found)[:100]
+
+
+def _candidates_skip_one_byte_overlaps():
+    """A candidate window that misses an entry ending one byte into the lookup."""
+
+    def candidates(self, lo, hi):
+        return [e for e in _real_candidates(self, lo, hi) if e.hi > lo + 1]
+
+    return tensormap._Bucket, "candidates", candidates
+
+
 MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {
     "newest_only_lookup": _newest_only_lookup,
     "fanin_truncated_at_16": _fanin_truncated_at_16,
     "no_span_check": _no_span_check,
     "exact_reclaim_ignores_consumers": _exact_reclaim_ignores_consumers,
+    "exact_reclaim_ignores_scope": _exact_reclaim_ignores_scope,
+    "window_boundary_one_late": _window_boundary_one_late,
+    "fanin_truncated_at_100": _fanin_truncated_at_100,
+    "candidates_skip_one_byte_overlaps": _candidates_skip_one_byte_overlaps,
 }
 
 

@@ -27,8 +27,11 @@ OPS = st.one_of(
         st.integers(0, 5000),  # cost_ns
     ),
 )
+BURST = st.tuples(st.just("burst"), st.integers(100, 130), st.integers(0, 3))
+"""Over 100 producers each write one tile of a fresh external buffer, ``late`` unrelated tasks
+follow (the reader is submitted after its producers are done), then one task reads it all."""
 PROGRAMS = st.lists(
-    st.one_of(OPS, st.tuples(st.just("root"), st.lists(SIZES, min_size=1, max_size=1))),
+    st.one_of(OPS, st.tuples(st.just("root"), st.lists(SIZES, min_size=1, max_size=1)), BURST),
     min_size=1,
     max_size=14,
 )
@@ -54,7 +57,7 @@ def workload(ops):
             scopes.append(scope)
             usable.append([])
 
-        for op in ops:
+        for i, op in enumerate(ops):
             tensors = [t for level in usable for t in level]
             if op[0] == "open":
                 open_scope()
@@ -68,6 +71,14 @@ def workload(ops):
                     open_scope()
                 refs = rt.alloc_tensors(*op[1])
                 usable[-1].extend(refs.get_ref(i) for i in range(len(op[1])))
+            elif op[0] == "burst":
+                _, k, late = op
+                x = rt.external(f"burst{i}", 4 * k)
+                for j in range(k):
+                    rt.submit("tile", writes=[x.view(4 * j, (4,))], cost_ns=100 + j % 7)
+                for _ in range(late):
+                    rt.submit("other", cost_ns=5000)
+                rt.submit("reduce", inputs=[x], cost_ns=10)
             elif op[0] == "kernel":
                 _, reads, writes, outputs, cost = op
                 if not tensors and not outputs:

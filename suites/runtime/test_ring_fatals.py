@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from runtime import ring
 from runtime.ring import RingConfig
 
-from . import _ring_programs, _ring_targets
+from . import _ring_mutants, _ring_programs, _ring_targets
 
 
 def checked(workload, config, alloc, **params) -> ring.RunResult:
@@ -189,3 +189,39 @@ def test_teeth_the_oracle_catches_the_padded_boundary(make_alloc, monkeypatch):
     monkeypatch.setattr(_ring_sim._Engine, "_boundary", padded)
     result = ring.run(two_scopes, RingConfig(cores=1, ring_bytes=2048), make_alloc())
     assert result.fatal_task == 2 != _ring_programs.one_core_verdict(result.plan)
+
+
+def test_teeth_exact_reclaim_must_wait_for_the_scope_to_close(make_alloc, monkeypatch):
+    """Without the scope condition a slice dies as soon as its readers known from the plan are
+    done, which a real runtime cannot know: one core then "fits" a slice the oracle (and the
+    scope rule) says cannot fit."""
+    config = RingConfig(cores=1, ring_bytes=1024)
+    result = checked(read_then_alloc, config, make_alloc())
+    assert result.fatal_task == 2 == _ring_programs.one_core_verdict(result.plan)
+    _ring_mutants.apply("exact_reclaim_ignores_scope", monkeypatch)
+    mutant = ring.run(read_then_alloc, config, make_alloc())
+    assert mutant.fatal is None != _ring_programs.one_core_verdict(mutant.plan)
+
+
+def span_h(rt, n: int = 12, h: int = 4) -> None:
+    """Task k outputs 16 floats (one 64-byte slice) and reads task k - h's output: every span
+    is exactly H."""
+    outs = []
+    for k in range(n):
+        inputs = [outs[k - h]] if k >= h else []
+        outs.append(rt.submit("step", inputs=inputs, outputs=[16], cost_ns=100).get_ref(0))
+
+
+def test_window_reclaim_frees_up_to_vend_f_minus_h_exactly(make_alloc, monkeypatch):
+    """Window mode, spans of exactly H=4: H + 1 live slices (320 bytes) fit; one slice less is
+    fatal. The boundary one task late (``vend[F - H + 1]``) squeezes the run into 256 bytes,
+    and the trace checker sees the reader's bytes overwritten."""
+    for cores in (1, 3):
+        fits = RingConfig(cores=cores, reclaim="window", h=4, ring_bytes=320)
+        assert checked(span_h, fits, make_alloc()).fatal is None
+        small = RingConfig(cores=cores, reclaim="window", h=4, ring_bytes=256)
+        assert checked(span_h, small, make_alloc()).fatal.startswith("heap ring too small")
+    _ring_mutants.apply("window_boundary_one_late", monkeypatch)
+    config = RingConfig(cores=1, reclaim="window", h=4, ring_bytes=256)
+    problems = ring.check_trace(ring.run(span_h, config, make_alloc()))
+    assert any("reused ring bytes of task 0's slice while task 4" in p for p in problems), problems

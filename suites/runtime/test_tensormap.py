@@ -340,3 +340,62 @@ def test_tensormap_rejects_bad_input():
         tmap.retire_below(-1)
     with pytest.raises(ValueError, match="max_fanin must be >= 1"):
         gather_fanin(tmap, 0, max_fanin=0)
+
+
+# -- lookups that stay flat, and the awkward cases -----------------------------------------------
+
+
+def test_a_whole_buffer_entry_does_not_widen_the_lookups_of_tiles(monkeypatch):
+    """Before: ``max_len`` only grew, so one whole-buffer entry made every later lookup walk
+    every entry that starts before it (about 5,000 here), even after the entry was superseded.
+    Every entry of the map counts the reads of its fields: a lookup reads only the entries that
+    meet it."""
+    touched = []
+
+    class CountingEntry(tensormap._Entry):
+        def __getattribute__(self, name):
+            touched.append(name)
+            return super().__getattribute__(name)
+
+    monkeypatch.setattr(tensormap, "_Entry", CountingEntry)
+    tmap, whole = k_tiles(10_000)
+    tmap.insert(whole, producer=10_000)
+    tile = Region.contiguous("x", 8 * 5000 + 3, 2)
+    touched.clear()
+    assert [p.task for p in tmap.lookup(tile)] == [10_000, 5000]
+    assert len(touched) <= 20, len(touched)
+    tmap.lookup(whole, inout=True)  # a whole-buffer writer supersedes every entry
+    tmap.insert(Region.contiguous("x", 8 * 5000, 8), producer=10_001)
+    touched.clear()
+    assert [p.task for p in tmap.lookup(tile)] == [10_001]
+    assert len(touched) <= 10, len(touched)
+
+
+def test_one_byte_elements_find_an_entry_ending_one_byte_into_the_lookup(monkeypatch):
+    tmap = TensorMap()
+    tmap.insert(Region("b", 0, (5,), (1,), 1), producer=1)  # bytes 0..4
+    tmap.insert(Region("b", 6, (2,), (1,), 1), producer=2)  # bytes 6..7
+    probe = Region("b", 4, (2,), (1,), 1)  # bytes 4..5: one byte of producer 1's entry
+    assert tmap.lookup(probe) == [Producer(1, Overlap.PARTIAL)]
+    assert tmap.lookup(Region("b", 5, (1,), (1,), 1)) == []
+    _ring_mutants.apply("candidates_skip_one_byte_overlaps", monkeypatch)
+    assert tmap.lookup(probe) == []  # the mutant misses it: this test is what catches it
+
+
+@pytest.mark.parametrize("k", [100, 101, 250])
+def test_fanin_is_never_truncated_at_or_beyond_100_producers(k, monkeypatch):
+    check_fanin_of_k_tiles(k)
+    _ring_mutants.apply("fanin_truncated_at_100", monkeypatch)
+    if k > 100:
+        with pytest.raises(AssertionError):
+            check_fanin_of_k_tiles(k)
+
+
+def test_covered_is_judged_on_the_entries_that_meet_the_lookup():
+    """The documented meaning of COVERED: every entry of the producer that meets the lookup
+    region lies inside it; its entries elsewhere in the buffer are not looked at."""
+    tmap = TensorMap()
+    tmap.insert(Region.contiguous("x", 0, 4), producer=3)
+    tmap.insert(Region.contiguous("x", 100, 4), producer=3)
+    assert tmap.lookup(Region.contiguous("x", 0, 12)) == [Producer(3, Overlap.COVERED)]
+    assert tmap.lookup(Region.contiguous("x", 2, 100)) == [Producer(3, Overlap.PARTIAL)]
