@@ -73,6 +73,10 @@ MASK64 = (1 << 64) - 1
 REPLAY_MODES = ("busy-wait", "kernel")
 SHARDS = 4
 """Claim cursors are sharded by ``N % 4``, as in the seed."""
+MAX_CORES = 1024
+"""The most simulated cores a run may have."""
+MAX_LAG = 1e6
+"""The largest lag factor (a core's kernels at most a million times slower)."""
 
 _CLAIM, _ALLOC, _START, _END, _FATAL = "claim", "alloc", "start", "end", "fatal"
 
@@ -90,12 +94,13 @@ class RingConfig:
     """Every knob of one simulated run.
 
     Attributes:
-        cores: simulated cores, >= 1 (default 4).
+        cores: simulated cores, 1 to :data:`MAX_CORES` (default 4).
         seed: the interleaving's seed (jitter of every duration).
         replay: ``"busy-wait"`` (kernels replayed as spins of their recorded times) or
             ``"kernel"`` (kernels run on the allocator, cost modelled from their elements).
-        lag: ``(core, factor)`` pairs: that core's kernels take ``factor`` (>= 1) times longer
-            (a throttled core; its replay of the orchestration runs at the common speed).
+        lag: ``(core, factor)`` pairs, at most one per core: that core's kernels take
+            ``factor`` (1 to :data:`MAX_LAG`) times longer (a throttled core; its replay of the
+            orchestration runs at the common speed).
         reclaim: ``"exact"`` (default: dependency-exact reclaim) or ``"window"`` (the seed's
             constant-span rule, ``R = F - H``).
         h: the window rule's span H in tasks, >= 0 (default 64, the seed's ``kHDefault``).
@@ -131,6 +136,8 @@ class RingConfig:
 
     def __post_init__(self) -> None:
         integer(self.cores, "cores", 1)
+        if self.cores > MAX_CORES:
+            raise ValueError(f"cores must be <= {MAX_CORES}, got {self.cores}")
         integer(self.seed, "seed", 0)
         if self.replay not in REPLAY_MODES:
             raise ValueError(f"replay={self.replay!r}: expected one of {', '.join(REPLAY_MODES)}")
@@ -157,8 +164,12 @@ class RingConfig:
                 raise ValueError(f"lag core {core} does not exist: cores are 0..{self.cores - 1}")
             if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
                 raise TypeError(f"lag factor must be a real number, got {factor!r}")
-            if not (factor >= 1 and math.isfinite(factor)):
-                raise ValueError(f"lag factor must be a finite number >= 1, got {factor}")
+            if not 1 <= factor <= MAX_LAG:
+                raise ValueError(f"lag factor must be between 1 and {MAX_LAG:g}, got {factor}")
+        cores = [core for core, _ in lag]
+        for core in cores:
+            if cores.count(core) > 1:
+                raise ValueError(f"lag gives core {core} more than one factor: {lag}")
         object.__setattr__(self, "lag", lag)
 
     def limits(self) -> PlanLimits:

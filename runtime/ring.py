@@ -32,6 +32,7 @@ The command line: ``python -m runtime.ring run --workload paged_attention --batc
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from collections.abc import Callable
 from ._ring_program import HEAP, Orchestrator, Plan, PlanLimits, PlannedTask, TaskRefs, Tensor, plan
 from ._ring_sim import (
     MASK64,
+    MAX_CORES,
+    MAX_LAG,
     RECLAIM_MODES,
     REPLAY_MODES,
     RingConfig,
@@ -122,14 +125,36 @@ def run(
 
 # -- the command line -----------------------------------------------------------------------
 
-_PARAMS = {  # workload parameter (and CLI option) -> the workloads that take it
-    "batch": ("paged_attention",),
-    "q_tiles": ("paged_attention",),
-    "kv_blocks": ("paged_attention",),
-    "scopes": ("long_span",),
-    "span": ("long_span",),
-    "k": ("tiles",),
+_PARAMS = {  # workload parameter (and CLI option) -> the workloads that take it, and its bound
+    "batch": (("paged_attention",), 1 << 16),
+    "q_tiles": (("paged_attention",), 1024),
+    "kv_blocks": (("paged_attention",), 1024),
+    "scopes": (("long_span",), 1 << 16),
+    "span": (("long_span",), 1 << 20),
+    "k": (("tiles",), 1 << 20),
 }
+MAX_RING_BYTES = 1 << 32
+"""The largest heap ring the command line takes (4 GiB: one allocator storage)."""
+CLI_ALIGN = 64
+"""The command line's output alignment (``RingConfig.align``'s default)."""
+
+
+def _bounded(lo: int, hi: int, *, multiple: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[lo, hi]`` (a multiple of ``multiple``); argparse's
+    message names the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo:,} and {hi:,}, got {value:,}")
+        if value % multiple:
+            raise argparse.ArgumentTypeError(f"must be a multiple of {multiple}, got {value:,}")
+        return value
+
+    return parse
 
 
 def _lag(text: str) -> tuple[int, float]:
@@ -137,11 +162,16 @@ def _lag(text: str) -> tuple[int, float]:
     try:
         if not sep:
             raise ValueError
-        return int(core), float(factor)
+        pair = int(core), float(factor)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected CORE:FACTOR (e.g. 3:16, core 3's kernels 16x slower), got {text!r}"
         ) from None
+    if pair[0] < 0 or not 1 <= pair[1] <= MAX_LAG:
+        raise argparse.ArgumentTypeError(
+            f"expected a core >= 0 and a factor between 1 and {MAX_LAG:g}, got {text!r}"
+        )
+    return pair
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -157,30 +187,93 @@ def _parser() -> argparse.ArgumentParser:
         " (or null), the largest live window in bytes, simulated time. A fatal exits with"
         " status 1; the pre-fix path (--no-alloc-election) aborts as the seed's runtime did.",
     )
-    cmd.add_argument("--workload", choices=sorted(WORKLOADS), default="paged_attention")
-    cmd.add_argument("--batch", type=int, help="paged_attention: sequences (required)")
+    size = _PARAMS
     cmd.add_argument(
-        "--q-tiles", type=int, help="paged_attention: query tiles per sequence (default 2)"
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="paged_attention",
+        help="the orchestration to replay (default paged_attention)",
     )
-    cmd.add_argument("--kv-blocks", type=int, help="paged_attention: KV blocks (default 2)")
-    cmd.add_argument("--scopes", type=int, help="long_span: scopes (default 8)")
-    cmd.add_argument("--span", type=int, help="long_span: updates per scope (default 100)")
-    cmd.add_argument("--k", type=int, help="tiles: producers of disjoint tiles (default 100)")
-    cmd.add_argument("--cores", type=int, default=4, help="simulated cores (default 4)")
-    cmd.add_argument("--seed", type=int, default=0, help="interleaving seed (default 0)")
-    cmd.add_argument("--replay", choices=REPLAY_MODES, default="busy-wait")
+    cmd.add_argument(
+        "--batch",
+        type=_bounded(1, size["batch"][1]),
+        help="paged_attention: sequences (required)",
+    )
+    cmd.add_argument(
+        "--q-tiles",
+        type=_bounded(1, size["q_tiles"][1]),
+        help="paged_attention: query tiles per sequence (default 2)",
+    )
+    cmd.add_argument(
+        "--kv-blocks",
+        type=_bounded(1, size["kv_blocks"][1]),
+        help="paged_attention: KV blocks (default 2)",
+    )
+    cmd.add_argument(
+        "--scopes", type=_bounded(1, size["scopes"][1]), help="long_span: scopes (default 8)"
+    )
+    cmd.add_argument(
+        "--span",
+        type=_bounded(1, size["span"][1]),
+        help="long_span: updates per scope (default 100)",
+    )
+    cmd.add_argument(
+        "--k",
+        type=_bounded(1, size["k"][1]),
+        help="tiles: producers of disjoint tiles (default 100)",
+    )
+    cmd.add_argument(
+        "--cores",
+        type=_bounded(1, MAX_CORES),
+        default=4,
+        help=f"simulated cores, 1 to {MAX_CORES} (default 4)",
+    )
+    cmd.add_argument(
+        "--seed",
+        type=_bounded(0, (1 << 63) - 1),
+        default=0,
+        help="interleaving seed (default 0)",
+    )
+    cmd.add_argument(
+        "--replay",
+        choices=REPLAY_MODES,
+        default="busy-wait",
+        help="busy-wait: kernels spin for their recorded times; kernel: they run as allocator"
+        " ops on views of the ring, their cost modelled from their elements (default busy-wait)",
+    )
     cmd.add_argument(
         "--lag",
         type=_lag,
         action="append",
         default=[],
         metavar="CORE:FACTOR",
-        help="make CORE's kernels FACTOR times slower (repeatable)",
+        help=f"make CORE's kernels FACTOR (1 to {MAX_LAG:g}) times slower; repeatable, once"
+        " per core",
     )
-    cmd.add_argument("--reclaim", choices=RECLAIM_MODES, default="exact")
-    cmd.add_argument("--h", type=int, default=64, help="window mode's span H (default 64)")
-    cmd.add_argument("--ring-bytes", type=int, default=1 << 20, help="default 1048576")
-    cmd.add_argument("--max-fanin", type=int, help="fan-in cap (exceeding it is fatal)")
+    cmd.add_argument(
+        "--reclaim",
+        choices=RECLAIM_MODES,
+        default="exact",
+        help="exact: a slice dies when its task and readers are done and its scope closed;"
+        " window: the seed's rule, everything behind vend[F - H] (default exact)",
+    )
+    cmd.add_argument(
+        "--h",
+        type=_bounded(0, 1 << 32),
+        default=64,
+        help="window mode's span H, in tasks (default 64)",
+    )
+    cmd.add_argument(
+        "--ring-bytes",
+        type=_bounded(CLI_ALIGN, MAX_RING_BYTES, multiple=CLI_ALIGN),
+        default=1 << 20,
+        help=f"the heap ring's size, a multiple of {CLI_ALIGN} up to 4 GiB (default 1048576)",
+    )
+    cmd.add_argument(
+        "--max-fanin",
+        type=_bounded(1, 1 << 20),
+        help="fan-in cap, exceeding it is fatal (default: no cap)",
+    )
     cmd.add_argument(
         "--no-alloc-election",
         action="store_true",
@@ -194,10 +287,26 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument(
         "--check-trace",
         action="store_true",
-        help="also check the trace: inputs complete, no live heap byte reused",
+        help="also check the trace: inputs complete, no live heap byte reused, writers ordered",
     )
-    cmd.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    cmd.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary as one JSON object (with the workload's sizes under 'sizes')",
+    )
+    parser.set_defaults(run_parser=cmd)
     return parser
+
+
+def _sizes(workload: str, params: dict) -> dict:
+    """The workload's sizes as run: the options given, then the function's defaults."""
+    signature = inspect.signature(WORKLOADS[workload])
+    sizes = {
+        name: p.default
+        for name, p in signature.parameters.items()
+        if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
+    }
+    return {**sizes, **params}
 
 
 def format_summary(summary: dict, params: dict) -> str:
@@ -234,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     """The command line (``python -m runtime.ring``). Returns the exit status: 0 when the run
     completed (and its trace checked clean, with ``--check-trace``), 1 on a fatal or a trace
     violation, 2 on bad arguments."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
+    parser = args.run_parser  # errors name the subcommand: "python -m runtime.ring run: error"
     params = {}
-    for name, takers in _PARAMS.items():
+    for name, (takers, _) in _PARAMS.items():
         value = getattr(args, name)
         if value is None:
             continue
@@ -247,27 +356,35 @@ def main(argv: list[str] | None = None) -> int:
         params[name] = value
     if args.workload == "paged_attention" and "batch" not in params:
         parser.error("--workload paged_attention needs --batch")
-    try:
-        config = RingConfig(
-            cores=args.cores,
-            seed=args.seed,
-            replay=args.replay,
-            lag=tuple(args.lag),
-            reclaim=args.reclaim,
-            h=args.h,
-            ring_bytes=args.ring_bytes,
-            max_fanin=args.max_fanin,
-            alloc_election=not args.no_alloc_election,
-        )
-        alloc = None
-        if args.backend is not None:
-            from allocator import Allocator, AllocatorConfig
+    lag_cores = [core for core, _ in args.lag]
+    for core in lag_cores:
+        if core >= args.cores:
+            parser.error(f"argument --lag: core {core} does not exist (--cores {args.cores})")
+        if lag_cores.count(core) > 1:
+            parser.error(f"argument --lag: core {core} is given more than once")
+    config = RingConfig(
+        cores=args.cores,
+        seed=args.seed,
+        replay=args.replay,
+        lag=tuple(args.lag),
+        reclaim=args.reclaim,
+        h=args.h,
+        ring_bytes=args.ring_bytes,
+        align=CLI_ALIGN,
+        max_fanin=args.max_fanin,
+        alloc_election=not args.no_alloc_election,
+    )
+    alloc = None
+    if args.backend is not None:
+        from allocator import Allocator, AllocatorConfig, BackendUnavailable
 
+        try:
             alloc = Allocator(AllocatorConfig(backend=args.backend))
-        result = run(args.workload, config, alloc, **params)
-    except (TypeError, ValueError) as exc:
-        parser.error(str(exc))
+        except BackendUnavailable as exc:
+            parser.exit(2, f"{parser.prog}: error: --backend {args.backend}: {exc}\n")
+    result = run(args.workload, config, alloc, **params)
     summary = result.summary()
+    summary["sizes"] = _sizes(args.workload, params)
     violations = check_trace(result) if args.check_trace else None
     if violations is not None:
         summary["trace_violations"] = violations

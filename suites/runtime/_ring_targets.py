@@ -18,10 +18,12 @@ def paged_attention(
     reclaim: str = "window",
     seed: int = 0,
     mutant: str | None = None,
+    ns_per_element: float = 0.5,
 ) -> dict:
     """The seed's workload (``q_tiles=2, kv_blocks=2``) on 4 cores, core 3 lagging by ``lag``
     (1.0: none); returns the run's summary and the trace checker's violations. The pre-fix
-    path (``election=False``) aborts where the seed's runtime did."""
+    path (``election=False``) aborts where the seed's runtime did. ``ns_per_element``: the
+    ``kernel`` replay's modelled cost per element (default 0.5 ns)."""
     _ring_mutants.apply(mutant)
     config = ring.RingConfig(
         cores=4,
@@ -30,6 +32,7 @@ def paged_attention(
         lag=((3, lag),) if lag > 1 else (),
         reclaim=reclaim,
         alloc_election=election,
+        ns_per_element=ns_per_element,
     )
     result = ring.run("paged_attention", config, batch=batch, q_tiles=2, kv_blocks=2)
     return {**result.summary(), "violations": ring.check_trace(result)}

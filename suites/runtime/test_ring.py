@@ -367,7 +367,11 @@ def _replace(result, **changes):
         ({"jitter": 1.0}, ValueError, r"jitter must be in \[0, 1\)"),
         ({"ns_per_element": float("nan")}, ValueError, "ns_per_element must be >= 0"),
         ({"lag": ((4, 2.0),)}, ValueError, "lag core 4 does not exist: cores are 0..3"),
-        ({"lag": ((0, 0.5),)}, ValueError, "lag factor must be a finite number >= 1"),
+        ({"lag": ((0, 0.5),)}, ValueError, "lag factor must be between 1 and 1e[+]06, got 0.5"),
+        ({"lag": ((0, 1e300),)}, ValueError, "lag factor must be between 1 and 1e[+]06"),
+        ({"lag": ((0, float("nan")),)}, ValueError, "lag factor must be between 1 and"),
+        ({"lag": ((0, 2.0), (0, 64.0))}, ValueError, "lag gives core 0 more than one factor"),
+        ({"cores": 1025}, ValueError, "cores must be <= 1024, got 1025"),
         ({"lag": ((0, "x"),)}, TypeError, "lag factor must be a real number"),
         ({"lag": ((0,),)}, ValueError, r"lag entries must be \(core, factor\) pairs"),
     ],
@@ -463,11 +467,29 @@ def test_cli_json_and_a_fatal_exit(capsys):
     [
         (["run"], "--workload paged_attention needs --batch"),
         (["run", "--batch", "4", "--span", "3"], "--span applies to long_span, not to"),
-        (["run", "--batch", "4", "--lag", "3"], "expected CORE:FACTOR"),
-        (["run", "--batch", "4", "--lag", "9:2"], "lag core 9 does not exist"),
-        (["run", "--batch", "0"], "batch must be >= 1, got 0"),
-        (["run", "--workload", "tiles", "--k", "0"], "k must be >= 1, got 0"),
+        (["run", "--batch", "4", "--lag", "3"], "argument --lag: expected CORE:FACTOR"),
+        (["run", "--batch", "4", "--lag", "9:2"], "argument --lag: core 9 does not exist"),
+        (["run", "--batch", "4", "--lag", "0:1e300"], "argument --lag: expected a core >= 0"),
+        (["run", "--batch", "4", "--lag", "0:nan"], "argument --lag: expected a core >= 0"),
+        (["run", "--batch", "4", "--lag", "0:0.5"], "argument --lag: expected a core >= 0"),
+        (["run", "--batch", "4", "--lag", "0:2", "--lag", "0:64"], "core 0 is given more than"),
+        (["run", "--batch", "0"], "argument --batch: must be between 1 and 65,536, got 0"),
+        (["run", "--batch", "x"], "argument --batch: expected an integer, got 'x'"),
+        (["run", "--batch", "1", "--q-tiles", "0"], "argument --q-tiles: must be between 1"),
+        (["run", "--batch", "1", "--kv-blocks", "2000"], "argument --kv-blocks: must be between"),
+        (["run", "--workload", "long_span", "--scopes", "0"], "argument --scopes: must be"),
+        (["run", "--workload", "long_span", "--span", "-1"], "argument --span: must be between"),
+        (["run", "--workload", "tiles", "--k", "0"], "argument --k: must be between 1 and"),
+        (["run", "--batch", "1", "--cores", "100000"], "argument --cores: must be between 1 and"),
+        (["run", "--batch", "1", "--seed", "-1"], "argument --seed: must be between 0 and"),
+        (["run", "--batch", "1", "--h", "-1"], "argument --h: must be between 0 and"),
+        (["run", "--batch", "1", "--ring-bytes", "10"], "argument --ring-bytes: must be between"),
+        (["run", "--batch", "1", "--ring-bytes", "100"], "--ring-bytes: must be a multiple of 64"),
+        (["run", "--batch", "1", "--max-fanin", "0"], "argument --max-fanin: must be between"),
         (["run", "--batch", "4", "--replay", "x"], "invalid choice: 'x'"),
+        (["run", "--batch", "4", "--reclaim", "x"], "invalid choice: 'x'"),
+        (["run", "--workload", "x"], "invalid choice: 'x'"),
+        (["run", "--batch", "4", "--backend", "x"], "invalid choice: 'x'"),
         (["go"], "invalid choice: 'go'"),
     ],
 )
@@ -507,6 +529,47 @@ def test_format_summary_is_a_pure_function():
         "tasks           5",
     ]
     assert "fatal           boom" in text and "simulated time  1.500 us" in text
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    (run,) = [
+        action.choices["run"]
+        for action in ring._parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    ]
+    return run
+
+
+def test_every_option_has_help_and_states_its_default():
+    for action in _run_parser()._actions:
+        if action.option_strings == ["-h", "--help"]:
+            continue
+        assert action.help, action.option_strings
+        if action.default not in (None, False, []):
+            assert "default" in action.help, (action.option_strings, action.help)
+
+
+def test_a_missing_backend_is_one_error_line(capsys):
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("CuPy is installed: the cuda backend is not missing here")
+    with pytest.raises(SystemExit) as exit_info:
+        ring.main(["run", "--batch", "1", "--backend", "cuda"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m runtime.ring run: error: --backend cuda: CuPy is not installed (No module"
+        " named 'cupy'); install devmem-harness[cuda]\n"
+    )
+
+
+def test_the_json_summary_carries_the_workload_sizes(capsys):
+    assert ring.main(["run", "--workload", "tiles", "--k", "3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["sizes"] == {"k": 3, "tile": 64, "cost_ns": 5000}
+    assert summary["tasks"] == 5
 
 
 def test_the_readme_synopsis_names_every_option_of_the_command_line():

@@ -13,6 +13,11 @@ the seed's window mode with H = 64) runs two children: the fixed runtime, which 
 with no fatal and a clean trace, and the pre-fix path (``alloc_election=False``, the mutant
 probe), which must abort with the false fatal and the assertion exactly where the seed's did
 (busy-wait, a lagging core, batch >= 16) and pass everywhere else, as in the seed.
+
+That ``kernel`` replay passes is the model's doing, not a property of real kernels: its kernels
+cost a 200 ns launch plus 0.5 ns per element, less than replaying one submit (1000 ns), so no
+core falls H tasks behind. Priced at 20 or 100 ns per element the pre-fix path aborts in
+``kernel`` replay too (:func:`test_kernel_replay_passes_only_because_its_kernels_are_cheap`).
 """
 
 from __future__ import annotations
@@ -84,6 +89,15 @@ def test_the_seeds_bug_with_and_without_election(death, backend, config):
             expect_completed(prefix)  # the suite's own check fires on the mutant
     else:  # as in the seed: no core falls more than H tasks behind the frontier
         assert expect_completed(prefix)["alloc_election"] is False
+
+
+@pytest.mark.parametrize("ns_per_element", [20.0, 100.0])
+def test_kernel_replay_passes_only_because_its_kernels_are_cheap(death, backend, ns_per_element):
+    env = pinned_env(backend)
+    target = _ring_targets.paged_attention
+    rest = ("window", 0, None, ns_per_element)  # reclaim, seed, mutant, ns_per_element
+    expect_completed(death.run(target, 64, "kernel", LAG, True, *rest, env=env))
+    expect_seed_abort(death.run(target, 64, "kernel", LAG, False, *rest, env=env))
 
 
 def test_exact_reclaim_needs_the_election_even_more(death, backend):
