@@ -201,13 +201,34 @@ def _run_covered(outer: ByteSet, x: int, length: int) -> bool:
 def covers(outer: ByteSet, inner: ByteSet) -> bool:
     """Whether every byte of ``inner`` lies in ``outer`` (exact).
 
-    Cost: O(dims) when ``outer`` is one run or shares ``inner``'s strides (a tile inside a
-    tile of the same tensor); otherwise a check per run of ``inner``.
+    Cost: O(dims**2) when ``outer`` is one run or shares ``inner``'s strides once ``inner``'s
+    smallest dimensions are taken as one run (a tile, strided or not, inside a tile of the same
+    tensor). Otherwise ``inner`` is checked block by block, a block being its
+    smallest dimensions: a block whose whole bounding span ``outer`` covers needs no finer
+    look (a strided tile inside a dense tile: one check per row), and only blocks that straddle
+    a gap of ``outer`` are split, down to single runs in the worst case.
     """
     if inner.lo < outer.lo or inner.hi > outer.hi:
         return False
-    if not outer.dims or outer == inner or _shortcut_covers(outer, inner):
+    if not outer.dims or outer == inner:
         return True
+    for level in range(len(inner.dims) + 1):  # inner's smallest dimensions as one long run
+        span = sum((n - 1) * s for n, s in inner.dims[:level]) + inner.run
+        if _shortcut_covers(outer, ByteSet(inner.base, span, inner.dims[level:])):
+            return True
     if not _contains_byte(outer, inner.lo) or not _contains_byte(outer, inner.hi - 1):
         return False
-    return all(_run_covered(outer, x, inner.run) for x in inner.run_starts())
+    return _block_covered(outer, inner, inner.base, len(inner.dims))
+
+
+def _block_covered(outer: ByteSet, inner: ByteSet, x: int, level: int) -> bool:
+    """Whether the block of ``inner`` made of its ``level`` smallest dimensions, starting at
+    byte ``x``, lies in ``outer``: at once when ``outer`` covers the block's whole bounding
+    span (a sufficient test), else block by block one dimension down, to single runs (exact)."""
+    span = sum((n - 1) * s for n, s in inner.dims[:level]) + inner.run
+    if _run_covered(outer, x, span):
+        return True
+    if level == 0:
+        return False
+    n, s = inner.dims[level - 1]
+    return all(_block_covered(outer, inner, x + k * s, level - 1) for k in range(n))
