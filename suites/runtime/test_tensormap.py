@@ -345,6 +345,15 @@ def test_tensormap_rejects_bad_input():
 # -- lookups that stay flat, and the awkward cases -----------------------------------------------
 
 
+def _recording(seen: list):
+    def getattribute(self, name):
+        if not seen or seen[-1] is not self:
+            seen.append(self)
+        return object.__getattribute__(self, name)
+
+    return getattribute
+
+
 def test_a_whole_buffer_entry_does_not_widen_the_lookups_of_tiles(monkeypatch):
     """Before: ``max_len`` only grew, so one whole-buffer entry made every later lookup walk
     every entry that starts before it (about 5,000 here), even after the entry was superseded.
@@ -364,6 +373,15 @@ def test_a_whole_buffer_entry_does_not_widen_the_lookups_of_tiles(monkeypatch):
     touched.clear()
     assert [p.task for p in tmap.lookup(tile)] == [10_000, 5000]
     assert len(touched) <= 20, len(touched)
+    # by entry: the whole-buffer entry, the tile, and the tile before it (whose 32 bytes could
+    # reach the lookup by its length class): nothing else
+    seen = []
+    monkeypatch.setattr(CountingEntry, "__getattribute__", _recording(seen))
+    tmap.lookup(tile)
+    monkeypatch.undo()  # before reading ``seen``: reading the entries would record them again
+    examined = {e.producer for e in seen}
+    assert {10_000, 5000} <= examined <= {10_000, 5000, 4999}, sorted(examined)
+    monkeypatch.setattr(tensormap, "_Entry", CountingEntry)
     tmap.lookup(whole, inout=True)  # a whole-buffer writer supersedes every entry
     tmap.insert(Region.contiguous("x", 8 * 5000, 8), producer=10_001)
     touched.clear()
@@ -425,3 +443,36 @@ def test_strided_tiles_inside_dense_tiles_are_classified_exactly(inner, outer, e
     assert classify(a, b) is expected
     truth = Overlap.COVERED if a.byte_set() <= b.byte_set() else Overlap.PARTIAL
     assert truth is expected
+
+
+def test_contiguous_regions_default_to_float32():
+    assert Region.contiguous("x", 2, 3).byte_range == (8, 20)
+    assert Region.contiguous("x", 2, 3).strides == (1,)
+
+
+@pytest.mark.parametrize("before", [1, 2, 3])
+def test_entries_with_the_same_first_byte_are_removed_one_by_one(before):
+    """Entries of one length class starting at the same byte: superseding the newest removes
+    exactly it, however many precede it."""
+    tmap = TensorMap()
+    for p in range(before):
+        tmap.insert(Region.contiguous("x", 0, 6), producer=p)  # 24 bytes, not covered below
+    tmap.insert(Region.contiguous("x", 0, 5), producer=before)  # 20 bytes: same class
+    assert gather_fanin(tmap, 9, inouts=[Region.contiguous("x", 0, 5)]) == tuple(
+        range(before, -1, -1)
+    )
+    assert len(tmap) == before
+    assert [p.task for p in tmap.lookup(Region.contiguous("x", 0, 1))] == list(
+        range(before - 1, -1, -1)
+    )
+
+
+def test_every_inout_region_supersedes_the_entries_it_covers():
+    tmap, _ = k_tiles(4)
+    deps = gather_fanin(
+        tmap, 9, inouts=[Region.contiguous("x", 0, 8), Region.contiguous("x", 16, 8)]
+    )
+    assert deps == (2, 0) and len(tmap) == 2
+    assert [p.task for p in tmap.lookup(Region.contiguous("x", 0, 32))] == [3, 1]
+    tmap.retire_below(4)
+    assert len(tmap) == 0 and tmap.lookup(Region.contiguous("x", 0, 32)) == []
