@@ -48,10 +48,11 @@ __all__ = [
 ]
 
 
-def _counts(values: object, name: str, minimum: int) -> tuple[int, ...]:
+def _counts(values: object, name: str) -> tuple[int, ...]:
+    """``values`` as a tuple of ints >= 1 (a shape or strides)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
-    return tuple(integer(v, f"{name}[{i}]", minimum) for i, v in enumerate(values))
+    return tuple(integer(v, f"{name}[{i}]") for i, v in enumerate(values))
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Region:
         except TypeError:
             raise TypeError(f"buffer must be hashable, got {type(self.buffer).__name__}") from None
         start = integer(self.start_offset, "start_offset", 0)
-        shape = _counts(self.shape, "shape", 1)
+        shape = _counts(self.shape, "shape")
         if not shape:
             raise ValueError("shape must have at least one dimension, got ()")
         if self.strides is None:
@@ -99,13 +100,13 @@ class Region:
                 step *= n
             strides = tuple(reversed(strides))
         else:
-            strides = _counts(self.strides, "strides", 1)
+            strides = _counts(self.strides, "strides")
             if len(strides) != len(shape):
                 raise ValueError(
                     f"strides {strides} and shape {shape} differ in length"
                     f" ({len(strides)} != {len(shape)})"
                 )
-        elem = integer(self.elem_size, "elem_size", 1)
+        elem = integer(self.elem_size, "elem_size")
         for name, value in (("start_offset", start), ("shape", shape), ("strides", strides)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "elem_size", elem)
@@ -115,7 +116,7 @@ class Region:
     @classmethod
     def contiguous(cls, buffer: Hashable, start_offset: int, n: int, elem_size: int = 4) -> Region:
         """A 1-D run of ``n`` elements from ``start_offset``."""
-        return cls(buffer, start_offset, (n,), (1,), elem_size)
+        return cls(buffer, start_offset, (n,), elem_size=elem_size)
 
     @property
     def byte_range(self) -> tuple[int, int]:
@@ -203,9 +204,6 @@ class _Bucket:
     def __init__(self) -> None:
         # class -> (first bytes, entries), both sorted by first byte
         self.classes: dict[int, tuple[list[int], list[_Entry]]] = {}
-
-    def __len__(self) -> int:
-        return sum(len(los) for los, _ in self.classes.values())
 
     def add(self, entry: _Entry) -> None:
         los, entries = self.classes.setdefault((entry.hi - entry.lo).bit_length(), ([], []))
@@ -374,7 +372,7 @@ def gather_fanin(
         TypeError, ValueError: a bad region or ``max_fanin``.
     """
     if max_fanin is not None:
-        max_fanin = integer(max_fanin, "max_fanin", 1)
+        max_fanin = integer(max_fanin, "max_fanin")
     written = [*inouts, *writes]
     found = [match for region in inputs for match in tmap._matches(region)]
     covered = []
