@@ -120,43 +120,79 @@ def plain_problem(value: object, where: str) -> str | None:
 
     Plain data is None, bool, int, float, str, and lists and dicts (with str keys) of plain
     data, by exact type: tuples, subclasses and NumPy scalars are refused so that a value comes
-    back from the child exactly as it went in. ``where`` names the value in the message.
+    back from the child exactly as it went in. Lists and dicts nest at most
+    :data:`MAX_NESTING` deep, and an int has at most :data:`MAX_INT_BITS` bits, so that both
+    ends can encode and decode it (JSON's codecs recurse, and CPython converts at most 4300
+    digits of an int). ``where`` names the value in the message. Never raises.
     """
-    found = _find_problem(value, set())
+    try:
+        found = _find_problem(value, set(), 0)
+    except RecursionError:  # a list or dict nested deeper than the stack, under MAX_NESTING
+        return f"{where} is nested too deeply to check"
     if found is None:
         return None
     path, message = found
+    if len(path) > 12:
+        path = ["[...]", *path[-12:]]  # innermost first: keep the outermost dozen
     return f"{where}{''.join(reversed(path))} {message}"
 
 
-def _find_problem(value: object, path_ids: set[int]) -> tuple[list[str], str] | None:
+MAX_NESTING = 100
+"""Levels of lists and dicts that a plain value may nest."""
+
+MAX_INT_BITS = 14_000
+"""Bits an int of a plain value may have (4214 decimal digits; CPython converts at most 4300)."""
+
+
+def _find_problem(value: object, path_ids: set[int], depth: int) -> tuple[list[str], str] | None:
     """(path to the bad part, innermost last-appended; what is wrong), or None."""
     kind = type(value)
-    if value is None or kind in (bool, int, float, str):
+    if kind is int:
+        bits = value.bit_length()  # type: ignore[attr-defined]
+        if bits > MAX_INT_BITS:
+            return [], (
+                f"is an int of {bits} bits, too long to send as JSON (at most {MAX_INT_BITS} "
+                "bits; pass it as a str)"
+            )
+        return None
+    if value is None or kind in (bool, float, str):
         return None
     if kind is not list and kind is not dict:
         return [], f"has type {type_name(kind)}, which is not JSON plain data ({PLAIN_TYPES})"
     if id(value) in path_ids:
         return [], "contains itself (a reference cycle)"
+    if depth >= MAX_NESTING:
+        return [], f"nests lists and dicts more than {MAX_NESTING} deep"
     path_ids.add(id(value))
     try:
         if kind is list:
             for index, item in enumerate(value):  # type: ignore[arg-type]
-                found = _find_problem(item, path_ids)
+                found = _find_problem(item, path_ids, depth + 1)
                 if found is not None:
                     found[0].append(f"[{index}]")
                     return found
             return None
         for key, item in value.items():  # type: ignore[union-attr]
             if type(key) is not str:
-                return [], f"has a key {key!r} of type {type_name(type(key))}; keys must be str"
-            found = _find_problem(item, path_ids)
+                return [], (
+                    f"has a key {_short_repr(key)} of type {type_name(type(key))}; keys must be str"
+                )
+            found = _find_problem(item, path_ids, depth + 1)
             if found is not None:
-                found[0].append(f"[{key!r}]")
+                found[0].append(f"[{_short_repr(key)}]")
                 return found
         return None
     finally:
         path_ids.discard(id(value))
+
+
+def _short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters; never raises."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 5] + "[...]"
 
 
 def type_name(kind: type) -> str:
@@ -180,6 +216,7 @@ class _Status:
     """
 
     def __init__(self, fd: int | None, seal: object, *, echo: bool) -> None:
+        self.pid = os.getpid()  # the child's: a copy the target forks must not report
         self.fd = fd
         self.echo = echo  # may harness errors go to sys.stderr (is it ours yet)?
         self.seal = None
@@ -203,13 +240,26 @@ class _Status:
             except OSError:
                 pass
 
-    def emit(self, event: str, **fields: object) -> None:
+    def emit(self, event: str, **fields: object) -> bool:
+        """Send one record; False if it could not be encoded (nothing was sent then).
+
+        Does nothing in any process but the child itself (a copy the target forked).
+        """
+        if os.getpid() != self.pid:
+            return True
+        try:
+            data = (json.dumps({"event": event, **fields}, default=repr) + "\n").encode()
+        except Exception:  # a value the checks let through and JSON cannot take after all
+            if event != "harness_error":
+                return False
+            data = b'{"event": "harness_error", "message": "(unencodable message)"}\n'
         if self.fd is None:
             if event not in ("started", "raised"):  # a raise already printed its traceback
-                detail = json.dumps(fields, default=repr)
-                print(f"devmem-death: {event} {detail}", file=sys.stderr, flush=True)
-            return
-        data = (json.dumps({"event": event, **fields}, default=repr) + "\n").encode()
+                try:
+                    print(f"devmem-death: {data.decode().rstrip()}", file=sys.stderr, flush=True)
+                except Exception:
+                    pass
+            return True
         final = event in FINAL_EVENTS
         error = None
         try:
@@ -223,6 +273,7 @@ class _Status:
             error = f"{type(exc).__name__}: {exc}"
         if final:
             self._seal_final(event, error)
+        return True
 
     def _seal_final(self, event: str, error: str | None) -> None:
         if self.seal is None:
@@ -233,7 +284,12 @@ class _Status:
         self.seal[start : start + len(data)] = data
 
     def harness_error(self, message: str, exc: BaseException | None = None) -> None:
-        text = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        if os.getpid() != self.pid:
+            return
+        try:
+            text = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        except Exception:
+            text = ""
         if self.echo:
             try:
                 sys.stderr.write(f"devmem-death: harness error in the child: {message}\n{text}")
@@ -303,27 +359,55 @@ def run_child(
         status.emit("exit", code=code)
         _leave(code)
     except BaseException as exc:
+        _report_raise(status, exc)
+        _leave(EXIT_RAISED)
+    if os.getpid() != status.pid:  # a copy the target forked returned: as a plain interpreter
+        _leave(0)
+    try:
+        problem = plain_problem(value, "the value returned by the target")
+        if problem is None and not status.emit("returned", value=value):
+            problem = "the value returned by the target could not be encoded as JSON"
+    except BaseException as exc:  # the final path is total: any failure here is the harness's
+        problem = f"reporting the value returned by the target failed: {_describe(exc)}"
+    if problem:
+        status.harness_error(problem)
+        _leave(EXIT_HARNESS_ERROR)
+    _leave(0)  # an undelivered record is in the seal: the parent reports it, whatever the code
+
+
+def _report_raise(status: _Status, exc: BaseException) -> None:
+    """Print the target's traceback as python would, and (in the child itself) send it as a
+    ``raised`` record; a failure to do so is a harness error. Never raises."""
+    try:
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
         text = "".join(traceback.format_exception(type(exc), exc, tb))  # without our frame
-        try:
-            sys.stderr.write(text)
-        except Exception:
-            pass
-        status.emit(
+    except BaseException as problem:
+        text = f"{_describe(exc)}\n(its traceback could not be formatted: {_describe(problem)})\n"
+    try:
+        sys.stderr.write(text)
+    except BaseException:
+        pass
+    if os.getpid() != status.pid:  # a copy the target forked: a traceback and status 1, no more
+        return
+    try:
+        sent = status.emit(
             "raised",
             type=type_name(type(exc)),
             bases=[type_name(base) for base in type(exc).__mro__[1:] if base is not object],
             message=_safe_str(exc),
             traceback=text,
         )
-        _leave(EXIT_RAISED)
-
-    problem = plain_problem(value, "the value returned by the target")
+        problem = None if sent else "the raised exception could not be encoded as JSON"
+    except BaseException as failure:
+        problem = f"reporting the exception the target raised failed: {_describe(failure)}"
     if problem:
         status.harness_error(problem)
         _leave(EXIT_HARNESS_ERROR)
-    status.emit("returned", value=value)
-    _leave(0)  # an undelivered record is in the seal: the parent reports it, whatever the code
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception; never raises."""
+    return f"{type(exc).__name__}: {_safe_str(exc)}"
 
 
 def start_ticks(pid: int) -> str | None:

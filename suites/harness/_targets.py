@@ -290,3 +290,58 @@ def spawn_sleepers_and_hang(pid_file: str, count: int) -> None:
 def interpreter_flags() -> dict:
     """What the interpreter was started with: dev mode, warning options."""
     return {"dev_mode": sys.flags.dev_mode, "warnoptions": list(sys.warnoptions)}
+
+
+def fork_copy_raises(then: str) -> None:
+    """Fork a copy of this process in which the exception escapes (as a target's own worker
+    process might); wait for the copy, then ``then``: ``"return"`` or ``"abort"``."""
+    pid = os.fork()
+    if pid == 0:
+        raise ValueError("raised in the target's own forked copy")
+    os.waitpid(pid, 0)
+    if then == "abort":
+        abort_with("CHECK failed: the real child aborts")
+
+
+def fork_copy_returns(then: str) -> str:
+    """Fork a copy of this process that returns from the target; wait for it, then ``then``:
+    ``"raise"`` or ``"return"``."""
+    pid = os.fork()
+    if pid == 0:
+        return "returned by the copy"
+    os.waitpid(pid, 0)
+    if then == "raise":
+        raise KeyError("raised by the real child")
+    return "returned by the real child"
+
+
+def fork_copy_exits(code: int) -> None:
+    """Fork a copy of this process that raises SystemExit(code); wait for it, return."""
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(code)
+    _, status = os.waitpid(pid, 0)
+    print("copy exit status", os.waitstatus_to_exitcode(status), file=sys.stderr, flush=True)
+
+
+def deep_list(depth: int) -> list:
+    """A list nested ``depth`` deep: ``[[[...]]]``."""
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def return_huge_int() -> int:
+    """Return 10**5000: too many digits for JSON (CPython converts at most 4300)."""
+    return 10**5000
+
+
+def return_deep_list(depth: int) -> list:
+    """Return a list nested ``depth`` deep."""
+    return deep_list(depth)
+
+
+def return_unencodable_key() -> dict:
+    """Return a dict whose key's repr cannot be made (an int of 5001 digits)."""
+    return {10**5000: 1}

@@ -40,6 +40,22 @@ def test_arguments_must_be_plain_data(args, message):
         harness.run_child(_targets.give_back, *args)
 
 
+# Issue 18, item 2: arguments that cannot be encoded are a HarnessError naming them.
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((10**5000,), r"the arguments\[0\] is an int of 16610 bits, too long to send as JSON"),
+        ((1, {"k": [10**5000]}), r"the arguments\[1\]\['k'\]\[0\] is an int of 16610 bits"),
+        ((_targets.deep_list(100_000),), r"the arguments\[0\]\[0\].* nests lists and dicts"),
+        (({10**5000: 1},), "the arguments\\[0\\] has a key <int object> of type int"),
+    ],
+    ids=["huge-int", "nested-huge-int", "deep-100000", "unprintable-key"],
+)
+def test_arguments_that_cannot_be_encoded(args, message):
+    with pytest.raises(harness.HarnessError, match=message):
+        harness.run_child(_targets.give_back, *args)
+
+
 def test_cyclic_argument():
     cycle: list = []
     cycle.append(cycle)

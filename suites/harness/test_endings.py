@@ -175,3 +175,31 @@ def test_missing_attribute_is_a_harness_error(run):
 
     assert outcome.kind == "harness_error"
     assert "no_such_function" in outcome.error
+
+
+# Issue 18, item 2: a returned value that cannot be encoded is a harness error, not an exit.
+@pytest.mark.parametrize(
+    ("target", "args", "reason"),
+    [
+        (_targets.return_huge_int, (), r"is an int of 16610 bits, too long to send as JSON"),
+        (_targets.return_deep_list, (100_000,), r"\[0\]\[0\].*\[\.\.\.\] nests lists and dicts"),
+        (_targets.return_deep_list, (101,), "nests lists and dicts more than 100 deep"),
+        (_targets.return_unencodable_key, (), "has a key <int object> of type int"),
+    ],
+    ids=["huge-int", "deep-100000", "deep-101", "unprintable-key"],
+)
+def test_a_returned_value_that_cannot_be_encoded_is_a_harness_error(run, target, args, reason):
+    outcome = run(target, *args)
+
+    assert outcome.kind == "harness_error", outcome
+    assert re.search(r"the value returned by the target.*" + reason, outcome.error), outcome.error
+    assert outcome.returned is None
+    with pytest.raises(harness.DeathTestFailure, match="the harness failed"):
+        outcome.assert_died()
+
+
+def test_a_returned_value_100_deep_comes_back(run):
+    outcome = run(_targets.return_deep_list, 99)
+
+    outcome.assert_clean()
+    assert outcome.returned == _targets.deep_list(99)
