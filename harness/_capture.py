@@ -76,6 +76,15 @@ def kept_text(head: bytes, tail: bytes, total: int, name: str) -> str:
     return (head + notice.encode() + tail).decode("utf-8", "replace")
 
 
+def cut_notice(name: str, cut: int, total: int, head: int, tail: int) -> str:
+    """The harness's line saying what it cut from the middle of a stream (never part of the
+    stream's text itself: see :attr:`harness.Outcome.notes`)."""
+    return (
+        f"devmem-harness cut {cut} bytes ({cut / 2**20:.1f} MiB) of {name}: it wrote {total} "
+        f"bytes; kept the first {head} and the last {tail}"
+    )
+
+
 def read_kept(fd: int, name: str, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> str:
     """Read a file: all of it, or its head and tail with a line saying what was cut.
 
@@ -123,6 +132,7 @@ class Stream:
         "head_limit",
         "last_data_at",
         "name",
+        "notes",
         "read_fd",
         "tail",
         "tail_limit",
@@ -142,9 +152,15 @@ class Stream:
         self.total = 0
         self.eof = False
         self.last_data_at: float | None = None
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        """Record a line of the harness's own about this stream (kept apart from its text, so
+        that a ``match`` never finds it)."""
+        self.notes.append(text)
 
     def feed(self, data: bytes) -> None:
-        """Append ``data`` to what was kept (the parent's own notes come in this way too)."""
+        """Append ``data`` to what was kept."""
         self.total += len(data)
         room = self.head_limit - len(self.head)
         if room > 0:
@@ -186,10 +202,32 @@ class Stream:
         """Bytes dropped from the middle of the stream (0 when it was kept whole)."""
         return max(self.total - len(self.head) - min(len(self.tail), self.tail_limit), 0)
 
+    def _kept_tail(self) -> bytes:
+        return bytes(self.tail[-self.tail_limit :]) if self.tail_limit else b""
+
     def text(self) -> str:
-        """The kept text, with a line where bytes were cut (see :func:`kept_text`)."""
-        tail = bytes(self.tail[-self.tail_limit :]) if self.tail_limit else b""
-        return kept_text(bytes(self.head), tail, self.total, self.name)
+        """The kept text, only what the child wrote: the head and the tail, decoded each on
+        its own (UTF-8, undecodable bytes replaced) and joined; where bytes were cut, see
+        :attr:`cut_at` and :meth:`all_notes`."""
+        head = bytes(self.head).decode("utf-8", "replace")
+        if not self.cut_bytes:
+            return (bytes(self.head) + self._kept_tail()).decode("utf-8", "replace")
+        return head + self._kept_tail().decode("utf-8", "replace")
+
+    @property
+    def cut_at(self) -> int | None:
+        """Where in :meth:`text` (a str index) bytes were cut, or None if none were."""
+        if not self.cut_bytes:
+            return None
+        return len(bytes(self.head).decode("utf-8", "replace"))
+
+    def all_notes(self) -> list[str]:
+        """The harness's notes about this stream: the cut notice first, then :attr:`notes`."""
+        notes = []
+        if self.cut_bytes:
+            tail = len(self._kept_tail())
+            notes.append(cut_notice(self.name, self.cut_bytes, self.total, len(self.head), tail))
+        return notes + self.notes
 
     def close(self) -> None:
         """Close both ends (idempotent)."""

@@ -49,8 +49,9 @@ class Outcome:
       exit_code: the exit status, or None if a signal ended it.
       signal: the :class:`signal.Signals` that killed it (SIGABRT, not 6), or None (a plain
         int for a signal without a name, such as a real-time one).
-      stdout, stderr: what the child wrote to its file descriptors 1 and 2; of a long stream
-        the first 64 KiB and the last 1 MiB are kept, with a line saying what was cut.
+      stdout, stderr: what the child wrote to its file descriptors 1 and 2, and nothing else;
+        of a long stream the first 64 KiB and the last 1 MiB are kept, joined (a note says
+        what was cut).
       returned: the target's return value (JSON plain data), None if it did not return.
       raised: the exception the target raised (type, message, traceback), or None.
       duration_s: seconds from the launch of the child to its reaping (a forkserver zygote's
@@ -65,6 +66,11 @@ class Outcome:
       error: what went wrong, for a ``"harness_error"``; else None.
       stderr_cut_bytes: bytes cut from the middle of ``stderr`` (0 when it is whole): a
         ``match`` runs on the kept head and tail only, and a failure says so.
+      stderr_cut_at: where in ``stderr`` (a str index) those bytes were cut, or None: a
+        ``match`` searches the head and the tail each on its own, never across the cut.
+      notes: the harness's own lines about the child (what it cut from a stream, that the
+        deadline passed and the stacks were asked for), kept out of ``stdout`` and
+        ``stderr`` so that a ``match`` never finds them; shown in a failure.
     """
 
     kind: str
@@ -84,6 +90,8 @@ class Outcome:
     timeout_s: float | None = 60.0
     error: str | None = None
     stderr_cut_bytes: int = 0
+    stderr_cut_at: int | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def ending(self) -> str:
@@ -292,7 +300,7 @@ class Outcome:
                 problem = f"the child did not die: it {self.ending}"
             else:
                 problem = f"the child {verb}{self.ending}"
-        elif pattern is not None and not pattern.search(self.stderr):
+        elif pattern is not None and not self._stderr_matches(pattern):
             problem = (
                 f"the child ended as expected, but its stderr does not match {pattern.pattern!r}"
             )
@@ -314,11 +322,30 @@ class Outcome:
                 duration_s=self.duration_s,
                 config_id=self.config_id,
                 env=self.env,
-                stderr=self.stderr,
+                stderr=self._stderr_shown(),
                 repro=self.repro,
                 detail=self._detail(),
+                notes=self.notes,
             )
         )
+
+    def _stderr_matches(self, pattern: re.Pattern[str]) -> bool:
+        """Whether ``pattern`` is found in the child's stderr: in the head and in the tail of a
+        cut one, each on its own (a match across the cut would be of text never written)."""
+        cut = self.stderr_cut_at
+        if cut is None or not 0 <= cut <= len(self.stderr):
+            return pattern.search(self.stderr) is not None
+        # slices, not search(pos, endpos): "^" must match where the tail starts
+        return bool(pattern.search(self.stderr[:cut]) or pattern.search(self.stderr[cut:]))
+
+    def _stderr_shown(self) -> str:
+        """The stderr as a failure shows it: a marker line where bytes were cut."""
+        cut = self.stderr_cut_at
+        if cut is None or not 0 <= cut <= len(self.stderr):
+            return self.stderr
+        head, tail = self.stderr[:cut], self.stderr[cut:]
+        marker = f"[... devmem-harness cut {self.stderr_cut_bytes} bytes here (see notes) ...]"
+        return f"{head}{'' if head.endswith(chr(10)) or not head else chr(10)}{marker}\n{tail}"
 
     def _detail(self) -> list[str]:
         lines = []

@@ -5,13 +5,13 @@ child never blocks on them. Order at the deadline (none if the timeout is None; 
 length otherwise): the child is *timed out* from that instant, whatever happens next. If it
 handles :data:`~harness._child.DUMP_SIGNAL` (the kernel says so: ``SigCgt`` in
 ``/proc/<pid>/status``), it is sent that signal, on which its faulthandler writes every
-thread's Python stack into its stderr (after one harness line saying so), and given up to
-:data:`DUMP_WAIT_S` to write it; a child that reset the signal is not sent it (its default
-action would kill it), and the harness says so instead. Then its whole process group gets
-SIGTERM; after :data:`GRACE_S`, SIGKILL. Once the child has ended, and before it is reaped (so
-its pid, which is also its group id, cannot be reused yet), whatever is left in its group gets
-SIGKILL. Since the verdict is fixed at the deadline, no signal the child receives afterwards,
-nor the way it reacts, can turn a hang into a death.
+thread's Python stack into its stderr (a harness note, kept apart from the stderr, says so),
+and given up to :data:`DUMP_WAIT_S` to write it; a child that reset the signal is not sent it
+(its default action would kill it), and the harness notes so instead. Then its whole process
+group gets SIGTERM; after :data:`GRACE_S`, SIGKILL. Once the child has ended, and before it is
+reaped (so its pid, which is also its group id, cannot be reused yet), whatever is left in its
+group gets SIGKILL. Since the verdict is fixed at the deadline, no signal the child receives
+afterwards, nor the way it reacts, can turn a hang into a death.
 """
 
 from __future__ import annotations
@@ -192,15 +192,15 @@ def dump_stacks(pid: int, capture: Capture, deadline: Deadline) -> bool:
         handled = len(capture.status()) > 0
     capture.stderr.drain()
     if not handled:
-        capture.stderr.feed(
+        capture.stderr.note(
             f"devmem-harness: the child's {deadline.timeout_s:g} s timeout has passed; it does "
             f"not handle {name} (did the target reset it?), so its Python stacks cannot be "
-            "shown\n".encode()
+            "shown"
         )
         return False
-    capture.stderr.feed(
+    capture.stderr.note(
         f"devmem-harness: the child's {deadline.timeout_s:g} s timeout has passed; its Python "
-        "stacks follow\n".encode()
+        f"stacks follow in its stderr (after byte {capture.stderr.total})"
     )
     try:
         os.kill(pid, DUMP_SIGNAL)

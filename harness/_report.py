@@ -16,6 +16,9 @@ from harness._env import describe_env
 DEATH_PREFIX = "[  DEATH   ] "
 """Prefix of every line of the child's stderr in a failure message (as in GoogleTest)."""
 
+NOTE_PREFIX = "[  NOTE    ] "
+"""Prefix of each of the harness's own notes about the child in a failure message."""
+
 STDERR_HEAD_LINES = 20
 STDERR_TAIL_LINES = 50
 """A failure message shows the child's whole stderr, or its first 20 and last 50 lines."""
@@ -103,6 +106,7 @@ def failure_message(
     stderr: str,
     repro: str,
     detail: Iterable[str] = (),
+    notes: Iterable[str] = (),
 ) -> str:
     """The message of a :class:`~harness.DeathTestFailure`.
 
@@ -110,6 +114,8 @@ def failure_message(
       problem: the one-line verdict (``the child did not die: it exited with status 0``).
       expected, actual: the expected and the actual ending, in words.
       detail: extra lines (a raised exception, a returned value).
+      notes: the harness's own lines about the child (shown after its stderr, each prefixed
+        ``[  NOTE    ] ``).
       The rest: as in :class:`~harness.Outcome`.
     """
     lines = [
@@ -122,6 +128,7 @@ def failure_message(
     ]
     lines += [f"  {line}" for line in detail]
     lines += stderr_lines(stderr)
+    lines += [NOTE_PREFIX + note for note in notes]
     lines += ["repro:", f"  {repro}"]
     return "\n".join(lines)
 

@@ -144,6 +144,8 @@ def _outcome(
         timeout_s=request.timeout_s,
         error=error,
         stderr_cut_bytes=capture.stderr.cut_bytes,
+        stderr_cut_at=capture.stderr.cut_at,
+        notes=(*capture.stdout.all_notes(), *capture.stderr.all_notes()),
     )
 
 

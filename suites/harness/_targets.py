@@ -345,3 +345,20 @@ def return_deep_list(depth: int) -> list:
 def return_unencodable_key() -> dict:
     """Return a dict whose key's repr cannot be made (an int of 5001 digits)."""
     return {10**5000: 1}
+
+
+def write_z_and_exit(megabytes: int) -> None:
+    """Write ``megabytes`` MiB of ``z`` (no digit, no ``MiB``) to stderr, then exit with 3."""
+    block = b"z" * (1 << 20)
+    for _ in range(megabytes):
+        os.write(2, block)
+    os._exit(3)
+
+
+def straddle_the_cut_and_exit(head: int, tail: int) -> None:
+    """Write stderr so that the harness's cut falls between ``A`` and ``B``: ``head - 1``
+    bytes and ``A``, 512 KiB of ``-``, then ``B`` and ``tail - 1`` bytes; then exit with 3."""
+    os.write(2, b"." * (head - 1) + b"A")
+    os.write(2, b"-" * (1 << 19))
+    os.write(2, b"B" + b"." * (tail - 1))
+    os._exit(3)

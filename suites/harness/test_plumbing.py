@@ -90,13 +90,15 @@ def test_a_stream_keeps_its_head_and_tail_in_bounded_memory():
             assert len(stream.head) + len(stream.tail) <= 4 + 2 * 6 + len(chunk)
         assert stream.total == 4 + 400 + 6
         assert stream.cut_bytes == 400
-        assert stream.text() == (
-            "HEAD\n[... devmem-harness cut 400 bytes (0.0 MiB) of stderr here: it wrote 410 "
-            "bytes; kept the first 4 and the last 6 ...]\n..TAIL"
-        )
+        assert (stream.text(), stream.cut_at) == ("HEAD..TAIL", 4)  # only what it wrote
+        assert stream.all_notes() == [
+            "devmem-harness cut 400 bytes (0.0 MiB) of stderr: it wrote 410 bytes; kept the "
+            "first 4 and the last 6"
+        ]
         whole = Stream("stdout", head=4, tail=6)
         whole.feed(b"0123456789")
-        assert (whole.text(), whole.cut_bytes) == ("0123456789", 0)
+        assert (whole.text(), whole.cut_bytes, whole.cut_at) == ("0123456789", 0, None)
+        assert whole.all_notes() == []
         whole.close()
     finally:
         stream.close()
