@@ -147,7 +147,6 @@ class Connection:
             capture.write_request(json.dumps(wire).encode())
             ident = next(self.ids)
             fds = [capture.request_fd, capture.stdout.write_fd, capture.stderr.write_fd]
-            deadline = Deadline.start(request.timeout_s)
             try:
                 message = json.dumps({"op": "run", "id": ident}).encode()
                 socket.send_fds(self.sock, [message], [*fds, capture.status_fd])  # type: ignore[list-item]
@@ -158,6 +157,9 @@ class Connection:
             except (OSError, ZygoteFailure) as exc:
                 self.close()
                 raise NotForked(str(exc) or type(exc).__name__) from exc
+            # The deadline starts when the zygote says it forked: its preloading, at its first
+            # child, is not the child's time (nor part of its duration).
+            deadline = Deadline.start(request.timeout_s)
             pid = int(reply["pid"])
             try:
                 return self._wait(pid, ident, capture, deadline)

@@ -55,7 +55,7 @@ class Outcome:
       returned: the target's return value (JSON plain data), None if it did not return.
       raised: the exception the target raised (type, message, traceback), or None.
       duration_s: seconds from the launch of the child to its reaping (a forkserver zygote's
-        own start-up is not counted).
+        own start-up and preloading are not counted: the deadline starts at its fork too).
       style: ``"fork"``, ``"forkserver"`` or ``"exec"``: how the child was started.
       pid: the child's pid (None if it never started).
       repro: a shell command that reruns the child (exec style) and shows how it ends.
