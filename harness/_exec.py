@@ -11,6 +11,7 @@ from harness._forkserver import guard
 from harness._reap import Deadline, Ending, wait_direct
 from harness._repro import RUNNER_PATH
 from harness._request import ChildRequest
+from harness._styles import sigchld_problem
 
 MAX_ARGUMENT_BYTES = 100_000
 """A longer request goes through a descriptor instead of argv (Linux caps one at 128 KiB)."""
@@ -26,6 +27,9 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
     child writes its pid into its page of the guard table before it runs anything of ours
     (see :func:`harness._forkserver.guard`).
     """
+    reaper = sigchld_problem()
+    if reaper is not None:
+        return Ending(None, error=reaper)
     unguarded = guard()
     if unguarded is not None:
         return Ending(None, error=unguarded)

@@ -9,6 +9,7 @@ from harness._capture import Capture
 from harness._forkserver import guard
 from harness._reap import Deadline, Ending, wait_direct
 from harness._request import ChildRequest
+from harness._styles import sigchld_problem
 
 
 def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
@@ -20,6 +21,9 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
     into its page of the guard table, through the mapping it inherits, before anything else
     (see :func:`harness._forkserver.guard`).
     """
+    reaper = sigchld_problem()
+    if reaper is not None:
+        return Ending(None, error=reaper)
     unguarded = guard()
     if unguarded is not None:
         return Ending(None, error=unguarded)

@@ -40,6 +40,13 @@ MAX_POLL_S = 3600.0
 """``poll()`` takes an int of milliseconds: a long wait is made of waits of at most this."""
 
 
+REAPED_ELSEWHERE = (
+    "the child was reaped by someone else in this process (a SIGCHLD handler installed outside "
+    "Python, or os.wait() in another thread), so how it ended is lost; use style='forkserver'"
+)
+"""The error of a fork or exec child whose exit status someone else took."""
+
+
 @dataclass(frozen=True)
 class Ending:
     """How a child process ended, as its parent saw it.
@@ -274,9 +281,21 @@ class _ExitWatch:
             self.pidfd = None
 
     def ended(self) -> bool:
-        """Whether the child has ended (it is not reaped)."""
-        found = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        """Whether the child has ended (it is not reaped; or someone else reaped it)."""
+        try:
+            found = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
         return found is not None
+
+    def ours(self) -> bool:
+        """Whether the pid is still our child's (running, or ended and not reaped): only
+        then may it, or its group, be signalled (a pid reaped by someone else may be reused)."""
+        try:
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return True
 
     def wait(self, until: float | None, streams: Iterable[Stream]) -> bool:
         """Wait until the child ends or ``until`` (monotonic) passes; True if it ended."""
@@ -301,24 +320,34 @@ def wait_direct(pid: int, capture: Capture, deadline: Deadline) -> Ending:
     """
     watch = _ExitWatch(pid)
     reaped = False
+
+    def stop(sig: int) -> None:
+        if watch.ours():
+            kill_group(pid, sig)
+
     try:
         ended = wait_out(
             lambda until: watch.wait(until, capture.streams),
             deadline,
-            lambda: dump_stacks(pid, capture, deadline),
-            lambda sig: kill_group(pid, sig),
+            lambda: watch.ours() and dump_stacks(pid, capture, deadline),
+            stop,
             capture.stderr,
         )
-        kill_group(pid, signal.SIGKILL)  # leftovers in its group; pid not reusable until reaped
+        stop(signal.SIGKILL)  # leftovers in its group; pid not reusable until reaped
         capture.disown()
-        _, status = os.waitpid(pid, 0)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped by someone else: how it ended is lost
+            reaped = True
+            capture.finish()
+            return Ending(pid, error=REAPED_ELSEWHERE, started_at=deadline.started_at)
         reaped = True
         capture.finish()
         return ending_from_wait_status(pid, status, not ended, deadline)
     finally:
         watch.close()
         if not reaped:
-            kill_group(pid, signal.SIGKILL)
+            stop(signal.SIGKILL)
             capture.disown()
             try:
                 os.waitpid(pid, 0)

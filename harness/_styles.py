@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -92,6 +93,31 @@ def fork_unsafe_reason() -> str | None:
     return "; ".join(reasons) or None
 
 
+def sigchld_problem() -> str | None:
+    """Why this process cannot reap a child of its own, if it cannot: SIGCHLD is ignored (the
+    kernel then reaps children itself) or has a Python handler (which may reap the child
+    first). Either way the fork and exec styles cannot learn how a child ended; the
+    forkserver's zygote, which resets SIGCHLD, can. None when SIGCHLD has its default action
+    (or a handler installed outside Python, which cannot be seen: then a child reaped by
+    someone else is still reported, as a harness error)."""
+    handler = signal.getsignal(signal.SIGCHLD)
+    if handler == signal.SIG_IGN:
+        how = (
+            "SIGCHLD is ignored in this process (signal.signal(SIGCHLD, SIG_IGN)), so the "
+            "kernel will"
+        )
+    elif callable(handler):
+        name = getattr(handler, "__qualname__", None) or repr(handler)
+        how = f"SIGCHLD has a handler in this process ({name}), which may"
+    else:
+        return None
+    return (
+        f"{how} reap this process's children before the harness can, so how a fork or exec "
+        "child ended would be lost; use style='forkserver' (its zygote reaps the children), or "
+        "restore SIGCHLD's default action"
+    )
+
+
 def in_death_child() -> bool:
     """Whether this process is a death-test child.
 
@@ -137,8 +163,9 @@ def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()
 
     Returns:
       ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives exec when ``startup`` names a
-      variable; else fork when fork is not marked unsafe and
-      this process has no other thread (see :func:`thread_count`); else forkserver.
+      variable; else fork when fork is not marked unsafe, this process has no other thread
+      (see :func:`thread_count`) and SIGCHLD has its default action (see
+      :func:`sigchld_problem`); else forkserver.
 
     Raises:
       HarnessError: unknown style; fork asked for after :func:`mark_fork_unsafe`; or a target
@@ -166,7 +193,8 @@ def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()
     if style == "auto":
         if startup:
             return "exec"
-        style = "fork" if unsafe is None and thread_count() == 1 else "forkserver"
+        own = unsafe is None and thread_count() == 1 and sigchld_problem() is None
+        style = "fork" if own else "forkserver"
     if startup and style != "exec":
         names = ", ".join(startup)
         warnings.warn(

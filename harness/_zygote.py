@@ -421,6 +421,9 @@ class Zygote:
 def main(argv: list[str]) -> None:
     """Serve the client on ``--fd`` (and those of ``--name``) until the root is gone."""
     options = dict(zip(argv[::2], argv[1::2], strict=True))
+    # An ignored SIGCHLD survives exec: with it the kernel would reap our children itself
+    # (a test process that ignores SIGCHLD starts us so), and their statuses would be lost.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     sock = socket.socket(fileno=int(options["--fd"]))
     zygote = Zygote(
         sock, int(options["--root-pid"]), options["--root-start"], options.get("--name")
