@@ -37,9 +37,10 @@ class Outcome:
 
     Returned by :func:`harness.run_child` and ``death.run``; check it with the ``assert_*``
     methods, which return the outcome so they chain, or read the fields. As in GoogleTest, a
-    target that raised did not die (``assert_died``, ``assert_aborted`` and ``assert_exit``
-    fail on it, saying so; ``assert_raised`` expects it), and a child that timed out never
-    satisfies a death assertion, whatever signal ended it.
+    target that raised did not die (``assert_died``, ``assert_aborted``, ``assert_exit`` and
+    ``assert_exited`` fail on it, saying so; ``assert_raised`` expects it), and a child that
+    timed out never satisfies a death assertion, whatever signal ended it
+    (``assert_timed_out`` expects it).
 
     Attributes:
       kind: ``"exited"`` (it called exit, or returned, or raised), ``"signaled"`` (a signal
@@ -197,23 +198,56 @@ class Outcome:
     def assert_exited(self, code: int = 0, match: Pattern = None) -> Outcome:
         """Assert the child exited with status ``code`` (not killed, not timed out).
 
+        A raise is not an exit: a target that raised (its child exits with status 1) fails
+        this, as it fails :meth:`assert_died`; :meth:`assert_raised` is the assertion for it.
+        ``sys.exit(n)`` (``SystemExit``) is an exit.
+
         Args:
-          code: the expected exit status, 0 to 255 (a target that raises exits with 1;
-            :meth:`assert_raised` says more).
+          code: the expected exit status, 0 to 255.
           match: a regex that must be found (``re.search``) in the child's stderr.
 
         Returns:
           This outcome.
 
         Raises:
-          DeathTestFailure: it ended otherwise, or its stderr does not match.
+          DeathTestFailure: it ended otherwise (its target raised, it was killed, it timed
+            out...), or its stderr does not match.
           HarnessError: ``code`` is not an int from 0 to 255, or ``match`` is not a regex.
         """
         __tracebackhide__ = True
         if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
             raise HarnessError(f"assert_exited(code=...) takes an int from 0 to 255, not {code!r}")
-        ok = self.kind == "exited" and self.exit_code == code
-        return self._check(f"exited with status {code}", ok, match, death=code != 0, raise_ok=True)
+        ok = self.kind == "exited" and self.exit_code == code and self.raised is None
+        if self.raised is not None and self.kind == "exited":
+            return self._check(
+                f"exited with status {code}",
+                False,
+                match,
+                why="a raise is not an exit (assert_raised checks a raise): the child ",
+            )
+        return self._check(f"exited with status {code}", ok, match, death=code != 0)
+
+    def assert_timed_out(self, match: Pattern = None) -> Outcome:
+        """Assert the child was still running at its deadline (so the harness stopped it).
+
+        For a test that expects a hang (a deadlock the code under test must not escape).
+        Whatever ended the child after its deadline (SIGTERM, SIGKILL, a handler of its own)
+        does not matter.
+
+        Args:
+          match: a regex that must be found (``re.search``) in the child's stderr (its stacks,
+            dumped at the deadline, are there when it still handled the dump signal).
+
+        Returns:
+          This outcome.
+
+        Raises:
+          DeathTestFailure: it ended before its deadline (or had none), or the harness
+            failed, or its stderr does not match.
+          HarnessError: ``match`` is not a valid regex.
+        """
+        __tracebackhide__ = True
+        return self._check("timed out", self.kind == "timed_out", match)
 
     def assert_clean(self) -> Outcome:
         """Assert the child exited with status 0 and its target raised nothing.
@@ -270,7 +304,6 @@ class Outcome:
         match: Pattern,
         *,
         death: bool = False,
-        raise_ok: bool = False,
         why: str | None = None,
     ) -> Outcome:
         """Raise :class:`DeathTestFailure` unless the ending is ``ok`` and the stderr matches.
@@ -278,8 +311,6 @@ class Outcome:
         Args:
           death: the assertion expects a death, so a child that lived (timed out, or exited
             with status 0) "did not die", and a raise is not a death.
-          raise_ok: for a death assertion, a raise does not fail it by itself
-            (``assert_exited(1)``: a raise gives that exit status).
           why: the problem's start when the ending is not ok (``"... the child "``; the
             ending follows), or None for the usual words.
         """
@@ -290,7 +321,7 @@ class Outcome:
         verb = "was " if self.kind == "signaled" else ""
         if self.kind == "harness_error":
             problem = f"the harness failed, so how the child ends is unknown: {self.error}"
-        elif death and self.raised is not None and not raise_ok:
+        elif death and self.raised is not None:
             problem = f"the child did not die: its target raised {self.raised}"
         elif not ok:
             lived = self.kind == "timed_out" or (self.kind == "exited" and self.exit_code == 0)

@@ -362,3 +362,9 @@ def straddle_the_cut_and_exit(head: int, tail: int) -> None:
     os.write(2, b"-" * (1 << 19))
     os.write(2, b"B" + b"." * (tail - 1))
     os._exit(3)
+
+
+def exit_with_a_typo(code: int) -> None:
+    """Mean ``sys.exit(code)`` but write ``sys.exti``: AttributeError, not an exit."""
+    print("leaving with", code, file=sys.stderr, flush=True)
+    sys.exti(code)  # type: ignore[attr-defined]

@@ -86,7 +86,8 @@ def test_raised_exception(run):
         "exited with status 1 after its target raised suites.harness._targets.TargetError: "
         "no more arenas"
     )
-    outcome.assert_exited(1, match="TargetError: no more arenas")  # the status a raise gives
+    with pytest.raises(harness.DeathTestFailure, match="a raise is not an exit"):
+        outcome.assert_exited(1, match="TargetError: no more arenas")  # though its status is 1
     outcome.assert_raised(_targets.TargetError, match="TargetError: no more arenas")
     outcome.assert_raised("suites.harness._targets.TargetError").assert_raised(Exception)
     with pytest.raises(harness.DeathTestFailure, match=r"raised:   suites\.harness"):
@@ -203,3 +204,41 @@ def test_a_returned_value_100_deep_comes_back(run):
 
     outcome.assert_clean()
     assert outcome.returned == _targets.deep_list(99)
+
+
+# Issue 18, item 6: a raise is not an exit, whatever status it gives.
+def test_assert_exited_fails_when_the_target_raised(run):
+    outcome = run(_targets.exit_with_a_typo, 1)
+
+    assert (outcome.kind, outcome.exit_code) == ("exited", 1)
+    for check in (
+        lambda: outcome.assert_exited(1),
+        lambda: outcome.assert_exited(1, match="leaving with 1"),
+        lambda: outcome.assert_died(),
+    ):
+        with pytest.raises(harness.DeathTestFailure) as failure:
+            check()
+        first = str(failure.value).splitlines()[0]
+        assert "AttributeError: module 'sys' has no attribute 'exti'" in first
+    with pytest.raises(harness.DeathTestFailure) as failure:
+        outcome.assert_exited(1)
+    assert str(failure.value).splitlines()[0] == (
+        "death test failed: a raise is not an exit (assert_raised checks a raise): the child "
+        "exited with status 1 after its target raised AttributeError: module 'sys' has no "
+        "attribute 'exti'"
+    )
+    outcome.assert_raised(AttributeError, match="exti")
+    run(_targets.system_exit, 1).assert_exited(1)  # sys.exit(1) is an exit
+
+
+def test_assert_timed_out(run):
+    outcome = run(_targets.hang_forever, timeout=0.5)
+
+    assert outcome.assert_timed_out() is outcome
+    outcome.assert_timed_out(match="in hang_forever")  # its stacks, dumped at the deadline
+    with pytest.raises(harness.DeathTestFailure, match="does not match 'devmem-harness'"):
+        outcome.assert_timed_out(match="devmem-harness")  # the harness's notes are not stderr
+    for ended in (run(_targets.abort_with, "quick"), run(_targets.give_back)):
+        with pytest.raises(harness.DeathTestFailure) as failure:
+            ended.assert_timed_out()
+        assert "  expected: timed out" in str(failure.value).splitlines()
