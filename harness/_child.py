@@ -256,7 +256,8 @@ class _Status:
         if self.fd is None:
             if event not in ("started", "raised"):  # a raise already printed its traceback
                 try:
-                    print(f"devmem-death: {data.decode().rstrip()}", file=sys.stderr, flush=True)
+                    detail = json.dumps(fields, default=repr)
+                    print(f"devmem-death: {event} {detail}", file=sys.stderr, flush=True)
                 except Exception:
                     pass
             return True
@@ -315,11 +316,13 @@ def run_child(
     Args:
       request: the decoded request: ``target`` ("module:qualname"), ``args`` (list),
         ``environ`` (the child's whole environment, or None to keep this one), ``env``
-        (overrides applied after it; None unsets), ``sys_path``, ``cwd``, ``main_path`` (file
-        to load as ``__main__`` for a ``__main__:`` target, or None), ``module_path`` (the
-        file of the target's module, loaded by path when the module cannot be imported by
-        name, or is found elsewhere; None for a str target) and ``invalidate_caches``
-        (refresh the import system's directory caches, for a long-lived zygote).
+        (overrides applied after it; None unsets), ``sys_path`` (or None, with
+        ``sys_path_after``: entries to append to the interpreter's own), ``cwd``,
+        ``main_path`` (file to load as ``__main__`` for a ``__main__:`` target, or None),
+        ``module_path`` (the file of the target's module, loaded by path when the module
+        cannot be imported by name, or is found elsewhere; None for a str target) and
+        ``invalidate_caches`` (refresh the import system's directory caches, for a
+        long-lived zygote).
       stdout_fd, stderr_fd: descriptors to move onto 1 and 2; None leaves 1 and 2 as they are.
       status_fd: descriptor of the status channel; None (a repro run) reports on stderr.
       parent_pid: the pid this child must die with; None skips the parent-death setup.
@@ -496,6 +499,10 @@ def _apply_request(request: dict) -> None:
     os.environ[ENV_FLAG] = "1"
     if request.get("sys_path") is not None:
         sys.path[:] = request["sys_path"]
+    elif request.get("sys_path_after") is not None:  # PYTHONPATH/PYTHONHOME made ours: keep it
+        runner_dir = os.path.dirname(os.path.abspath(__file__))
+        own = [entry for entry in sys.path if entry != runner_dir]
+        sys.path[:] = own + [entry for entry in request["sys_path_after"] if entry not in own]
     if request.get("cwd"):
         os.chdir(request["cwd"])
     if request.get("invalidate_caches"):

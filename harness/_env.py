@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 from harness._child import ENV_FLAG
@@ -108,3 +109,27 @@ def startup_variables(names: Iterable[str]) -> list[str]:
     or a fork of the zygote, runs in an interpreter that started before they were set.
     """
     return [name for name in names if name in STARTUP_NAMES or name.startswith(STARTUP_PREFIXES)]
+
+
+PATH_NAMES = ("PYTHONPATH", "PYTHONHOME")
+"""Variables from which an interpreter computes ``sys.path`` when it starts."""
+
+
+def path_variables(
+    overrides: Mapping[str, str | None], base: Mapping[str, str] | None = None
+) -> list[str]:
+    """The names of :data:`PATH_NAMES` that ``overrides`` changes (sets to another value, or
+    unsets) relative to ``base`` (default: this process's environment).
+
+    Only an exec child computes its ``sys.path`` from them; a forked one has its parent's.
+    """
+    base = os.environ if base is None else base
+    return [name for name in PATH_NAMES if name in overrides and overrides[name] != base.get(name)]
+
+
+def parent_path_entries(base: Mapping[str, str] | None = None) -> set[str]:
+    """The absolute directories that ``PYTHONPATH`` in ``base`` (default: this process's
+    environment) put on this process's ``sys.path``."""
+    base = os.environ if base is None else base
+    value = base.get("PYTHONPATH") or ""
+    return {os.path.abspath(entry) for entry in value.split(os.pathsep) if entry}

@@ -11,7 +11,7 @@ from typing import Any
 
 from harness._child import plain_problem
 from harness._config import Config
-from harness._env import check_env, child_environ
+from harness._env import check_env, child_environ, parent_path_entries, path_variables
 from harness._errors import HarnessError
 from harness._target import Target, resolve_target
 
@@ -39,11 +39,24 @@ class ChildRequest:
     timeout_s: float | None
 
     def portable(self) -> dict[str, Any]:
-        """The request as the exec runner takes it: no environment, no deadline."""
+        """The request as the exec runner takes it: no environment, no deadline.
+
+        When the overrides change ``PYTHONPATH`` or ``PYTHONHOME``, ``sys_path`` is None and
+        ``sys_path_after`` lists this process's entries (less those its own ``PYTHONPATH``
+        put there): the child keeps the ``sys.path`` its interpreter computed from them and
+        appends these, so the target stays importable.
+        """
+        if path_variables(self.overrides):
+            own = parent_path_entries()
+            after = [entry for entry in self.sys_path if os.path.abspath(entry) not in own]
+            sys_path, sys_path_after = None, after
+        else:
+            sys_path, sys_path_after = self.sys_path, None
         return {
             "target": self.target.spec,
             "args": self.args,
-            "sys_path": self.sys_path,
+            "sys_path": sys_path,
+            "sys_path_after": sys_path_after,
             "cwd": self.cwd,
             "main_path": self.target.main_path,
             "module_path": self.target.module_path,

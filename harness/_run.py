@@ -9,7 +9,7 @@ from typing import Any
 
 from harness._capture import Capture
 from harness._config import Config
-from harness._env import startup_variables
+from harness._env import path_variables, startup_variables
 from harness._exec import launch_exec
 from harness._fork import launch_fork
 from harness._forkserver import launch_forkserver
@@ -103,6 +103,7 @@ def run_child(
         style,
         importable=request.target.importable,
         startup=startup_variables(request.overrides),
+        path=path_variables(request.overrides),
     )
     started = time.monotonic()
     with Capture(table()) as capture:

@@ -151,7 +151,13 @@ def check_style(style: object, what: str = "style") -> str:
     return style  # type: ignore[return-value]
 
 
-def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()) -> str:
+def choose_style(
+    style: object,
+    *,
+    importable: bool,
+    startup: Sequence[str] = (),
+    path: Sequence[str] = (),
+) -> str:
     """Resolve ``style`` to the one that will run the child.
 
     Args:
@@ -160,16 +166,20 @@ def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()
         cannot, so it needs ``fork``).
       startup: the child's env overrides that act only at interpreter start-up (see
         :func:`harness._env.startup_variables`).
+      path: the ``sys.path`` variables (``PYTHONPATH``, ``PYTHONHOME``) the env changes (see
+        :func:`harness._env.path_variables`): only an exec child can honour them.
 
     Returns:
-      ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives exec when ``startup`` names a
-      variable; else fork when fork is not marked unsafe, this process has no other thread
-      (see :func:`thread_count`) and SIGCHLD has its default action (see
+      ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives exec when ``startup`` or
+      ``path`` names a variable; else fork when fork is not marked unsafe, this process has
+      no other thread (see :func:`thread_count`) and SIGCHLD has its default action (see
       :func:`sigchld_problem`); else forkserver.
 
     Raises:
-      HarnessError: unknown style; fork asked for after :func:`mark_fork_unsafe`; or a target
-        that is not importable with a style other than fork.
+      HarnessError: unknown style; fork asked for after :func:`mark_fork_unsafe`; a target
+        that is not importable with a style other than fork; or ``path`` names a variable
+        and the style asked for is fork or forkserver (whose children have this process's,
+        or the zygote's, ``sys.path``: the variable cannot apply).
 
     Warns:
       HarnessWarning: ``startup`` names a variable and the style asked for is fork or
@@ -190,8 +200,15 @@ def choose_style(style: object, *, importable: bool, startup: Sequence[str] = ()
             "(a closure, lambda or bound method), so only style='fork' can; move it to module "
             "level, or pass style='fork' explicitly"
         )
+    if path and style in ("fork", "forkserver"):
+        names = " and ".join(path)
+        raise HarnessError(
+            f"env changes {names}, from which an interpreter computes sys.path when it starts, "
+            f"but style={style!r} forks one that has started already (its sys.path is fixed), "
+            "so it cannot apply. Use style='exec' (or 'auto', which picks exec for such an env)."
+        )
     if style == "auto":
-        if startup:
+        if startup or path:
             return "exec"
         own = unsafe is None and thread_count() == 1 and sigchld_problem() is None
         style = "fork" if own else "forkserver"

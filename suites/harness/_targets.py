@@ -368,3 +368,17 @@ def exit_with_a_typo(code: int) -> None:
     """Mean ``sys.exit(code)`` but write ``sys.exti``: AttributeError, not an exit."""
     print("leaving with", code, file=sys.stderr, flush=True)
     sys.exti(code)  # type: ignore[attr-defined]
+
+
+def import_probe(name: str) -> dict:
+    """Import module ``name`` and say where it came from, and what sys.path and the
+    environment say."""
+    import importlib
+
+    module = importlib.import_module(name)
+    return {
+        "file": module.__file__,
+        "sys_path": list(sys.path),
+        "PYTHONPATH": os.environ.get("PYTHONPATH"),
+        "base_prefix": sys.base_prefix,
+    }
