@@ -7,12 +7,14 @@ target. Standard library only.
 Usage::
 
     python .../harness/_exec_runner.py --request JSON
+    python .../harness/_exec_runner.py --request-file PATH
     python .../harness/_exec_runner.py --request-fd FD --status-fd FD --parent-pid PID
         --seal FD:OFFSET
 
 ``--request`` carries the request as JSON (``target``, ``args``, ``sys_path``, ``cwd``,
 ``main_path``, ``module_path``); ``--request-fd`` reads the same JSON from a descriptor instead
-(used when it is too long for one argument). The other options bind the child to its parent
+(used when it is too long for one argument), ``--request-file`` from a file (what a long
+request's repro command names). The other options bind the child to its parent
 (``--seal``: its page of the parent's guard table); a repro command leaves them out, and the
 runner then reports the outcome on stderr.
 """
@@ -35,7 +37,7 @@ def _load_child():
 
 def _parse(argv: list[str]) -> dict[str, str]:
     options: dict[str, str] = {}
-    known = ("--request", "--request-fd", "--status-fd", "--parent-pid", "--seal")
+    known = ("--request", "--request-fd", "--request-file", "--status-fd", "--parent-pid", "--seal")
     it = iter(argv)
     for arg in it:
         if arg not in known:
@@ -44,8 +46,11 @@ def _parse(argv: list[str]) -> dict[str, str]:
         if value is None:
             sys.exit(f"_exec_runner: {arg} needs a value")
         options[arg] = value
-    if ("--request" in options) == ("--request-fd" in options):
-        sys.exit("_exec_runner: give exactly one of --request JSON and --request-fd FD")
+    if sum(name in options for name in ("--request", "--request-fd", "--request-file")) != 1:
+        sys.exit(
+            "_exec_runner: give exactly one of --request JSON, --request-fd FD and "
+            "--request-file PATH"
+        )
     return options
 
 
@@ -55,6 +60,9 @@ def main(argv: list[str]) -> None:
     child = _load_child()
     if "--request" in options:
         request = json.loads(options["--request"])
+    elif "--request-file" in options:
+        with open(options["--request-file"], encoding="utf-8") as file:
+            request = json.load(file)
     else:
         request_fd = int(options["--request-fd"])
         request = json.loads(child.read_all(request_fd))

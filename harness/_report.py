@@ -25,6 +25,13 @@ STDERR_TAIL_LINES = 50
 
 _MAX_LINE = 500
 
+ENV_SHOWN = 1000
+"""Characters of the env overrides' line a failure message shows at most."""
+
+REPRO_SHOWN = 4000
+"""Characters of the repro command a failure message shows at most (its request is in a
+file past ``harness._repro.INLINE_REQUEST_BYTES``; a huge env value can still make it long)."""
+
 
 def signal_name(signum: int | None) -> str:
     """``SIGABRT`` for 6; ``signal 42`` for a number without a name."""
@@ -92,6 +99,12 @@ def stderr_lines(
     return [header, *body]
 
 
+def _cut(text: str, limit: int, where: str = "Outcome.env has them all") -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} [... {len(text) - limit} more characters: {where}]"
+
+
 def failure_message(
     *,
     problem: str,
@@ -122,14 +135,14 @@ def failure_message(
         f"death test failed: {problem}",
         f"  target:   {target}  (style {style}, pid {pid}, {seconds(duration_s)})",
         f"  config:   {config_id if config_id is not None else '(none)'}",
-        f"  env:      {describe_env(env)}",
+        f"  env:      {_cut(describe_env(env), ENV_SHOWN)}",
         f"  expected: {expected}",
         f"  actual:   {actual}",
     ]
     lines += [f"  {line}" for line in detail]
     lines += stderr_lines(stderr)
     lines += [NOTE_PREFIX + note for note in notes]
-    lines += ["repro:", f"  {repro}"]
+    lines += ["repro:", f"  {_cut(repro, REPRO_SHOWN, 'Outcome.repro has the whole command')}"]
     return "\n".join(lines)
 
 

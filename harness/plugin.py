@@ -28,6 +28,7 @@ from harness._errors import HarnessError
 from harness._forkserver import ZygoteFailure, connection, forkserver_preload
 from harness._gpus import VISIBLE, gpu_for_worker, resolve_gpus
 from harness._report import format_summary
+from harness._repro import set_request_dir
 from harness._request import check_timeout
 from harness._run import add_observer, remove_observer
 from harness._styles import check_style
@@ -251,6 +252,30 @@ class _Recorder:
 
     def observe(self, outcome: harness.Outcome) -> None:
         self.pending.append([outcome.style, round(outcome.duration_s, 6)])
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
+        """While a test runs, a long repro request goes to a file in a temporary directory of
+        its own (made at the first one), under pytest's base temporary directory."""
+        made: list[str] = []
+
+        def directory() -> str:
+            if not made:
+                factory = getattr(item.config, "_tmp_path_factory", None)  # the tmp_path plugin's
+                name = "".join(c if c.isalnum() else "_" for c in item.name)[:30] or "test"
+                if factory is not None:
+                    made.append(str(factory.mktemp(f"repro-{name}", numbered=True)))
+                else:
+                    import tempfile
+
+                    made.append(tempfile.mkdtemp(prefix=f"devmem-repro-{name}-"))
+            return made[0]
+
+        set_request_dir(directory)
+        try:
+            return (yield)
+        finally:
+            set_request_dir(None)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):

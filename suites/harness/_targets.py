@@ -382,3 +382,8 @@ def import_probe(name: str) -> dict:
         "PYTHONPATH": os.environ.get("PYTHONPATH"),
         "base_prefix": sys.base_prefix,
     }
+
+
+def abort_with_length(text: str) -> None:
+    """Say how long ``text`` is on stderr, then abort."""
+    abort_with(f"got {len(text)} characters")
