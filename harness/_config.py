@@ -65,8 +65,10 @@ def matrix(configs: Iterable[Config]) -> Callable[[_F], _F]:
         def test_use_after_free(death, config):   # test_use_after_free[detector_on], ...
             death.run(use_freed_buffer, config=config).assert_aborted("use-after")
 
-    Separate items let ``pytest -n`` spread the configs over workers. The parametrization is
-    done by the ``devmem_death`` pytest plugin (loaded automatically once installed).
+    Separate items let ``pytest -n`` spread the configs over workers. The decorator marks
+    the test with ``pytest.mark.parametrize("config", ...)``, so this works with or without
+    the ``devmem_death`` plugin (``-p no:devmem_death``: the ``death`` fixture is then gone,
+    but ``config`` is still given).
 
     Args:
       configs: the configs, at least one, with distinct ids.
@@ -103,6 +105,11 @@ def matrix(configs: Iterable[Config]) -> Callable[[_F], _F]:
                 "the Config"
             )
         setattr(function, MATRIX_ATTR, tuple(configs))
-        return function
+        try:  # imported here: the harness imports without pytest, a test module never does
+            import pytest
+        except ImportError:
+            return function
+        ids = [config.id for config in configs]
+        return pytest.mark.parametrize("config", configs, ids=ids)(function)
 
     return decorate

@@ -139,7 +139,8 @@ class Outcome:
         Args:
           match: a regex that must be found (``re.search``) in the child's stderr.
           signal: if given, the signal that must have killed it (``signal.SIGSEGV``, 11 or
-            ``"SIGSEGV"``); an exit status then does not count.
+            ``"SIGSEGV"``; a real-time one by number, 40, or as ``"SIGRTMIN+6"``); an exit
+            status then does not count.
 
         Returns:
           This outcome.
@@ -405,17 +406,35 @@ def _compile(match: Pattern) -> re.Pattern[str] | None:
         raise HarnessError(f"match={match!r} is not a valid regex: {exc}") from None
 
 
-def _as_signal(value: object) -> signal_module.Signals:
+def _as_signal(value: object) -> signal_module.Signals | int:
+    """The signal ``value`` names: a :class:`signal.Signals`, or a plain int for a signal
+    without a name (a real-time one: ``40``, ``"SIGRTMIN+6"``)."""
     __tracebackhide__ = True
-    try:
-        if isinstance(value, str):
-            name = value.upper()
-            return signal_module.Signals[name if name.startswith("SIG") else "SIG" + name]
-        if isinstance(value, int) and not isinstance(value, bool):
-            return signal_module.Signals(value)
-    except (KeyError, ValueError):
-        pass
-    raise HarnessError(f"signal={value!r} is not a signal (use e.g. signal.SIGSEGV)")
+    number: object = None
+    if isinstance(value, str):
+        name = value.strip().upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        for base in ("SIGRTMIN+", "SIGRTMAX-"):
+            offset = name[len(base) :]
+            if name.startswith(base) and offset.isdigit() and hasattr(signal_module, base[:-1]):
+                start = int(getattr(signal_module, base[:-1]))
+                number = start + int(offset) if base[-1] == "+" else start - int(offset)
+        if number is None:
+            try:
+                return signal_module.Signals[name]
+            except KeyError:
+                pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    if isinstance(number, int) and number in signal_module.valid_signals():
+        try:
+            return signal_module.Signals(number)
+        except ValueError:
+            return number  # a real-time signal has no name
+    raise HarnessError(
+        f"signal={value!r} is not a signal (use e.g. signal.SIGSEGV, 11, 'SIGSEGV', or a "
+        "real-time one such as 40 or 'SIGRTMIN+6')"
+    )
 
 
 def _exception_names(exc_type: ExceptionSpec) -> list[str] | None:

@@ -34,12 +34,16 @@ file past ``harness._repro.INLINE_REQUEST_BYTES``; a huge env value can still ma
 
 
 def signal_name(signum: int | None) -> str:
-    """``SIGABRT`` for 6; ``signal 42`` for a number without a name."""
+    """``SIGABRT`` for 6; ``signal 40 (SIGRTMIN+6)`` for a real-time signal without a name;
+    ``signal 99`` for another number."""
     if signum is None:
         return "no signal"
     try:
         return signal.Signals(signum).name
     except ValueError:
+        low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+        if low is not None and high is not None and low < signum < high:
+            return f"signal {signum} (SIGRTMIN+{signum - low})"
         return f"signal {signum}"
 
 

@@ -195,8 +195,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that :func:`harness.matrix` marked without its parametrize mark (pytest could
+    not be imported when it was decorated) is parametrized here."""
     configs = getattr(metafunc.function, MATRIX_ATTR, None)
-    if configs is not None:
+    if configs is None:
+        return
+    marked = any(
+        mark.args and mark.args[0] == "config"
+        for mark in metafunc.definition.iter_markers("parametrize")
+    )
+    if not marked:
         metafunc.parametrize("config", configs, ids=[config.id for config in configs])
 
 

@@ -242,3 +242,20 @@ def test_assert_timed_out(run):
         with pytest.raises(harness.DeathTestFailure) as failure:
             ended.assert_timed_out()
         assert "  expected: timed out" in str(failure.value).splitlines()
+
+
+# Issue 18, item 9: real-time signals are signals.
+def test_a_real_time_signal_is_asserted_by_number_or_name(run):
+    number = signal.SIGRTMIN + 6
+    outcome = run(_targets.kill_self_with, int(number))
+
+    assert (outcome.kind, outcome.signal) == ("signaled", number)
+    assert outcome.ending == f"killed by signal {number} (SIGRTMIN+6)"
+    for wanted in (int(number), "SIGRTMIN+6", "rtmin+6", f"SIGRTMAX-{signal.SIGRTMAX - number}"):
+        assert outcome.assert_died(signal=wanted) is outcome
+    with pytest.raises(harness.DeathTestFailure, match=r"killed by signal \d+ \(SIGRTMIN\+7\)"):
+        outcome.assert_died(signal=int(number) + 1)
+    for bad in (0, 65, 1000, "SIGRTMIN+x", "SIGNOPE", -6):
+        refused = re.escape(f"signal={bad!r} is not a signal")
+        with pytest.raises(harness.HarnessError, match=refused):
+            outcome.assert_died(signal=bad)

@@ -47,3 +47,25 @@ def test_matrix_misuse():
         harness.matrix(CONFIGS)(test_without_config)
     with pytest.raises(harness.HarnessError, match="decorates test functions, not 42"):
         harness.matrix(CONFIGS)(42)  # type: ignore[type-var]
+
+
+# Issue 18, item 9: a matrix needs no plugin to make its items.
+def test_a_matrix_works_without_the_plugin(pytester, runpytest):
+    pytester.makepyfile(
+        test_plain="""
+import harness
+
+@harness.matrix([harness.Config("on", {"X": "1"}), harness.Config("off", {})])
+def test_configs(config):
+    assert config.id in ("on", "off")
+"""
+    )
+    result = runpytest("-p", "no:devmem_death", "-v")
+
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*test_plain.py::test_configs[[]on[]] PASSED*",
+            "*test_plain.py::test_configs[[]off[]] PASSED*",
+        ]
+    )
