@@ -429,6 +429,13 @@ def main(argv: list[str]) -> None:
         sock, int(options["--root-pid"]), options["--root-start"], options.get("--name")
     )
     zygote.serve()
+    # Leave without the exit handlers: a coverage.py that measures the children (its
+    # "patch = subprocess, fork, _exit") also started in this process, and would otherwise
+    # save a data file of ours after the test run combined them (left over, stray). posix's
+    # _exit: coverage's patch replaces os._exit.
+    posix = sys.modules.get("posix")
+    if posix is not None:
+        posix._exit(0)
 
 
 if __name__ == "__main__":
