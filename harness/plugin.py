@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +48,8 @@ MARKER = (
 _recorder_key = pytest.StashKey["_Recorder"]()
 _preload_key = pytest.StashKey[tuple]()
 _defaults_key = pytest.StashKey[tuple]()
+_gpu_problem_key = pytest.StashKey[str]()
+_reltoroot_key = pytest.StashKey[tuple]()
 
 
 def parse_timeout(text: str) -> float | None:
@@ -168,12 +172,69 @@ def _pin_gpu(config: pytest.Config) -> None:
         worker = None if workerinput is None else workerinput["workerid"]
         os.environ[VISIBLE] = gpu_for_worker(worker, gpus)
     except HarnessError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        if workerinput is None:
+            raise pytest.UsageError(str(exc)) from None
+        # A worker (a remote one: local ones were checked by the controller) must not crash
+        # while configuring, or xdist replaces it again and again: its tests fail instead,
+        # each with this one line (see pytest_runtest_setup).
+        config.stash[_gpu_problem_key] = (
+            f"{exc} (on xdist worker {workerinput.get('workerid', '?')}, host "
+            f"{socket.gethostname()})"
+        )
+
+
+def _remote_args_from_rootdir(config: pytest.Config) -> None:
+    """Let xdist workers that run elsewhere (``--tx ssh=...``, or any ``chdir=``) take path
+    arguments relative to the rootdir, when no rsync root is configured.
+
+    xdist rewrites every path argument relative to an rsync root for such workers, and with
+    none configured (``--rsyncdir`` is deprecated; the project is deployed at the same layout
+    on each host, the worker's ``chdir=`` being its root) it fails with ``INTERNALERROR ...
+    not relative to an rsync root``. xdist has no hook there, so its function is replaced for
+    this run (and put back at unconfigure).
+    """
+    if getattr(config, "workerinput", None) is not None:
+        return
+    if config.getoption("dist", "no") == "no" or not config.getoption("tx", None):
+        return
+    try:
+        if config.getoption("rsyncdir", None) or config.getini("rsyncdirs"):
+            return  # xdist's own way: rsync the roots
+        from xdist import workermanage
+    except (ImportError, ValueError):
+        return
+    original = workermanage.make_reltoroot
+    root = Path(config.rootpath).resolve()
+
+    def make_reltoroot(roots: object, args: list[str]) -> list[str]:
+        result = []
+        for arg in args:
+            path, sep, rest = arg.partition("::")
+            try:
+                local = Path(path).resolve() if Path(path).exists() else None
+            except OSError:
+                local = None
+            if local is None:
+                result.append(arg)
+                continue
+            try:
+                relative = local.relative_to(root)
+            except ValueError:
+                raise ValueError(
+                    f"arg {arg} is outside the rootdir {root}: a remote xdist worker, which runs "
+                    "in its chdir= (the project's root on its host), cannot find it"
+                ) from None
+            result.append(f"{relative.as_posix() if relative.parts else '.'}{sep}{rest}")
+        return result
+
+    workermanage.make_reltoroot = make_reltoroot
+    config.stash[_reltoroot_key] = (workermanage, original)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
     _pin_gpu(config)
+    _remote_args_from_rootdir(config)
     config.stash[_defaults_key] = _session_defaults(config)
     config.stash[_preload_key] = forkserver_preload()
     preload = config.getini("death_preload")
@@ -186,6 +247,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _reltoroot_key in config.stash:
+        module, original = config.stash[_reltoroot_key]
+        module.make_reltoroot = original
     recorder = config.stash.get(_recorder_key, None)
     if recorder is not None:
         remove_observer(recorder.observe)
@@ -219,6 +283,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             connection()
         except ZygoteFailure:
             pass  # the first child that needs it says why, as a harness error
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On a worker where ``--gpus`` found no GPU, fail each test with one line."""
+    problem = item.config.stash.get(_gpu_problem_key, None)
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
 
 
 def _marker_defaults(item: pytest.Item, style: str, timeout: float | None):
