@@ -7,12 +7,17 @@ project, the benchmark process has NumPy imported, and the forkserver zygote pre
 child is timed right after a reference: a raw ``os.fork()`` whose child calls ``os._exit(0)``,
 reaped with ``os.waitpid`` (the floor any fork-based harness pays), so the verdicts are ratios
 taken in the same run, under the same load. Beside them, pytest-forked's cost per test: N
-trivial tests run under ``--forked`` and without, in the same run, (forked - plain) / N.
+trivial tests run under ``--forked`` and without, in the same run, (forked - plain) / N; and
+the pair the harness competes with: N items that each run one death-test child
+(``death.run("os:getpid")``, the ``death`` fixture's defaults) against the N trivial items
+under ``--forked``, wall time of the whole pytest run, in the same run.
 
 Targets (verdicts on ratios, so a busy or slow machine gives the same verdict):
 
-- a fork-style child costs at most 4x a raw fork (trivial and NumPy targets);
-- a forkserver child costs at most 4x a raw fork of this process;
+- a fork-style child costs at most 1.5x a raw fork (trivial and NumPy targets);
+- a forkserver child costs at most 1.0x a raw fork of this process (its zygote is far smaller
+  than the process a raw fork copies);
+- N death-test items take at most 0.8x the wall time of N trivial ``--forked`` items;
 - exec costs at least 5x forkserver for the NumPy target (why the forkserver exists).
 
 Usage::
@@ -39,8 +44,13 @@ import _common  # bench/_common.py, beside this script
 TRIVIAL = ("os:getpid", ())
 NUMPY = ("pkgutil:resolve_name", ("numpy:__version__",))
 STYLES = ("fork", "forkserver", "exec")
-LIMITS = {"fork_over_raw": 4.0, "forkserver_over_raw": 4.0, "exec_over_forkserver_numpy": 5.0}
-"""Upper bounds for the first two ratios, a lower bound for the third."""
+LIMITS = {
+    "fork_over_raw": 1.5,
+    "forkserver_over_raw": 1.0,
+    "death_items_over_forked": 0.8,
+    "exec_over_forkserver_numpy": 5.0,
+}
+"""Upper bounds for the first three ratios, a lower bound for the last."""
 
 
 def raw_fork() -> float:
@@ -82,32 +92,49 @@ def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[li
 
 
 def time_pytest_forked(tests: int, repeat: int) -> dict:
-    """pytest-forked's cost per test: ``tests`` trivial tests with and without ``--forked``."""
+    """pytest-forked's cost per test: ``tests`` trivial tests with and without ``--forked``;
+    and ``tests`` items that each run one death-test child, against the ``--forked`` run."""
     with tempfile.TemporaryDirectory(prefix="bench-forked-") as directory:
-        body = "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(tests))
-        Path(directory, "test_trivial.py").write_text(body)
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", directory]
+        trivial = "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(tests))
+        Path(directory, "trivial", "test_trivial.py").parent.mkdir()
+        Path(directory, "trivial", "test_trivial.py").write_text(trivial)
+        death = "".join(
+            f"def test_{i}(death):\n    death.run('os:getpid').assert_clean()\n\n\n"
+            for i in range(tests)
+        )
+        Path(directory, "death", "test_death.py").parent.mkdir()
+        Path(directory, "death", "test_death.py").write_text(death)
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 
-        def run(extra: list[str]) -> tuple[float, int]:
+        def run(where: str, extra: list[str]) -> tuple[float, int]:
             start = time.perf_counter()
             result = subprocess.run(
-                command + extra, cwd=directory, capture_output=True, text=True, check=False
+                [*command, *extra, str(Path(directory, where))],
+                cwd=directory,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             return time.perf_counter() - start, result.returncode
 
-        per_test, plain_runs, forked_runs, codes = [], [], [], set()
+        per_test, plain_runs, forked_runs, death_runs, pairs, codes = [], [], [], [], [], set()
         for _ in range(repeat):
-            plain, plain_code = run([])
-            forked, forked_code = run(["--forked"])
-            codes |= {plain_code, forked_code}
+            plain, plain_code = run("trivial", [])
+            forked, forked_code = run("trivial", ["--forked"])
+            items, death_code = run("death", [])
+            codes |= {plain_code, forked_code, death_code}
             plain_runs.append(plain)
             forked_runs.append(forked)
+            death_runs.append(items)
             per_test.append((forked - plain) / tests)
+            pairs.append(items / forked)
     return {
         "tests": tests,
         "runs": repeat,
         "plain_s": statistics.median(plain_runs),
         "forked_s": statistics.median(forked_runs),
+        "death_items_s": statistics.median(death_runs),
+        "death_items_over_forked": statistics.median(pairs),
         "per_test_ms": statistics.median(per_test) * 1000,
         "all_passed": codes == {0},
     }
@@ -141,6 +168,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         "forkserver_over_raw": max(
             children["forkserver"]["trivial_over_raw"], children["forkserver"]["numpy_over_raw"]
         ),
+        "death_items_over_forked": forked["death_items_over_forked"],
         "exec_over_forkserver_numpy": children["exec"]["numpy_ms"]
         / children["forkserver"]["numpy_ms"],
     }
@@ -156,6 +184,8 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         "checks": {
             "fork_over_raw": ratios["fork_over_raw"] <= LIMITS["fork_over_raw"],
             "forkserver_over_raw": ratios["forkserver_over_raw"] <= LIMITS["forkserver_over_raw"],
+            "death_items_over_forked": forked["all_passed"]
+            and ratios["death_items_over_forked"] <= LIMITS["death_items_over_forked"],
             "exec_over_forkserver_numpy": ratios["exec_over_forkserver_numpy"]
             >= LIMITS["exec_over_forkserver_numpy"],
         },
@@ -178,6 +208,11 @@ def format_table(results: dict) -> str:
     forked = results["pytest_forked"]
     label = "pytest-forked, per test" + ("" if forked["all_passed"] else " (tests FAILED)")
     lines.append(f"| {label} | {forked['per_test_ms']:.2f} ms | |")
+    lines.append(
+        f"| {forked['tests']} death-test items vs {forked['tests']} trivial `--forked` items |"
+        f" {forked['death_items_s']:.2f} s vs {forked['forked_s']:.2f} s"
+        f" ({forked['death_items_over_forked']:.2f}x) | |"
+    )
     lines += [
         "",
         f"Medians of {results['repeat']} children per cell (exec: a quarter), each right after a"
@@ -215,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         ]["fork_over_raw"],
         f"forkserver/raw {ratios['forkserver_over_raw']:.1f}x"
         f" <= {limits['forkserver_over_raw']:g}x": results["checks"]["forkserver_over_raw"],
+        f"{results['pytest_forked']['tests']} death-test items / as many --forked items"
+        f" {ratios['death_items_over_forked']:.2f}x <= {limits['death_items_over_forked']:g}x": (
+            results["checks"]["death_items_over_forked"]
+        ),
         f"exec/forkserver (NumPy) {ratios['exec_over_forkserver_numpy']:.1f}x"
         f" >= {limits['exec_over_forkserver_numpy']:g}x": results["checks"][
             "exec_over_forkserver_numpy"
