@@ -46,6 +46,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         " CPU build; ci/check.sh --interop installs it); without it they skip with the reason",
     )
     group.addoption(
+        "--multihost",
+        action="store_true",
+        help="run the tests marked multihost: a throwaway sshd on 127.0.0.1 and xdist workers"
+        " over ssh (needs openssh-server; ci/check.sh --multihost installs it); without it they"
+        " skip with the reason",
+    )
+    group.addoption(
         "--stress-scale",
         type=int,
         default=1,
@@ -92,6 +99,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "interop: checks against a real third-party library (PyTorch); runs only with --interop"
         " (ci/check.sh --interop installs torch==2.13.0 and passes it), else skips saying so",
     )
+    config.addinivalue_line(
+        "markers",
+        "multihost: runs suites through xdist workers over ssh to a throwaway sshd on 127.0.0.1;"
+        " runs only with --multihost (ci/check.sh --multihost), else skips saying so",
+    )
     if config.getoption("interop") and importlib.util.find_spec("torch") is None:
         raise pytest.UsageError(
             "--interop: PyTorch is not installed; pip install torch==2.13.0 (the CPU build;"
@@ -108,14 +120,24 @@ INTEROP_SKIP = (
 )
 
 
+MULTIHOST_SKIP = (
+    "multihost test (xdist workers over ssh to a throwaway sshd): run with --multihost;"
+    " ci/check.sh --multihost installs openssh-server and runs them"
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("interop"):
-        return
-    skip = pytest.mark.skip(reason=INTEROP_SKIP)
-    for item in items:
-        if item.get_closest_marker("interop"):
-            item.add_marker(skip)
-            item.stash[_folded_skip] = True
+    for option, marker, reason in (
+        ("interop", "interop", INTEROP_SKIP),
+        ("multihost", "multihost", MULTIHOST_SKIP),
+    ):
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)
+                item.stash[_folded_skip] = True
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

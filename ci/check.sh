@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # ci/check.sh: build, lint and test devmem-harness. This is what CI and users run.
 #
-# Usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--no-build] [--no-test]
-#                    [--no-lint] [-h]
+# Usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--multihost] [--no-build]
+#                    [--no-test] [--no-lint] [-h]
 set -euo pipefail
 
 usage() {
     cat <<'USAGE'
-usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--no-build] [--no-test] [--no-lint] [-h]
+usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--multihost] [--no-build] [--no-test] [--no-lint] [-h]
 
 With no option: build (create .venv if absent, install the project with its test and plot
 extras), lint (ruff), and test (every suite on cpu and sim with pytest -n auto, the harness
@@ -23,6 +23,10 @@ It ends with "check passed." and the command that runs the suites alone: .venv/b
               (_memory_viz's readers on our snapshots, checkpoint_sequential): installs
               torch==2.13.0 (a CPU build) into .venv unless it is there; without --interop
               those tests skip with the reason
+  --multihost also run the tests marked multihost: a throwaway sshd on 127.0.0.1 (keys in a
+              temporary directory, stopped by its pid) and xdist workers over ssh running the
+              harness self-tests and an allocator suite; installs openssh-server (apt-get)
+              when sshd is missing
   --nightly   stress scale x100 on every available backend; JUnit XML and a one-page summary
               written to reports/ (nightly.xml, nightly-summary.md), with the memory timelines
               and summaries of the arena stress and the cache-cap run (reports/memory/);
@@ -43,13 +47,14 @@ environment:
 USAGE
 }
 
-ci_all=0 cuda=0 nightly=0 interop=0 build=1 test=1 lint=1
+ci_all=0 cuda=0 nightly=0 interop=0 multihost=0 build=1 test=1 lint=1
 for arg in "$@"; do
     case "$arg" in
         --ci-all) ci_all=1 ;;
         --cuda) cuda=1 ;;
         --nightly) nightly=1 ;;
         --interop) interop=1 ;;
+        --multihost) multihost=1 ;;
         --no-build) build=0 ;;
         --no-test) test=0 ;;
         --no-lint) lint=0 ;;
@@ -86,6 +91,19 @@ if [ "$cuda" = 1 ]; then
         exit 1
     fi
     echo "$listing"
+fi
+
+if [ "$multihost" = 1 ] && ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
+    step "multihost: install openssh-server (sshd) with apt-get"
+    sudo=()
+    if [ "$(id -u)" != 0 ]; then
+        sudo=(sudo)
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    if ! run "${sudo[@]}" apt-get install -y -q --no-install-recommends openssh-server openssh-client; then
+        run "${sudo[@]}" apt-get update -q
+        run "${sudo[@]}" apt-get install -y -q --no-install-recommends openssh-server openssh-client
+    fi
 fi
 
 if [ "$build" = 1 ]; then
@@ -170,6 +188,11 @@ if [ "$test" = 1 ]; then
     if [ "$interop" = 1 ]; then
         step "interop: PyTorch as client and oracle (pytest -m interop --interop)"
         run "$py" -m pytest -n 2 -m interop --interop "${extra[@]}"
+    fi
+
+    if [ "$multihost" = 1 ]; then
+        step "multihost: suites through xdist workers over ssh to a throwaway sshd (pytest -m multihost --multihost)"
+        run "$py" -m pytest -q -s -m multihost --multihost suites/harness/test_multihost.py "${extra[@]}"
     fi
 
     step "test: the harness self-tests under -n 2 and under --forked"

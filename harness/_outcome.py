@@ -72,6 +72,8 @@ class Outcome:
       notes: the harness's own lines about the child (what it cut from a stream, that the
         deadline passed and the stacks were asked for), kept out of ``stdout`` and
         ``stderr`` so that a ``match`` never finds them; shown in a failure.
+      host: the name of the host the child ran on (``socket.gethostname()``; an xdist
+        worker may run on another host than the controller), or None; shown in a failure.
     """
 
     kind: str
@@ -93,6 +95,7 @@ class Outcome:
     stderr_cut_bytes: int = 0
     stderr_cut_at: int | None = None
     notes: tuple[str, ...] = ()
+    host: str | None = None
 
     @property
     def ending(self) -> str:
@@ -358,6 +361,7 @@ class Outcome:
                 repro=self.repro,
                 detail=self._detail(),
                 notes=self.notes,
+                host=self.host,
             )
         )
 

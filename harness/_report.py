@@ -124,6 +124,7 @@ def failure_message(
     repro: str,
     detail: Iterable[str] = (),
     notes: Iterable[str] = (),
+    host: str | None = None,
 ) -> str:
     """The message of a :class:`~harness.DeathTestFailure`.
 
@@ -133,11 +134,14 @@ def failure_message(
       detail: extra lines (a raised exception, a returned value).
       notes: the harness's own lines about the child (shown after its stderr, each prefixed
         ``[  NOTE    ] ``).
+      host: the name of the host the child ran on (an xdist worker may be on another), or
+        None.
       The rest: as in :class:`~harness.Outcome`.
     """
     lines = [
         f"death test failed: {problem}",
-        f"  target:   {target}  (style {style}, pid {pid}, {seconds(duration_s)})",
+        f"  target:   {target}  (style {style}, pid {pid}, {seconds(duration_s)}"
+        f"{f', host {host}' if host else ''})",
         f"  config:   {config_id if config_id is not None else '(none)'}",
         f"  env:      {_cut(describe_env(env), ENV_SHOWN)}",
         f"  expected: {expected}",

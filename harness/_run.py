@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +30,9 @@ _LAUNCHERS: dict[str, Callable[[ChildRequest, Capture], Ending]] = {
 }
 
 _observers: list[Callable[[Outcome], None]] = []
+
+_HOST = socket.gethostname()
+"""This host's name, for failure reports (read once: it does not change under a test run)."""
 
 
 def add_observer(observer: Callable[[Outcome], None]) -> None:
@@ -147,6 +151,7 @@ def _outcome(
         stderr_cut_bytes=capture.stderr.cut_bytes,
         stderr_cut_at=capture.stderr.cut_at,
         notes=(*capture.stdout.all_notes(), *capture.stderr.all_notes()),
+        host=_HOST,
     )
 
 
