@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import stat
 
-import pytest
-
 TEST_FILE = """
 import harness
 
@@ -88,9 +86,3 @@ def test_a_worker_without_a_gpu_fails_its_tests_with_one_line_and_does_not_crash
         ["--gpus auto found no GPU: no NVIDIA driver: nvidia-smi is not on*"]
     )
     assert output.count("(on xdist worker gw") == 2  # each test says which worker and host
-
-
-@pytest.mark.parametrize("spec", ["2*popen"])
-def test_local_workers_are_unchanged(pytester, runpytest, spec):
-    pytester.makepyfile(test_remote=TEST_FILE)
-    runpytest("--tx", spec, "-d", "test_remote.py").assert_outcomes(passed=2)
