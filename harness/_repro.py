@@ -21,22 +21,26 @@ instead of inline: a shell refuses one argument over 128 KiB, and a failure mess
 not carry megabytes."""
 
 _request_dir: Callable[[], str] | None = None
+_fallback_dir: str | None = None  # outside pytest: one temporary directory per process
 _numbers = itertools.count(1)
 
 
 def set_request_dir(provider: Callable[[], str] | None) -> None:
     """Say where the request files of long repro commands go: ``provider()`` returns a
     directory (the plugin gives the running test's temporary directory, made at the first
-    call); None: a new directory under the system's temp directory."""
+    call); None: one new directory under the system's temp directory, for this process."""
     global _request_dir
     _request_dir = provider
 
 
 def _request_file(text: str) -> str:
     """Write a request to a new file (crash-safely: a temp file, then ``os.replace``)."""
+    global _fallback_dir
     directory = _request_dir() if _request_dir is not None else None
     if directory is None:
-        directory = tempfile.mkdtemp(prefix="devmem-repro-")
+        if _fallback_dir is None or not os.path.isdir(_fallback_dir):
+            _fallback_dir = tempfile.mkdtemp(prefix="devmem-repro-")
+        directory = _fallback_dir
     path = os.path.join(directory, f"request-{os.getpid()}-{next(_numbers)}.json")
     temp = f"{path}.tmp"
     with open(temp, "w", encoding="utf-8") as out:

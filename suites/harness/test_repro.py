@@ -74,3 +74,17 @@ def test_a_failure_shows_at_most_4000_characters_of_a_repro():
     assert "more characters: Outcome.repro has the whole command]" in message
     assert len(message) < 10_000
     assert len(outcome.repro) > 50_000
+
+
+def test_outside_pytest_long_requests_share_one_temporary_directory(monkeypatch):
+    from harness import _repro
+
+    monkeypatch.setattr(_repro, "_request_dir", None)  # as outside the plugin
+    paths = []
+    for _ in range(2):
+        outcome = harness.run_child(_targets.abort_with_length, "y" * 20_000, style="fork")
+        words = shlex.split(outcome.repro)
+        paths.append(pathlib.Path(words[words.index("--request-file") + 1]))
+    assert paths[0] != paths[1]
+    assert paths[0].parent == paths[1].parent
+    assert paths[0].parent.name.startswith("devmem-repro-")
