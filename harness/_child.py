@@ -44,6 +44,7 @@ The parent decodes these in ``harness._protocol``; the two must agree.
 
 from __future__ import annotations
 
+import _signal  # the signal module's C half: no enum conversions (a child's set-up is timed)
 import faulthandler
 import importlib
 import importlib.util
@@ -85,18 +86,28 @@ FINAL_EVENTS = ("returned", "raised", "exit", "harness_error")
 
 _PR_SET_PDEATHSIG = 1
 _prctl = None  # libc's prctl, loaded by prepare() (in the parent, so a forked child need not)
+_streams: tuple | None = None  # stdin, stdout, stderr wrappers over 0, 1, 2, made by prepare()
 _keep_alive: list[object] = []  # the parent's stream objects: never let them flush into our files
 
 
 def prepare() -> None:
-    """Load what a child needs from libc. Call once in the process that forks the children."""
-    global _prctl
+    """Load what a child needs from libc, and make its ``sys.std*`` objects (over descriptors
+    0, 1, 2, never used here), so that a forked child need not: fewer of the parent's pages
+    copied in each child. Call in the process that forks the children (again: no effect)."""
+    global _prctl, _streams
+    if _streams is None:  # made once here, used (unwritten, as new) by every forked child
+        try:
+            _streams = _make_streams()
+        except (OSError, ValueError):  # a descriptor 0 to 2 closed here: each child makes them
+            _streams = None
     if _prctl is not None or not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
         _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        _prctl.restype = ctypes.c_int
     except (ImportError, OSError, AttributeError):
         _prctl = False
 
@@ -430,7 +441,7 @@ def die_with_parent(parent_pid: int) -> None:
     """
     prepare()
     if _prctl:
-        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        _prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0)
     if os.getppid() != parent_pid:
         os._exit(EXIT_HARNESS_ERROR)
 
@@ -445,13 +456,30 @@ def _isolate(parent_pid: int | None, new_group: bool) -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         except (ValueError, OSError):
             pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    for name in ("SIGHUP", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCHLD"):
-        signum = getattr(signal, name, None)
-        if signum is not None:
-            signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+    for signum in _RESET_SIGNALS:
+        _signal.signal(signum, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
+
+
+_SIGKILL = int(signal.SIGKILL)
+_RESET_SIGNALS = tuple(
+    int(getattr(signal, name))
+    for name in ("SIGHUP", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCHLD")
+    if hasattr(signal, name)
+)
+"""Signals whose handler a child resets to the default action (SIGINT gets Python's own,
+SIGPIPE is ignored, as in a fresh interpreter)."""
+
+
+def _make_streams() -> tuple:
+    """New ``sys.stdin``, ``sys.stdout`` and ``sys.stderr`` objects over descriptors 0, 1, 2."""
+    return (
+        io.TextIOWrapper(io.FileIO(0, "r", closefd=False)),
+        _text_stream(1, write_through=False),
+        _text_stream(2, write_through=True),
+    )
 
 
 def _redirect(stdout_fd: int | None, stderr_fd: int | None) -> None:
@@ -463,9 +491,14 @@ def _redirect(stdout_fd: int | None, stderr_fd: int | None) -> None:
             os.dup2(fd, target_fd)
             os.close(fd)
     _keep_alive.extend((sys.stdin, sys.stdout, sys.stderr))
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = sys.__stdout__ = _text_stream(1, write_through=False)
-    sys.stderr = sys.__stderr__ = _text_stream(2, write_through=True)
+    # prepare() made them in the process that forks, never used there: each forked child gets
+    # its own unused copy (an exec'd child makes them here)
+    global _streams
+    stdin, stdout, stderr = _streams if _streams is not None else _make_streams()
+    _streams = None  # ours now: a child of this child (a nested death test) makes its own
+    sys.stdin = sys.__stdin__ = stdin
+    sys.stdout = sys.__stdout__ = stdout
+    sys.stderr = sys.__stderr__ = stderr
 
 
 def _text_stream(fd: int, *, write_through: bool) -> io.TextIOWrapper:

@@ -393,3 +393,13 @@ def kill_self_with(signum: int) -> None:
     """Send this process signal ``signum`` (its default action: terminate)."""
     os.kill(os.getpid(), signum)
     time.sleep(10)
+
+
+def nested_fork_child() -> dict:
+    """Print a line, then run a fork-style death test of its own that prints one: each line
+    must come out once, in its own child's stdout."""
+    import harness
+
+    print("outer child", flush=True)
+    inner = harness.run_child(give_back, 1, style="fork", timeout=30)
+    return {"inner_stdout": inner.stdout, "inner_kind": inner.kind}

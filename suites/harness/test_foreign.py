@@ -48,3 +48,10 @@ def test_a_copy_that_exits_exits_with_its_code_and_touches_nothing(run):
 
     outcome.assert_clean()
     assert "copy exit status 7" in outcome.stderr
+
+
+def test_a_nested_fork_child_gets_streams_of_its_own(run):
+    outcome = run(_targets.nested_fork_child).assert_clean()
+
+    assert outcome.stdout == "outer child\n"
+    assert outcome.returned == {"inner_stdout": "giving back 1\n", "inner_kind": "exited"}
