@@ -24,8 +24,9 @@ Order of operations:
   and the same stream, else the device; on failure the cache collects garbage, flushes and
   retries once), counted on the way back up, tracked by the open arena; a failure raises
   :class:`DeviceOutOfMemory` and changes no live count;
-- an op: its output allocated, then ``device.launch(stream, out, *inputs)`` where the backend
-  tracks launches (the simulator with a latency: its clock and race check), then the kernel on
+- an op: its output allocated, then ``device.launch(stream, out, *inputs)`` (``out`` written,
+  ``inputs`` read; a readback passes ``None`` for ``out``) where the backend tracks launches
+  (the simulator with a latency: its clock and race check), then the kernel on
   that stream;
 - free (release, ``resize_(0)``, finalization, arena exit): one path, in the registry; the
   block is counted as freed first, then its events are recorded (its stream's and those of the
@@ -301,7 +302,7 @@ class Allocator:
             return 0.0
         stream = self._current.stream
         if self._launch is not None:
-            self._launch(stream, a._st._cell[0])
+            self._launch(stream, None, a._st._cell[0])  # a read
         return self.device.sum(stream, a._array())
 
     def to_numpy(self, a: Buffer) -> np.ndarray:
@@ -317,7 +318,7 @@ class Allocator:
             return np.empty(0, dtype=np.float32)
         stream = self._current.stream
         if self._launch is not None:
-            self._launch(stream, a._st._cell[0])
+            self._launch(stream, None, a._st._cell[0])  # a read
         return self.device.download(stream, a._array())
 
     # -- freeing ---------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ Order of operations, the contract every backend keeps:
 1. ``malloc`` either returns a block or raises :class:`DeviceAllocationError`; it never returns a
    partly made block. The device layer then sets ``block.stream``, the stream it was allocated
    on (a block belongs to that stream for good, as in PyTorch's caching allocator).
-2. ``launch(stream, *blocks)`` is called before a kernel on ``stream`` that reads or writes those
-   blocks runs; then the kernel method runs with the same stream (``fill(stream, out, value)``).
+2. ``launch(stream, out, *inputs)`` is called before a kernel on ``stream`` that writes block
+   ``out`` (``None`` for a readback) and reads blocks ``inputs`` runs; then the kernel method
+   runs with the same stream (``fill(stream, out, value)``).
 3. ``record(block)`` is called when a block is freed by its storage: it records an event on the
    block's own stream and one on each stream of ``block.stream_uses`` (the streams
    ``record_stream`` named), each after every kernel queued on that stream so far
@@ -19,8 +20,8 @@ Order of operations, the contract every backend keeps:
 4. ``ready(block)`` says whether the events on the *other* streams (``stream_uses``) have
    completed, without waiting: then the block may be reused on its own stream, whose order makes
    the rest safe. ``wait(block)`` blocks the host until every event recorded on it completed.
-5. ``free(block)`` hands the block back. The layers call it only after ``wait(block)``; the
-   simulator aborts the process if a block is freed while a kernel using it is in flight.
+5. ``free(block)`` hands the block back. The layers call it only after ``wait(block)``. It is
+   ``cudaFree``, which synchronizes the whole device first; the simulator does the same.
 """
 
 from __future__ import annotations
@@ -151,12 +152,18 @@ class Device:
         """Whether every kernel queued on ``stream`` has completed. Never waits."""
         return True
 
+    logical_clock = False
+    """Whether :meth:`clock_us` is a logical clock that moves only when the host waits (the
+    simulator's): then a free to the device that moved it synchronized the device, which the
+    memory history records (``device_synchronize``)."""
+
     tracks_launches = False
     """Whether :meth:`launch` does anything; where it does not, the allocator skips the call
     (it is on the path of every op)."""
 
-    def launch(self, stream: Stream, *blocks: Block) -> None:
-        """A kernel on ``stream`` that uses ``blocks`` is about to run (bookkeeping only)."""
+    def launch(self, stream: Stream, out: Block | None = None, *inputs: Block) -> None:
+        """A kernel on ``stream`` that writes ``out`` (``None``: a readback, which writes no
+        block) and reads ``inputs`` is about to run (bookkeeping only)."""
 
     # -- events ------------------------------------------------------------------------------
 

@@ -81,36 +81,55 @@ def test_device_layer_counts_only_what_the_device_did():
     assert layer.counters() == (1, 1) and device.used_bytes == 0
 
 
+class _CallLog(SimDevice):
+    """A simulator that logs its ``wait`` and ``free`` calls with the host clock."""
+
+    def __init__(self, latency_us: int) -> None:
+        super().__init__(1 << 20, latency_us)
+        self.log: list[tuple[str, int, int]] = []
+
+    def wait(self, block) -> None:
+        super().wait(block)
+        self.log.append(("wait", block.id, self.now_us))
+
+    def free(self, block) -> None:
+        self.log.append(("free", block.id, self.now_us))
+        super().free(block)
+
+
 def test_device_layer_waits_on_the_event_before_it_frees():
-    device = SimDevice(1 << 20, latency_us=7)
+    device = _CallLog(latency_us=7)
     stream = device.new_stream(default=True)
     layer = DeviceLayer(device)
     blocks = [layer.allocate(KIB, stream) for _ in range(3)]
     for block in blocks:
         device.launch(stream, block)  # kernels in flight until t=7, 14, 21
         device.record(block)
-    layer.deallocate(blocks[0], RELEASE)  # the simulator aborts on a free while in flight
-    assert device.now_us == 7
+    layer.deallocate(blocks[0], RELEASE)
+    assert device.log == [("wait", 1, 7), ("free", 1, 7)]
+    assert device.now_us == 21  # the free is cudaFree: it synchronized the whole device
     layer.deallocate_many(blocks[1:], RELEASE)
-    assert device.now_us == 21
+    assert device.log[2:] == [("wait", 2, 21), ("free", 2, 21), ("wait", 3, 21), ("free", 3, 21)]
     assert layer.counters() == (3, 3) and device.used_bytes == 0
 
 
 def test_device_layer_waits_on_every_recorded_streams_event_before_it_frees():
-    device = SimDevice(1 << 20, latency_us=10)
+    device = _CallLog(latency_us=10)
     own, side = device.new_stream(default=True), device.new_stream("side")
     layer = DeviceLayer(device)
     block = layer.allocate(KIB, own)
-    device.launch(own, block)  # t = 0..10 on its own stream
+    device.launch(own, block)  # a write: t = 0..10 on its own stream
+    side.wait_stream(own)
     for _ in range(3):
-        device.launch(side, block)  # t = 0..30 on the side stream
+        device.launch(side, None, block)  # reads: t = 10..40 on the side stream
     block.stream_uses = {side}  # what record_stream(side) does
     device.record(block)
-    assert (block.event, block.use_events) == (30, {side: 30})
+    assert (block.event, block.use_events) == (40, {side: 40})
     assert device.pending_streams(block) == (side,)
     assert not device.ready(block)
-    layer.deallocate(block, RELEASE)  # waits until t=30, else the simulator aborts
-    assert device.now_us == 30 and device.pending_streams(block) == ()
+    layer.deallocate(block, RELEASE)
+    assert device.log == [("wait", 1, 40), ("free", 1, 40)]
+    assert device.now_us == 40 and device.pending_streams(block) == ()
 
 
 # -- the caching layer ---------------------------------------------------------------------------

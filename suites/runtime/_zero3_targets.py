@@ -58,6 +58,23 @@ def consumer_stream(mutant: str | None = None) -> dict:
     return report
 
 
+def read_after_wait(mutant: str | None = None) -> dict:
+    """Gather a parameter on the gather stream (t = 0..100 on ``sim``), ``wait`` for it on the
+    default stream and read the view there. With the ``wait_does_not_wait`` mutant the read is
+    not ordered after the all-gather's write: the simulator's race check aborts."""
+    _zero3_mutants.apply(mutant)
+    alloc = Allocator(AllocatorConfig(backend="sim", sim_latency_us=LATENCY_US))
+    z3 = Zero3(alloc, 2)
+    z3.register("w", NUMEL)
+    view = z3.wait(z3.allgather("w"), "w")
+    out = alloc.mul(view, view)
+    z3.release(view, "w", 1)
+    return {
+        "sum": alloc.sum(out),
+        "expected": float((z3.param("w").values().astype("float64") ** 2).sum()),
+    }
+
+
 def use_after_release(legacy: bool = False) -> dict:
     """Gather a parameter of 4097 elements over 2 ranks, release it for good (``n_users=1``),
     then read the view: with the detector on (``DEVMEM_ARENA_DEBUG``, pinned by the parent) a

@@ -32,3 +32,21 @@ def test_the_next_gather_waits_for_the_consumers_kernel(death):
 def test_teeth_a_release_without_record_stream_aborts_in_the_race_check(death):
     outcome = death.run(_zero3_targets.consumer_stream, "release_without_record_stream")
     outcome.assert_aborted(match=RACE)
+
+
+UNWAITED = (
+    r"(?m)^sim: stream default reads block #1 while stream zero3\.gather's write \(until t=100\)"
+    r" is not waited for$"
+)
+
+
+def test_the_op_reads_the_gathered_view_after_wait(death):
+    report = death.run(_zero3_targets.read_after_wait).assert_clean().returned
+    assert report["sum"] == report["expected"]
+
+
+def test_teeth_a_wait_that_does_not_wait_aborts_in_the_race_check(death):
+    # DeepSpeed's wait_allgather skipped: the default stream reads the view at t=0 while the
+    # all-gather on the gather stream writes it until t=100
+    outcome = death.run(_zero3_targets.read_after_wait, "wait_does_not_wait")
+    outcome.assert_aborted(match=UNWAITED)
