@@ -41,12 +41,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from allocator import Allocator, Buffer
+from allocator._buffer import MAX_ELEMENTS
 
 from ._checks import integer
 
@@ -136,6 +136,7 @@ class _Entry:
     param: Param
     padded: np.ndarray
     countdown: int = 0
+    released: bool = False  # its last gather was released for good (until the next gather)
 
 
 class Zero3:
@@ -156,13 +157,15 @@ class Zero3:
     Raises:
         TypeError: ``alloc`` is not an Allocator, ``world_size`` not an integer, or
             ``legacy_release`` not a bool.
-        ValueError: ``world_size`` < 1.
+        ValueError: ``world_size`` < 1, or more than a device can hold float32 elements
+            (``MAX_ELEMENTS``, the allocator's bound: each rank adds at least one to every
+            gathered base).
     """
 
     def __init__(self, alloc: Allocator, world_size: int, *, legacy_release: bool = False):
         if not isinstance(alloc, Allocator):
             raise TypeError(f"alloc must be an allocator.Allocator, got {type(alloc).__name__}")
-        self.world_size = integer(world_size, "world_size", 1)
+        self.world_size = integer(world_size, "world_size", 1, MAX_ELEMENTS)
         if not isinstance(legacy_release, bool):
             raise TypeError(f"legacy_release must be a bool, got {type(legacy_release).__name__}")
         self.alloc = alloc
@@ -182,22 +185,39 @@ class Zero3:
             Its :class:`Param`.
 
         Raises:
-            TypeError: ``param_id`` is not hashable, ``numel`` not an integer, ``persistent``
-                not a bool.
-            ValueError: ``param_id`` is already registered, or ``numel`` < 1.
+            TypeError: ``param_id`` is not hashable (a tuple holding a list included),
+                ``numel`` not an integer, ``persistent`` not a bool.
+            ValueError: ``param_id`` is already registered, ``numel`` < 1, or the padded base
+                (``world_size * ceil(numel / world_size)`` elements) is more than a device
+                can address (``MAX_ELEMENTS`` float32 elements).
+            MemoryError: the host cannot hold the shards (the message names ``numel``).
         """
-        if not isinstance(param_id, Hashable):
-            raise TypeError(f"param_id must be hashable, got {type(param_id).__name__}")
-        numel = integer(numel, "numel", 1)
+        try:
+            hash(param_id)
+        except TypeError:
+            raise TypeError(
+                f"param_id must be hashable, got {type(param_id).__name__} {param_id!r}"
+            ) from None
+        numel = integer(numel, "numel", 1, MAX_ELEMENTS)
         if not isinstance(persistent, bool):
             raise TypeError(f"persistent must be a bool, got {type(persistent).__name__}")
         if param_id in self._entries:
             raise ValueError(f"param_id={param_id!r} is already registered")
-        shard = math.ceil(numel / self.world_size)
+        shard = -(-numel // self.world_size)  # ceil, exact for huge integers
         index, padded_numel = len(self._entries), shard * self.world_size
+        if padded_numel > MAX_ELEMENTS:
+            raise ValueError(
+                f"numel={numel} over world_size={self.world_size} ranks pads to {padded_numel}"
+                f" elements, more than a device can address (at most {MAX_ELEMENTS})"
+            )
         param = Param(param_id, index, numel, shard, padded_numel, persistent)
-        padded = np.zeros(param.padded_numel, dtype=np.float32)
-        padded[:numel] = param.values()
+        try:
+            padded = np.zeros(param.padded_numel, dtype=np.float32)
+            padded[:numel] = param.values()
+        except MemoryError:
+            raise MemoryError(
+                f"numel={numel}: the host cannot hold its shards ({param.padded_bytes} bytes)"
+            ) from None
         self._entries[param_id] = _Entry(param, padded)
         return param
 
@@ -255,6 +275,7 @@ class Zero3:
             with alloc.use_stream(self.gather_stream):
                 base = alloc.from_numpy(entry.padded)
             self._gathered[param_id] = base
+            entry.released = False
         return base.view(0, entry.param.numel)
 
     def wait(self, view: Buffer, param_id: Hashable) -> Buffer:
@@ -301,6 +322,7 @@ class Zero3:
         entry.countdown -= 1
         if entry.countdown == 0 and not entry.param.persistent:
             del self._gathered[param_id]  # clear and unregister the registry's entry
+            entry.released = True
             if not self.legacy_release:
                 self._free(base)
         return view
@@ -312,11 +334,16 @@ class Zero3:
 
     def _check_view(self, view: object, param_id: Hashable, op: str) -> Buffer:
         """The gathered base of ``param_id``, after checking that ``view`` is a view of it."""
-        self._entry(param_id)
+        entry = self._entry(param_id)
         if not isinstance(view, Buffer):
             raise TypeError(f"{op}: view must be a Buffer, got {type(view).__name__}")
         base = self._gathered.get(param_id)
         if base is None:
+            if entry.released:
+                raise ValueError(
+                    f"{op}: param_id={param_id!r} was already released (its countdown reached"
+                    " 0); allgather it again first"
+                )
             raise ValueError(f"{op}: param_id={param_id!r} is not gathered; allgather it first")
         if view.storage is not base.storage:
             owner = next((p for p, b in self._gathered.items() if b.storage is view.storage), None)

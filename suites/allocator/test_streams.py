@@ -216,3 +216,34 @@ def test_ops_queue_on_the_streams_clock_from_a_latency_of_one(make_alloc, latenc
     buf = alloc.full(4, 1.0)
     assert alloc.default_stream.handle.tail_us == latency
     alloc.release(buf)
+
+
+def test_one_scope_object_entered_from_two_threads_is_refused(alloc):
+    side = alloc.new_stream("side")
+    scope = alloc.use_stream(side)
+    entered, leave = threading.Event(), threading.Event()
+    seen = {}
+
+    def other_thread() -> None:
+        with scope:
+            entered.set()
+            leave.wait(10)
+            seen["inside"] = alloc.current_stream()
+        seen["after"] = alloc.current_stream()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    assert entered.wait(10)
+    with pytest.raises(RuntimeError) as info:
+        scope.__enter__()  # the object is the other thread's now: its exits would swap streams
+    assert str(info.value) == (
+        "use_stream('side'): this scope object is entered by another thread now; call"
+        " alloc.use_stream(stream) in each thread"
+    )
+    assert alloc.current_stream() is alloc.default_stream
+    leave.set()
+    thread.join(10)
+    assert seen == {"inside": side, "after": alloc.default_stream}
+    with scope:  # free again once that thread left it
+        assert alloc.current_stream() is side
+    assert alloc.current_stream() is alloc.default_stream
