@@ -6,6 +6,8 @@ scenario of ``runtime.zero3`` and returns plain data, or dies where the scenario
 
 from __future__ import annotations
 
+import gc
+
 import allocator
 from allocator import Allocator, AllocatorConfig
 from runtime.zero3 import Zero3
@@ -73,6 +75,23 @@ def read_after_wait(mutant: str | None = None) -> dict:
         "sum": alloc.sum(out),
         "expected": float((z3.param("w").values().astype("float64") ** 2).sum()),
     }
+
+
+def legacy_teardown() -> dict:
+    """The pre-fix release path on ``sim`` with a latency: one layer, then the allocator is
+    dropped. The gathered base (gather stream) was read by the layer's op on the default
+    stream, and is freed to the device by the caching layer's finalizer: ``cudaFree``
+    synchronizes the device, so this never aborts (before the fix it aborted inside
+    ``CachingLayer.__del__``)."""
+    alloc = Allocator(AllocatorConfig(backend="sim", sim_latency_us=LATENCY_US))
+    z3 = Zero3(alloc, 2, legacy_release=True)
+    z3.register("w", NUMEL)
+    x = alloc.full(NUMEL, 1.0)
+    run = z3.run_graph([("w",)], x)
+    device = alloc.device
+    del run, x, z3, alloc
+    gc.collect()
+    return {"used_bytes": device.used_bytes, "now_us": device.now_us}
 
 
 def use_after_release(legacy: bool = False) -> dict:

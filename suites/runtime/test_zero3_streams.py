@@ -50,3 +50,8 @@ def test_teeth_a_wait_that_does_not_wait_aborts_in_the_race_check(death):
     # all-gather on the gather stream writes it until t=100
     outcome = death.run(_zero3_targets.read_after_wait, "wait_does_not_wait")
     outcome.assert_aborted(match=UNWAITED)
+
+
+def test_dropping_the_allocator_after_a_legacy_layer_never_aborts(death):
+    report = death.run(_zero3_targets.legacy_teardown).assert_clean().returned
+    assert report == {"used_bytes": 0, "now_us": 300}  # gather, op, then the teardown's sync
