@@ -11,6 +11,7 @@ import gc
 import allocator
 from allocator import Allocator, AllocatorConfig
 from runtime.zero3 import Zero3
+from runtime.zero3_graph import run_graph
 
 from . import _zero3_mutants
 
@@ -87,7 +88,7 @@ def legacy_teardown() -> dict:
     z3 = Zero3(alloc, 2, legacy_release=True)
     z3.register("w", NUMEL)
     x = alloc.full(NUMEL, 1.0)
-    run = z3.run_graph([("w",)], x)
+    run = run_graph(z3, [("w",)], x)
     device = alloc.device
     del run, x, z3, alloc
     gc.collect()

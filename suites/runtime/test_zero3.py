@@ -18,6 +18,7 @@ import harness
 from allocator import Buffer, UseAfterFreeError
 from harness import DeathTestFailure
 from runtime.zero3 import Param, Zero3
+from runtime.zero3_graph import run_graph
 
 from . import _zero3_targets
 from ._knobs import pinned_env
@@ -235,20 +236,22 @@ def test_run_graph_refuses_bad_graphs(make_alloc):
     z3.register("small", 4)
     x = alloc.full(8, 1.0)
     with pytest.raises(ValueError, match=r"^layers must name at least one layer$"):
-        z3.run_graph([], x)
+        run_graph(z3, [], x)
     with pytest.raises(ValueError, match=r"^layers\[0\] must name 1 or 2 parameters, got 3$"):
-        z3.run_graph([("w", "w", "w")], x)
+        run_graph(z3, [("w", "w", "w")], x)
     with pytest.raises(ValueError, match=r"^layers\[1\]: param_id='small' has 4 elements, x"):
-        z3.run_graph([("w",), ("small",)], x)
+        run_graph(z3, [("w",), ("small",)], x)
     with pytest.raises(KeyError, match="param_id='nope' is not registered"):
-        z3.run_graph([("nope",)], x)
+        run_graph(z3, [("nope",)], x)
     with pytest.raises(TypeError, match=r"^x must be a Buffer, got list$"):
-        z3.run_graph([("w",)], [1.0])
+        run_graph(z3, [("w",)], [1.0])
     with pytest.raises(ValueError, match=r"^prefetch must be >= 0, got -1$"):
-        z3.run_graph([("w",)], x, prefetch=-1)
+        run_graph(z3, [("w",)], x, prefetch=-1)
+    with pytest.raises(TypeError, match=r"^zero3 must be a runtime.zero3.Zero3, got Allocator$"):
+        run_graph(alloc, [("w",)], x)
     alloc.release(x)
     with pytest.raises(ValueError, match=r"^x was freed \(released by release\(\)\)$"):
-        z3.run_graph([("w",)], x)
+        run_graph(z3, [("w",)], x)
     assert z3.gathered("w") is None  # nothing was gathered by a refused graph
 
 
