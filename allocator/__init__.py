@@ -77,7 +77,7 @@ from ._scope import ArenaScope
 from ._snapshot import LiveBlock, StackFrame
 from ._stats import AllocatorStats, EpochStats
 from .device import fork_unsafe_reason
-from .device.stream import Stream
+from .device.stream import Event, Stream
 
 __all__ = [
     "ARENA_DEBUG_MODES",
@@ -95,6 +95,7 @@ __all__ = [
     "ConfigError",
     "DeviceOutOfMemory",
     "EpochStats",
+    "Event",
     "FreeCause",
     "LiveBlock",
     "SizeMismatchError",

@@ -70,7 +70,7 @@ from ._snapshot import LiveBlock
 from ._statistics import Statistics
 from ._stats import AllocatorStats, EpochStats
 from .device import Device, DeviceAllocationError, make_device
-from .device.stream import Stream, check_stream
+from .device.stream import Event, Stream, check_stream
 
 __all__ = ["Allocator"]
 
@@ -377,6 +377,14 @@ class Allocator:
             if not name:
                 raise ValueError("name must be a non-empty string (or None for '#<id>')")
         return self.device.new_stream(name)
+
+    def new_event(self) -> Event:
+        """A new event of this allocator's device (PyTorch's ``torch.cuda.Event()``), not yet
+        recorded: record it with ``stream.record_event(e)``, make a stream wait for it with
+        ``stream.wait_event(e)``, and ask ``e.query()`` or wait with ``e.synchronize()`` (see
+        :class:`~allocator.device.stream.Event`). On ``cuda`` a timing-free
+        ``cupy.cuda.Event``."""
+        return Event(self.device)
 
     def current_stream(self) -> Stream:
         """The calling thread's current stream: the one of its innermost :meth:`use_stream`

@@ -35,7 +35,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .stream import Stream
+from .stream import Event, Stream
 
 __all__ = [
     "Block",
@@ -147,6 +147,24 @@ class Device:
 
     def synchronize_stream(self, stream: Stream) -> None:
         """Block the host until every kernel queued on ``stream`` has completed."""
+
+    def new_event_handle(self) -> object:
+        """The backend's own object for a new :class:`~allocator.device.stream.Event` (none
+        on the stub)."""
+        return None
+
+    def record_event(self, stream: Stream, event: Event) -> None:
+        """Record ``event`` on ``stream``, after every kernel queued there so far."""
+
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        """Make kernels queued on ``stream`` from now on wait for the recorded ``event``."""
+
+    def event_done(self, event: Event) -> bool:
+        """Whether the recorded ``event`` completed. Never waits."""
+        return True
+
+    def synchronize_event(self, event: Event) -> None:
+        """Block the host until the recorded ``event`` completed."""
 
     def stream_done(self, stream: Stream) -> bool:
         """Whether every kernel queued on ``stream`` has completed. Never waits."""

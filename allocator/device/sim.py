@@ -52,7 +52,15 @@ import itertools
 from .. import _locks
 from .base import Block, Device, DeviceAllocationError, Stream, fatal, host_array
 
-__all__ = ["QUERY_COST_US", "SimBlock", "SimDevice", "SimStream", "access_message", "race_message"]
+__all__ = [
+    "QUERY_COST_US",
+    "SimBlock",
+    "SimDevice",
+    "SimEvent",
+    "SimStream",
+    "access_message",
+    "race_message",
+]
 
 QUERY_COST_US = 1
 """Logical microseconds a query (:meth:`Stream.query <allocator.device.stream.Stream.query>`)
@@ -116,6 +124,20 @@ class SimStream:
 
     def __repr__(self) -> str:
         return f"<SimStream tail={self.tail_us}us>"
+
+
+class SimEvent:
+    """A simulated event: the completion time and the vector clock of its stream when it was
+    last recorded (``time_us`` 0 and an empty clock before)."""
+
+    __slots__ = ("time_us", "vc")
+
+    def __init__(self) -> None:
+        self.time_us = 0
+        self.vc: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<SimEvent at t={self.time_us}us>"
 
 
 class SimBlock(Block):
@@ -280,6 +302,40 @@ class SimDevice(Device):
             if done:
                 self._observe(clock.vc)
         return done
+
+    def new_event_handle(self) -> SimEvent:
+        return SimEvent()
+
+    def record_event(self, stream: Stream, event) -> None:
+        with self._lock:
+            clock, handle = stream.handle, event.handle
+            handle.time_us = clock.tail_us
+            handle.vc = dict(clock.vc)
+
+    def wait_event(self, stream: Stream, event) -> None:
+        with self._lock:
+            clock, handle = stream.handle, event.handle
+            if handle.time_us > clock.tail_us:
+                clock.tail_us = handle.time_us
+            _join(clock.vc, handle.vc)
+
+    def event_done(self, event) -> bool:
+        """Whether ``event`` completed; the query itself takes :data:`QUERY_COST_US` of host
+        time, and a true answer orders the host after the kernels before it."""
+        with self._lock:
+            self.now_us += QUERY_COST_US
+            handle = event.handle
+            done = handle.time_us <= self.now_us
+            if done:
+                self._observe(handle.vc)
+        return done
+
+    def synchronize_event(self, event) -> None:
+        with self._lock:
+            handle = event.handle
+            if handle.time_us > self.now_us:
+                self.now_us = handle.time_us
+            self._observe(handle.vc)
 
     def launch(self, stream: Stream, out: SimBlock | None = None, *inputs: SimBlock) -> None:
         """Queue a kernel on ``stream``'s clock that writes ``out`` (``None`` for a readback)

@@ -7,13 +7,15 @@ the caller has patched to raise :class:`Raced`, and records what each operation 
 first that races, by building the happens-before graph CUDA's rules give and searching it
 (depth-first, for every pair of accesses): no vector clocks, nothing shared with the simulator.
 
-The graph's edges: kernels of one stream in issue order; ``wait_stream(s, t)`` from every
-kernel queued on ``t`` so far to every kernel queued on ``s`` later; a host wait (a stream's or
-the device's ``synchronize``, a query that returned true, a block's ``wait``, a block whose
-recorded events were found ``ready``) from every kernel it waited for to every kernel launched
-later, on any stream. Two accesses of one block conflict when one of them writes; a kernel
-races when one of its accesses conflicts with an earlier kernel's access that no path leads
-from.
+The graph's edges: kernels of one stream in issue order; ``wait_stream(s, t)`` from every kernel
+queued on ``t`` so far to every kernel queued on ``s`` later; a host wait (a stream's or the
+device's ``synchronize``, a query that returned true, a block's ``wait``, a block whose recorded
+events were found ``ready``, an event's ``synchronize`` or true ``query``) from every kernel it
+waited for to every kernel launched later, on any stream; ``s.wait_event(e)`` from every kernel
+queued on ``e``'s stream before its last record to every kernel queued on ``s`` later (nothing
+for an event never recorded). Two accesses of one block conflict when one of them writes; a
+kernel races when one of its accesses conflicts with an earlier kernel's access that no path
+leads from.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import random
 import re
 
 from allocator.device import SimDevice
+from allocator.device.stream import Event
 
 STREAMS = ("default", "a", "b")
 BLOCKS = 2
+EVENTS = 2
 
 
 class Raced(Exception):
@@ -51,6 +55,7 @@ def random_program(rng: random.Random, length: int) -> list[tuple]:
             + ["wait_stream"] * 2
             + ["sync_stream", "sync_device", "query"]
             + ["advance", "record", "ready", "wait"]
+            + ["record_event", "wait_event", "event_sync", "event_query"]
         )
         s, t = rng.randrange(len(STREAMS)), rng.randrange(len(STREAMS))
         b = rng.randrange(BLOCKS)
@@ -71,6 +76,10 @@ def random_program(rng: random.Random, length: int) -> list[tuple]:
         elif kind == "record":
             uses = tuple(sorted({rng.randrange(len(STREAMS)) for _ in range(rng.randrange(3))}))
             ops.append((kind, b, uses))
+        elif kind in ("record_event", "wait_event"):
+            ops.append((kind, s, rng.randrange(EVENTS)))
+        elif kind in ("event_sync", "event_query"):
+            ops.append((kind, rng.randrange(EVENTS)))
         else:
             ops.append((kind, b))
     return ops
@@ -92,6 +101,7 @@ def run(program: list[tuple], latency: int, owners: tuple[int, ...]) -> tuple[li
         block = sim.malloc(64)
         block.stream = streams[owner]
         blocks.append(block)
+    events = [Event(sim) for _ in range(EVENTS)]
     results: list = []
     for op in program:
         kind = op[0]
@@ -121,6 +131,14 @@ def run(program: list[tuple], latency: int, owners: tuple[int, ...]) -> tuple[li
                 result = sim.ready(blocks[op[1]])
             elif kind == "wait":
                 sim.wait(blocks[op[1]])
+            elif kind == "record_event":
+                streams[op[1]].record_event(events[op[2]])
+            elif kind == "wait_event":
+                streams[op[1]].wait_event(events[op[2]])
+            elif kind == "event_sync":
+                events[op[1]].synchronize()
+            elif kind == "event_query":
+                result = events[op[1]].query()
         except Raced as exc:
             results.append(None)
             return results, str(exc)
@@ -141,6 +159,7 @@ def verdict(program: list[tuple], results: list, owners: tuple[int, ...]) -> tup
     waits: list[tuple[object, int]] = []  # (wait_stream node, the stream that waits)
     lives = [0] * BLOCKS
     recorded: dict[int, tuple[object, list]] = {}  # block -> (own event node, use event nodes)
+    marks: dict[int, object] = {}  # user event -> its node at its last record
 
     def event(op: int, streams: set[int], tag: str) -> object:
         node = (tag, op, tuple(sorted(streams)))
@@ -185,6 +204,12 @@ def verdict(program: list[tuple], results: list, owners: tuple[int, ...]) -> tup
         elif kind == "wait" and op[1] in recorded:
             own, uses = recorded[op[1]]
             later.extend((own, *uses))
+        elif kind == "record_event":
+            marks[op[2]] = event(i, {op[1]}, "mark")
+        elif kind == "wait_event" and op[2] in marks:
+            waits.append((marks[op[2]], op[1]))
+        elif (kind == "event_sync" or (kind == "event_query" and results[i])) and op[1] in marks:
+            later.append(marks[op[1]])
     return -1, set()
 
 

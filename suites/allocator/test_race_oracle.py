@@ -1,11 +1,12 @@
 """The simulator's race check against a brute-force happens-before oracle (DESIGN 2.4).
 
-Random programs of three streams and two blocks (kernels that write and read them,
-``wait_stream``, host waits, queries, time passing, frees with their events, the cache's event
-polls) run on the simulator with its ``fatal`` patched to raise; :mod:`._race_oracle` decides
-independently, from the program and the answers its queries got, which kernel first races. In
-both directions: the simulator is silent on every ordered program and aborts every unordered
-conflicting pair, at the kernel the oracle names, with a line naming a racing partner.
+Random programs of three streams, two blocks and two events (kernels that write and read the
+blocks, ``wait_stream``, host waits, queries, time passing, frees with their events, the cache's
+event polls, events recorded, waited for by streams, queried and synchronized) run on the
+simulator with its ``fatal`` patched to raise; :mod:`._race_oracle` decides independently, from
+the program and the answers its queries got, which kernel first races. In both directions: the
+simulator is silent on every ordered program and aborts every unordered conflicting pair, at the
+kernel the oracle names, with a line naming a racing partner.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from hypothesis import strategies as st
 from allocator.device import sim as sim_module
 
 from . import _race_oracle
-from ._race_oracle import BLOCKS, STREAMS, Raced
+from ._race_oracle import BLOCKS, EVENTS, STREAMS, Raced
 
 _stream = st.integers(0, len(STREAMS) - 1)
 _block = st.integers(0, BLOCKS - 1)
+_event = st.integers(0, EVENTS - 1)
 _op = st.one_of(
     st.tuples(
         st.just("kernel"),
@@ -36,6 +38,8 @@ _op = st.one_of(
     st.tuples(st.just("advance"), st.integers(1, 40)),
     st.tuples(st.just("record"), _block, st.lists(_stream, max_size=2, unique=True).map(tuple)),
     st.tuples(st.sampled_from(["ready", "wait"]), _block),
+    st.tuples(st.sampled_from(["record_event", "wait_event"]), _stream, _event),
+    st.tuples(st.sampled_from(["event_sync", "event_query"]), _event),
 )
 
 

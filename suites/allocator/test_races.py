@@ -203,3 +203,45 @@ def test_reads_of_several_streams_do_not_conflict(raced):
 def test_the_race_check_aborts_the_process(death):
     outcome = death.run(_race_probes.read_without_wait)
     outcome.assert_aborted(match=READ_RACE.replace("^", "(?m)^"))
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def test_an_event_orders_what_was_queued_before_its_record_only(raced):
+    alloc = _sim()
+    gather = alloc.new_stream("G")
+    with alloc.use_stream(gather):
+        x = alloc.full(N, 1.0)  # t = 0..100 on G
+        mark = gather.record_event()  # after x's fill
+        y = alloc.full(N, 2.0)  # t = 100..200 on G, after the record
+    alloc.default_stream.wait_event(mark)
+    assert alloc.default_stream.handle.tail_us == 100  # waits for x's fill, not for y's
+    assert alloc.sum(alloc.mul(x, x)) == float(N)  # t = 100..200, then the readback
+    with pytest.raises(Raced) as info:
+        alloc.mul(y, y)
+    assert str(info.value) == (
+        "sim: stream default reads block #2 while stream G's write (until t=200) is not waited for"
+    )
+
+
+def test_an_event_polled_in_a_loop_turns_true_and_orders_the_host(raced):
+    alloc = _sim()
+    gather = alloc.new_stream("G")
+    with alloc.use_stream(gather):
+        x = alloc.full(N, 1.0)
+    mark = gather.record_event()
+    polls = 1
+    while not mark.query() and polls < 1000:
+        polls += 1
+    assert (polls, alloc.device.now_us) == (100, 100)
+    assert alloc.sum(x) == float(N)  # ordered after the fill by the true answer
+
+
+def test_an_events_synchronize_orders_the_host(raced):
+    alloc = _sim()
+    gather = alloc.new_stream("G")
+    with alloc.use_stream(gather):
+        x = alloc.full(N, 1.0)
+    gather.record_event().synchronize()
+    assert alloc.device.now_us == 100 and alloc.sum(x) == float(N)
