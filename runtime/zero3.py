@@ -28,9 +28,11 @@ Order of operations, per parameter:
 - ``allgather``: if the registry holds a gathered base, a view of it (nothing is allocated:
   DeepSpeed's ``isValid``); else the gather stream waits for the current stream (DeepSpeed's
   ``ag_comp_done`` event), the padded base is allocated and filled on the gather stream (one
-  upload: the all-gather kernel), registered, and a view of its first ``numel`` elements
-  returned.
-- ``wait``: the current stream waits for the gather stream (``wait_allgather``).
+  upload: the all-gather kernel), an event recorded on the gather stream after it (DeepSpeed's
+  ``ag_comm_done_events_[ds_id]``), the base registered, and a view of its first ``numel``
+  elements returned.
+- ``wait``: the current stream waits for the parameter's own event (``wait_allgather``), not
+  for the whole gather stream: gathers prefetched after it overlap the compute.
 - ``release``: a countdown armed at ``n_users`` when it is 0, then decremented; when it reaches
   0 on a non-persistent parameter, the base is unregistered, the current stream recorded on it
   and its storage freed by ``resize_(0, "release_param")`` (legacy: unregistered only).
@@ -43,7 +45,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from allocator import Allocator, Buffer
+from allocator import Allocator, Buffer, Event
 from allocator._buffer import MAX_ELEMENTS
 
 from ._checks import integer
@@ -94,6 +96,7 @@ class _Entry:
 
     param: Param
     padded: np.ndarray
+    gathered: Event  # recorded on the gather stream after its last all-gather
     countdown: int = 0
     released: bool = False  # its last gather was released for good (until the next gather)
 
@@ -177,7 +180,7 @@ class Zero3:
             raise MemoryError(
                 f"numel={numel}: the host cannot hold its shards ({param.padded_bytes} bytes)"
             ) from None
-        self._entries[param_id] = _Entry(param, padded)
+        self._entries[param_id] = _Entry(param, padded, self.alloc.new_event())
         return param
 
     def param(self, param_id: Hashable) -> Param:
@@ -216,8 +219,9 @@ class Zero3:
         If its base is gathered already (a persistent parameter, or one whose countdown has
         not reached 0), returns a view of it and allocates nothing. Otherwise the gather stream
         first waits for the current stream, then a padded base of ``padded_numel`` elements is
-        allocated on the gather stream and filled there with every rank's shard, and kept in
-        the registry.
+        allocated on the gather stream and filled there with every rank's shard, the
+        parameter's event is recorded there (what :meth:`wait` waits for), and the base is
+        kept in the registry.
 
         Returns:
             A true-shape view: the base's first ``numel`` elements, sharing its storage.
@@ -233,12 +237,16 @@ class Zero3:
             self.gather_stream.wait_stream(alloc.current_stream())
             with alloc.use_stream(self.gather_stream):
                 base = alloc.from_numpy(entry.padded)
+            self.gather_stream.record_event(entry.gathered)  # its all-gather is done there
             self._gathered[param_id] = base
             entry.released = False
         return base.view(0, entry.param.numel)
 
     def wait(self, view: Buffer, param_id: Hashable) -> Buffer:
-        """Make the current stream wait for the gather (DeepCompile's ``wait_allgather``).
+        """Make the current stream wait for the parameter's own all-gather (DeepCompile's
+        ``wait_allgather``, which waits on ``ag_comm_done_events_[ds_id]``): the event recorded
+        after it, not the whole gather stream, so that the gathers queued after it (a
+        prefetch) overlap the current stream's next kernels.
 
         Returns:
             ``view``, unchanged.
@@ -250,7 +258,7 @@ class Zero3:
                 gathered storage.
         """
         self._check_view(view, param_id, "wait")
-        self.alloc.current_stream().wait_stream(self.gather_stream)
+        self.alloc.current_stream().wait_event(self._entries[param_id].gathered)
         return view
 
     def release(self, view: Buffer, param_id: Hashable, n_users: int) -> Buffer:

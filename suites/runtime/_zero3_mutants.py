@@ -31,9 +31,21 @@ def _wait_does_not_wait():
     return zero3.Zero3, "wait", wait
 
 
+def _wait_for_the_whole_gather_stream():
+    # the wait before per-parameter events: correct, but every prefetched gather queued on the
+    # gather stream delays the compute
+    def wait(self, view, param_id):
+        self._check_view(view, param_id, "wait")
+        self.alloc.current_stream().wait_stream(self.gather_stream)
+        return view
+
+    return zero3.Zero3, "wait", wait
+
+
 MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {
     "release_without_record_stream": _release_without_record_stream,
     "wait_does_not_wait": _wait_does_not_wait,
+    "wait_for_the_whole_gather_stream": _wait_for_the_whole_gather_stream,
 }
 
 

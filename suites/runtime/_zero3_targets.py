@@ -78,6 +78,26 @@ def read_after_wait(mutant: str | None = None) -> dict:
     }
 
 
+def overlap(mutant: str | None = None) -> dict:
+    """A chain of 6 layers (a weight and a bias each, 4097 elements over 2 ranks) on ``sim``
+    with kernels of 100 us, run with prefetch 0 and 2 (a fresh allocator each): the simulated
+    time at which the last kernel completes, and each layer's op's completion time."""
+    _zero3_mutants.apply(mutant)
+    report = {}
+    for prefetch in (0, 2):
+        alloc = Allocator(AllocatorConfig(backend="sim", sim_latency_us=LATENCY_US))
+        z3 = Zero3(alloc, 2)
+        layers = [(f"w{k}", f"b{k}") for k in range(6)]
+        for params in layers:
+            for param_id in params:
+                z3.register(param_id, NUMEL)
+        x = alloc.full(NUMEL, 1.0)
+        run = run_graph(z3, layers, x, prefetch=prefetch)
+        report[f"prefetch={prefetch}"] = alloc.device.tail_us
+        del run
+    return report
+
+
 def legacy_teardown() -> dict:
     """The pre-fix release path on ``sim`` with a latency: one layer, then the allocator is
     dropped. The gathered base (gather stream) was read by the layer's op on the default
