@@ -361,7 +361,10 @@ class Allocator:
         """A new stream of this allocator's device (PyTorch's ``torch.cuda.Stream()``).
 
         Its kernels run in order, independently of other streams' until a
-        :meth:`Stream.wait_stream` orders them. Make it current with :meth:`use_stream`.
+        :meth:`Stream.wait_stream` orders them. Make it current with :meth:`use_stream`. Once
+        nothing refers to it any more (the blocks cached for it hold no reference), no
+        allocation can reuse what the cache keeps for it: the next allocation or free hands
+        those blocks back to the device.
 
         Args:
             name: a label for messages (the simulator's race check names streams by it);
@@ -376,7 +379,10 @@ class Allocator:
                 raise TypeError(f"name must be a str, got {type(name).__name__}")
             if not name:
                 raise ValueError("name must be a non-empty string (or None for '#<id>')")
-        return self.device.new_stream(name)
+        stream = self.device.new_stream(name)
+        if self._cache is not None:
+            self._cache.watch(stream)  # once dropped, its cached blocks go back to the device
+        return stream
 
     def new_event(self) -> Event:
         """A new event of this allocator's device (PyTorch's ``torch.cuda.Event()``), not yet
@@ -478,11 +484,14 @@ class Allocator:
     def stats(self) -> AllocatorStats:
         """A snapshot of every counter; see :class:`AllocatorStats` for the fields.
 
-        It first frees the blocks that finalizers queued. Each layer's counters are read
+        It first frees the blocks that finalizers queued, and hands the blocks cached for
+        dropped streams back to the device. Each layer's counters are read
         together, under that layer's lock; with other threads allocating meanwhile, two layers'
         figures may be a few operations apart.
         """
         self._arenas.drain()
+        if self._cache is not None and self._cache.dropped:
+            self._cache.reap()
         device_free, device_total = self.device.memory_info()
         live, peak, buffers, allocs, frees = self._stats.counters()
         cache = self._cache

@@ -93,8 +93,7 @@ _NO_FRAMES: tuple = ()
 def block_stream(block: Block) -> int:
     """The id of the stream ``block`` was allocated on, PyTorch's ``stream`` field (0 is the
     default stream; a block not yet handed out counts as the default stream's)."""
-    stream = block.stream
-    return 0 if stream is None else stream.id
+    return block.stream_id
 
 
 def awaiting_free(device: Device, block: Block) -> bool:

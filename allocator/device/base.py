@@ -67,14 +67,25 @@ class Block:
             (backend-specific; ``None`` until then).
         id: a number unique per device, used in diagnostics (``block #7``).
         stream: the :class:`Stream` it was allocated on, which it belongs to (set by the device
-            layer; ``None`` only for a block made by the device directly).
+            layer; ``None`` for a block made by the device directly, and while the reuse
+            cache holds the block, so that a cached block keeps no stream alive).
+        stream_id: that stream's id (0 until the device layer sets it), kept while cached.
         stream_uses: the other streams ``record_stream`` recorded on it during its current life
             (a set), or ``None`` when there are none (PyTorch: ``Block::stream_uses``).
         use_events: the events recorded on those streams when it was last freed
             (backend-specific; ``None`` when there were none).
     """
 
-    __slots__ = ("array", "event", "id", "nbytes", "stream", "stream_uses", "use_events")
+    __slots__ = (
+        "array",
+        "event",
+        "id",
+        "nbytes",
+        "stream",
+        "stream_id",
+        "stream_uses",
+        "use_events",
+    )
 
     def __init__(self, block_id: int, nbytes: int, array) -> None:
         self.id = block_id
@@ -82,6 +93,7 @@ class Block:
         self.array = array
         self.event = None
         self.stream: Stream | None = None
+        self.stream_id = 0
         self.stream_uses: set[Stream] | None = None
         self.use_events = None
 

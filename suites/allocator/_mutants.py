@@ -22,10 +22,10 @@ _leaked: list = []
 def _cache_ignores_cap() -> None:
     original = CachingLayer._put
 
-    def put(self, block):
+    def put(self, block, evicted):
         cap, self.cap_bytes = self.cap_bytes, 0
         try:
-            return original(self, block)
+            return original(self, block, evicted)
         finally:
             self.cap_bytes = cap
 

@@ -726,8 +726,11 @@ def test_block_stream_is_the_default_streams_until_the_block_is_handed_out():
     alloc = dm.Allocator(dm.AllocatorConfig(backend="sim"))
     block = alloc.device.malloc(16)
     assert block.stream is None and block_stream(block) == 0
-    block.stream = alloc.new_stream("side")
-    assert block_stream(block) == block.stream.id == 1
+    side = alloc.new_stream("side")
+    block.stream, block.stream_id = side, side.id  # what the device layer does
+    assert block_stream(block) == 1
+    block.stream = None  # the reuse cache drops the reference while it holds the block
+    assert block_stream(block) == 1
     alloc.device.free(block)
 
 

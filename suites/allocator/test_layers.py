@@ -197,9 +197,10 @@ def test_caching_layer_caps_and_flushes_awaiting_blocks_too():
         block.stream_uses = {side}
     upstream.take_calls()
     layer.deallocate(blocks[0], RELEASE)  # cached, awaiting
-    layer.deallocate(blocks[1], RELEASE)  # past the cap: freed after waiting on its events
-    assert upstream.take_calls() == [("deallocate", KIB, "cap_evict")]
-    assert device.now_us == 20 and layer.counters()[4] == 1
+    layer.deallocate(blocks[1], RELEASE)  # past the cap: the oldest cached block makes room
+    assert upstream.take_calls() == [("deallocate_many", [KIB], "cap_evict")]
+    assert layer.awaiting() == ((blocks[1], ()),)  # the newest stays (its event done: synced)
+    assert device.now_us == 20 and layer.counters()[4] == 1  # cudaFree: the device synchronized
     assert layer.flush() == KIB and layer.awaiting() == () and len(layer) == 0
     assert upstream.take_calls() == [("deallocate_many", [KIB], "empty_cache")]
 
@@ -212,9 +213,10 @@ def test_caching_layer_evicts_past_the_cap_with_the_cap_evict_cause():
     layer.deallocate_many(blocks[:3], RELEASE)
     layer.deallocate(blocks[3], RELEASE)
     assert upstream.take_calls() == [
-        ("deallocate_many", [KIB], "cap_evict"),
-        ("deallocate", 4 * KIB, "cap_evict"),
+        ("deallocate_many", [KIB], "cap_evict"),  # the oldest, blocks[0], made room
+        ("deallocate_many", [4 * KIB], "cap_evict"),  # larger than the cap: never cached
     ]
+    assert sorted(layer.blocks(), key=blocks.index) == blocks[1:3]
     cached, cap, hits, misses, evictions, flushes = layer.counters()
     assert (cached, cap, hits, misses, evictions, flushes) == (2 * KIB, 2 * KIB, 0, 4, 2, 0)
 
