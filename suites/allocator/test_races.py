@@ -245,3 +245,16 @@ def test_an_events_synchronize_orders_the_host(raced):
         x = alloc.full(N, 1.0)
     gather.record_event().synchronize()
     assert alloc.device.now_us == 100 and alloc.sum(x) == float(N)
+
+
+def test_an_in_process_abort_fails_the_test_with_its_line():
+    # no `raced` fixture: the suites' own conftest turns the abort into SimulatorAbort in the
+    # pytest process (a death test's child aborts for real: test_the_race_check_aborts_...)
+    from suites._sim_abort import SimulatorAbort
+
+    alloc = _sim()
+    gather = alloc.new_stream("G")
+    with alloc.use_stream(gather):
+        x = alloc.full(N, 1.0)
+    with pytest.raises(SimulatorAbort, match=READ_RACE):
+        alloc.mul(x, x)
