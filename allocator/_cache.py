@@ -45,7 +45,8 @@ Order of operations:
 The free lists are a dict per stream id of lists keyed by byte size; the awaiting blocks a list;
 ``_age`` every cached block in the order it was cached (a dict used as an ordered set).
 The lock guards them and the counters; the device is called with it released, except
-``ready``, ``pending_streams`` and ``record`` (which only read or set the block's events).
+``take_ready``, ``pending_streams`` and ``record`` (which only read or set the block's
+events).
 ``cache_bytes`` (awaiting blocks included: they are cached, not live) is the running total the
 cap decision reads (up on push, down on reuse, zero on flush). Dropping the layer (its
 allocator) flushes it (cause ``teardown``), except during interpreter shutdown.
@@ -174,7 +175,7 @@ class CachingLayer:
     def _process_events(self) -> None:
         """Move the awaiting blocks whose other streams' events completed to their stream's
         free list (lock held; PyTorch: ``process_events``)."""
-        ready = self._device.ready
+        ready = self._device.take_ready
         waiting = []
         for block in self._awaiting:
             if ready(block):

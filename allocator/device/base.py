@@ -206,6 +206,12 @@ class Device:
         block may be reused on its own stream. Never waits."""
         return True
 
+    def take_ready(self, block: Block) -> bool:
+        """:meth:`ready`, asked by the reuse cache before it reuses ``block`` on its own stream
+        (the event query whose true answer orders the host after the events; a snapshot's or
+        a history's look at a block uses :meth:`ready`, which orders nothing). Never waits."""
+        return self.ready(block)
+
     def pending_streams(self, block: Block) -> tuple[Stream, ...]:
         """The streams of ``block.stream_uses`` whose events recorded at its last free have not
         completed: what the block waits on before its own stream may reuse it. Never waits."""

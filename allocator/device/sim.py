@@ -439,17 +439,23 @@ class SimDevice(Device):
             block.event = event
 
     def ready(self, block: SimBlock) -> bool:
-        """Whether the events on the block's other streams completed (an event query: a true
-        answer orders the host after them)."""
+        """Whether the events on the block's other streams completed. Only a look: the reuse
+        cache's query, which orders the host after them, is :meth:`take_ready`."""
         events = block.use_events
         if not events:
             return True
-        with self._lock:
-            now = self.now_us
-            done = all(t <= now for t in events.values())
-            if done and block.use_clock:
+        now = self.now_us
+        return all(t <= now for t in events.values())
+
+    def take_ready(self, block: SimBlock) -> bool:
+        """:meth:`ready`, queried by the reuse cache before it reuses the block: a true answer
+        orders the host (and so the block's next life) after those events."""
+        if not self.ready(block):
+            return False
+        if block.use_clock:
+            with self._lock:
                 self._observe(block.use_clock)
-        return done
+        return True
 
     def pending_streams(self, block: SimBlock) -> tuple[Stream, ...]:
         events = block.use_events

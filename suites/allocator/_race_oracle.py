@@ -10,7 +10,8 @@ first that races, by building the happens-before graph CUDA's rules give and sea
 The graph's edges: kernels of one stream in issue order; ``wait_stream(s, t)`` from every kernel
 queued on ``t`` so far to every kernel queued on ``s`` later; a host wait (a stream's or the
 device's ``synchronize``, a query that returned true, a block's ``wait``, a block whose recorded
-events were found ``ready``, an event's ``synchronize`` or true ``query``) from every kernel it
+events the reuse cache found ready (``take_ready``; a snapshot's ``ready`` looks without
+ordering anything), an event's ``synchronize`` or true ``query``) from every kernel it
 waited for to every kernel launched later, on any stream; ``s.wait_event(e)`` from every kernel
 queued on ``e``'s stream before its last record to every kernel queued on ``s`` later (nothing
 for an event never recorded). Two accesses of one block conflict when one of them writes; a
@@ -54,7 +55,7 @@ def random_program(rng: random.Random, length: int) -> list[tuple]:
             ["kernel"] * 6
             + ["wait_stream"] * 2
             + ["sync_stream", "sync_device", "query"]
-            + ["advance", "record", "ready", "wait"]
+            + ["advance", "record", "ready", "peek", "wait"]
             + ["record_event", "wait_event", "event_sync", "event_query"]
         )
         s, t = rng.randrange(len(STREAMS)), rng.randrange(len(STREAMS))
@@ -127,7 +128,9 @@ def run(program: list[tuple], latency: int, owners: tuple[int, ...]) -> tuple[li
                 others = {streams[u] for u in op[2]} - {block.stream}
                 block.stream_uses = others or None
                 sim.record(block)
-            elif kind == "ready":
+            elif kind == "ready":  # the reuse cache's query before it reuses the block
+                result = sim.take_ready(blocks[op[1]])
+            elif kind == "peek":  # a snapshot's or a history's look: orders nothing
                 result = sim.ready(blocks[op[1]])
             elif kind == "wait":
                 sim.wait(blocks[op[1]])

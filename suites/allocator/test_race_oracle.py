@@ -37,7 +37,7 @@ _op = st.one_of(
     st.tuples(st.just("sync_device")),
     st.tuples(st.just("advance"), st.integers(1, 40)),
     st.tuples(st.just("record"), _block, st.lists(_stream, max_size=2, unique=True).map(tuple)),
-    st.tuples(st.sampled_from(["ready", "wait"]), _block),
+    st.tuples(st.sampled_from(["ready", "peek", "wait"]), _block),
     st.tuples(st.sampled_from(["record_event", "wait_event"]), _stream, _event),
     st.tuples(st.sampled_from(["event_sync", "event_query"]), _event),
 )
@@ -117,6 +117,17 @@ def _host_learns_nothing(monkeypatch) -> None:  # aborts programs a host wait or
     monkeypatch.setattr(sim_module.SimDevice, "_observe", lambda self, vc: None)
 
 
+def _a_look_orders(monkeypatch) -> None:  # a snapshot's look would change the verdict
+    def ready(self, block):
+        events = block.use_events
+        done = not events or all(t <= self.now_us for t in events.values())
+        if done and block.use_clock:
+            self._observe(block.use_clock)
+        return done
+
+    monkeypatch.setattr(sim_module.SimDevice, "ready", ready)
+
+
 def _timing_decides(monkeypatch) -> None:  # the old rule: a kernel completed in time is ordered
     original = sim_module.SimDevice.launch
     join = sim_module._join
@@ -132,11 +143,55 @@ def _timing_decides(monkeypatch) -> None:  # the old rule: a kernel completed in
     monkeypatch.setattr(sim_module.SimDevice, "launch", launch)
 
 
+# Programs that each direction of the check must get right, besides the random ones: a race
+# that only a snapshot's look at a freed block's events could hide (it orders nothing), and the
+# same program ordered by the reuse cache's query of those events.
+FIXED = [
+    (
+        [
+            ("kernel", 1, 0, ()),  # stream a writes block #1
+            ("record", 1, (1,)),  # block #2 (the default stream's) freed, recorded on a
+            ("advance", 50),
+            ("peek", 1),
+            ("kernel", 0, None, (0,)),  # the default stream reads block #1
+        ],
+        10,
+        (0, 0),
+    ),
+    (
+        [
+            ("kernel", 1, 0, ()),  # stream a writes block #1
+            ("record", 1, (1,)),  # block #2 (the default stream's) freed, recorded on a
+            ("advance", 50),
+            ("ready", 1),
+            ("kernel", 0, None, (0,)),  # the default stream reads block #1
+        ],
+        10,
+        (0, 0),
+    ),
+]
+
+
+def test_the_fixed_programs(raising):
+    verdicts = [_race_oracle.check(*case) for case in FIXED]
+    assert verdicts == [
+        "sim: stream default reads block #1 while stream a's write (until t=10) is not waited for",
+        None,
+    ]
+
+
 @pytest.mark.parametrize(
-    "mutant", [_reads_unchecked, _wait_stream_orders_nothing, _host_learns_nothing, _timing_decides]
+    "mutant",
+    [
+        _reads_unchecked,
+        _wait_stream_orders_nothing,
+        _host_learns_nothing,
+        _timing_decides,
+        _a_look_orders,
+    ],
 )
 def test_teeth_the_oracle_catches_a_broken_race_check(raising, monkeypatch, mutant):
     mutant(monkeypatch)
     with pytest.raises(AssertionError):
-        for program, latency, owners in _batch(1, 400):
+        for program, latency, owners in FIXED + _batch(1, 400):
             _race_oracle.check(program, latency, owners)
