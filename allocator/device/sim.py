@@ -449,12 +449,14 @@ class SimDevice(Device):
 
     def take_ready(self, block: SimBlock) -> bool:
         """:meth:`ready`, queried by the reuse cache before it reuses the block: a true answer
-        orders the host (and so the block's next life) after those events."""
+        orders the host (and so the block's next life) after those events, which the block
+        then forgets (so that it keeps no other stream alive while it is cached)."""
         if not self.ready(block):
             return False
         if block.use_clock:
             with self._lock:
                 self._observe(block.use_clock)
+        block.use_events = block.use_clock = None
         return True
 
     def pending_streams(self, block: SimBlock) -> tuple[Stream, ...]:

@@ -116,3 +116,20 @@ def test_the_cap_evicts_the_oldest_blocks_first_as_many_as_it_takes():
     alloc.release(huge)  # larger than the cap: never cached, nothing evicted for it
     stats = alloc.stats()
     assert (stats.cache_bytes, stats.cap_evictions, stats.device_frees) == (3 * MIB, 3, 3)
+
+
+def test_a_block_recorded_on_a_dropped_stream_keeps_it_alive_only_while_it_waits():
+    sim = _sim(sim_latency_us=10)
+    consumer = sim.new_stream("consumer")
+    a = sim.full(4, 1.0)
+    consumer.wait_stream(sim.default_stream)
+    with sim.use_stream(consumer):
+        sim.release(sim.copy(a))  # read on the consumer stream: t = 10..20
+    a.record_stream(consumer)
+    sim.release(a)  # awaits the consumer's event (t=20): it holds the consumer stream
+    alive = weakref.ref(consumer)
+    del consumer
+    assert alive() is not None
+    sim.device.advance(20)
+    sim.release(sim.empty(8))  # the cache finds the event done: the block forgets the stream
+    assert alive() is None and sim._cache.awaiting() == ()
