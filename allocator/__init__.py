@@ -52,6 +52,7 @@ from ._default import (
     history,
     live_blocks,
     mul,
+    new_event,
     new_stream,
     record_history,
     release,
@@ -77,7 +78,7 @@ from ._scope import ArenaScope
 from ._snapshot import LiveBlock, StackFrame
 from ._stats import AllocatorStats, EpochStats
 from .device import fork_unsafe_reason
-from .device.stream import Stream
+from .device.stream import Event, Stream
 
 __all__ = [
     "ARENA_DEBUG_MODES",
@@ -95,6 +96,7 @@ __all__ = [
     "ConfigError",
     "DeviceOutOfMemory",
     "EpochStats",
+    "Event",
     "FreeCause",
     "LiveBlock",
     "SizeMismatchError",
@@ -121,6 +123,7 @@ __all__ = [
     "history",
     "live_blocks",
     "mul",
+    "new_event",
     "new_stream",
     "parse_cache_cap",
     "record_history",

@@ -24,8 +24,9 @@ Order of operations:
   and the same stream, else the device; on failure the cache collects garbage, flushes and
   retries once), counted on the way back up, tracked by the open arena; a failure raises
   :class:`DeviceOutOfMemory` and changes no live count;
-- an op: its output allocated, then ``device.launch(stream, out, *inputs)`` where the backend
-  tracks launches (the simulator with a latency: its clock and race check), then the kernel on
+- an op: its output allocated, then ``device.launch(stream, out, *inputs)`` (``out`` written,
+  ``inputs`` read; a readback passes ``None`` for ``out``) where the backend tracks launches
+  (the simulator with a latency: its clock and race check), then the kernel on
   that stream;
 - free (release, ``resize_(0)``, finalization, arena exit): one path, in the registry; the
   block is counted as freed first, then its events are recorded (its stream's and those of the
@@ -69,7 +70,7 @@ from ._snapshot import LiveBlock
 from ._statistics import Statistics
 from ._stats import AllocatorStats, EpochStats
 from .device import Device, DeviceAllocationError, make_device
-from .device.stream import Stream, check_stream
+from .device.stream import Event, Stream, check_stream
 
 __all__ = ["Allocator"]
 
@@ -301,7 +302,7 @@ class Allocator:
             return 0.0
         stream = self._current.stream
         if self._launch is not None:
-            self._launch(stream, a._st._cell[0])
+            self._launch(stream, None, a._st._cell[0])  # a read
         return self.device.sum(stream, a._array())
 
     def to_numpy(self, a: Buffer) -> np.ndarray:
@@ -317,7 +318,7 @@ class Allocator:
             return np.empty(0, dtype=np.float32)
         stream = self._current.stream
         if self._launch is not None:
-            self._launch(stream, a._st._cell[0])
+            self._launch(stream, None, a._st._cell[0])  # a read
         return self.device.download(stream, a._array())
 
     # -- freeing ---------------------------------------------------------------------------------
@@ -360,7 +361,10 @@ class Allocator:
         """A new stream of this allocator's device (PyTorch's ``torch.cuda.Stream()``).
 
         Its kernels run in order, independently of other streams' until a
-        :meth:`Stream.wait_stream` orders them. Make it current with :meth:`use_stream`.
+        :meth:`Stream.wait_stream` orders them. Make it current with :meth:`use_stream`. Once
+        nothing refers to it any more (the blocks cached for it hold no reference), no
+        allocation can reuse what the cache keeps for it: the next allocation or free hands
+        those blocks back to the device.
 
         Args:
             name: a label for messages (the simulator's race check names streams by it);
@@ -375,7 +379,18 @@ class Allocator:
                 raise TypeError(f"name must be a str, got {type(name).__name__}")
             if not name:
                 raise ValueError("name must be a non-empty string (or None for '#<id>')")
-        return self.device.new_stream(name)
+        stream = self.device.new_stream(name)
+        if self._cache is not None:
+            self._cache.watch(stream)  # once dropped, its cached blocks go back to the device
+        return stream
+
+    def new_event(self) -> Event:
+        """A new event of this allocator's device (PyTorch's ``torch.cuda.Event()``), not yet
+        recorded: record it with ``stream.record_event(e)``, make a stream wait for it with
+        ``stream.wait_event(e)``, and ask ``e.query()`` or wait with ``e.synchronize()`` (see
+        :class:`~allocator.device.stream.Event`). On ``cuda`` a timing-free
+        ``cupy.cuda.Event``."""
+        return Event(self.device)
 
     def current_stream(self) -> Stream:
         """The calling thread's current stream: the one of its innermost :meth:`use_stream`
@@ -469,11 +484,14 @@ class Allocator:
     def stats(self) -> AllocatorStats:
         """A snapshot of every counter; see :class:`AllocatorStats` for the fields.
 
-        It first frees the blocks that finalizers queued. Each layer's counters are read
+        It first frees the blocks that finalizers queued, and hands the blocks cached for
+        dropped streams back to the device. Each layer's counters are read
         together, under that layer's lock; with other threads allocating meanwhile, two layers'
         figures may be a few operations apart.
         """
         self._arenas.drain()
+        if self._cache is not None and self._cache.dropped:
+            self._cache.reap()
         device_free, device_total = self.device.memory_info()
         live, peak, buffers, allocs, frees = self._stats.counters()
         cache = self._cache

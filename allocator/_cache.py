@@ -27,16 +27,26 @@ Order of operations:
   queued, as CuPy's pool does), count a flush, flush the whole cache (each block waited on,
   then freed) and retry once; a second failure propagates.
 - ``deallocate(block, cause)``: record the block's events (on its stream and on each stream of
-  ``stream_uses``), then decide. With a cap, a block that would grow the cache past it
-  (``nbytes > cap or cache_bytes > cap - nbytes``) is not cached: it is freed to the device
-  after waiting on its events (``cap_evictions``, cause ``cap_evict``). Otherwise it joins its
-  stream's free list, or, with ``stream_uses``, the blocks awaiting their events.
+  ``stream_uses``), then decide. With a cap, a block larger than the cap is not cached: it is
+  freed to the device (``cap_evictions``, cause ``cap_evict``). A block that would grow the
+  cache past the cap (``cache_bytes > cap - nbytes``) makes room instead: the **oldest** cached
+  blocks (in the order they were cached, awaiting ones included) leave the cache and are freed
+  to the device, as many as it takes (each counted in ``cap_evictions``), so a block that
+  nobody reuses cannot hold the cap for good. Then the block joins its stream's free list, or,
+  with ``stream_uses``, the blocks awaiting their events.
+- a stream dropped (no reference to it left but the cache's blocks, which hold none: a cached
+  block's ``stream`` is ``None``, its ``stream_id`` stays) can never allocate again: a weak
+  reference's callback only queues its id (a finalizer takes no lock), and the next
+  ``allocate``, ``deallocate`` or ``flush`` frees that stream's cached blocks to the device
+  (cause ``stream_dropped``), as PyTorch frees a stream's blocks when nothing can reuse them.
 - ``flush(cause)``: empty the cache (free lists and awaiting blocks), then free every block it
   held (waiting on each).
 
-The free lists are a dict per stream of lists keyed by byte size; the awaiting blocks a list.
+The free lists are a dict per stream id of lists keyed by byte size; the awaiting blocks a list;
+``_age`` every cached block in the order it was cached (a dict used as an ordered set).
 The lock guards them and the counters; the device is called with it released, except
-``ready``, ``pending_streams`` and ``record`` (which only read or set the block's events).
+``take_ready``, ``pending_streams`` and ``record`` (which only read or set the block's
+events).
 ``cache_bytes`` (awaiting blocks included: they are cached, not live) is the running total the
 cap decision reads (up on push, down on reuse, zero on flush). Dropping the layer (its
 allocator) flushes it (cause ``teardown``), except during interpreter shutdown.
@@ -44,12 +54,14 @@ allocator) flushes it (cause ``teardown``), except during interpreter shutdown.
 
 from __future__ import annotations
 
+import collections
 import sys
+import weakref
 from collections.abc import Callable, Iterable
 
 from . import _locks
 from ._device_layer import DeviceLayer
-from ._free_cause import CAP_EVICT, EMPTY_CACHE, OOM_FLUSH, TEARDOWN, FreeCause
+from ._free_cause import CAP_EVICT, EMPTY_CACHE, OOM_FLUSH, STREAM_DROPPED, TEARDOWN, FreeCause
 from .device.base import Block, DeviceAllocationError, Stream
 
 __all__ = ["CachingLayer"]
@@ -70,15 +82,18 @@ class CachingLayer:
         cap_bytes: the cap; 0 means unbounded.
         hits: allocations served from the cache.
         misses: allocations served by the device (a failed one is neither).
-        evictions: freed blocks the cap refused (freed to the device at once).
+        evictions: blocks the cap sent to the device: a freed block larger than the cap, or
+            the oldest cached blocks, evicted to make room for a freed one.
         oom_flushes: whole-cache flushes done because a device allocation failed.
         on_oom: see above; may be set after construction.
     """
 
     __slots__ = (
         "__weakref__",
+        "_age",
         "_awaiting",
         "_device",
+        "_dropped",
         "_free",
         "_lock",
         "_upstream",
@@ -99,8 +114,10 @@ class CachingLayer:
     ) -> None:
         self._upstream = upstream
         self._device = upstream.device
-        self._free: dict[Stream, dict[int, list[Block]]] = {}
+        self._free: dict[int, dict[int, list[Block]]] = {}
         self._awaiting: list[Block] = []
+        self._age: dict[Block, None] = {}  # every cached block, oldest first
+        self._dropped: collections.deque[int] = collections.deque()  # ids of dropped streams
         self._lock = _locks.new_lock(self, _locks.CACHE)
         self.cache_bytes = 0
         self.cap_bytes = cap_bytes
@@ -117,16 +134,20 @@ class CachingLayer:
         Raises:
             DeviceAllocationError: the device had no room even after the flush.
         """
+        if self._dropped:
+            self.reap()
         lock = self._lock
         lock.acquire()
         try:
             if self._awaiting:
                 self._process_events()
-            sizes = self._free.get(stream)
+            sizes = self._free.get(stream.id)
             if sizes:
                 blocks = sizes.get(nbytes)
                 if blocks:
                     block = blocks.pop()
+                    del self._age[block]
+                    block.stream = stream
                     self.cache_bytes -= nbytes
                     self.hits += 1
                     return block
@@ -154,7 +175,7 @@ class CachingLayer:
     def _process_events(self) -> None:
         """Move the awaiting blocks whose other streams' events completed to their stream's
         free list (lock held; PyTorch: ``process_events``)."""
-        ready = self._device.ready
+        ready = self._device.take_ready
         waiting = []
         for block in self._awaiting:
             if ready(block):
@@ -164,11 +185,41 @@ class CachingLayer:
                 waiting.append(block)
         self._awaiting = waiting
 
+    @property
+    def dropped(self) -> bool:
+        """Whether streams were dropped whose cached blocks :meth:`reap` has not freed yet."""
+        return bool(self._dropped)
+
+    def watch(self, stream: Stream) -> None:
+        """Free ``stream``'s cached blocks once it is dropped (called for every stream but the
+        default one). The weak reference's callback only queues the stream's id."""
+        weakref.finalize(stream, self._dropped.append, stream.id).atexit = False
+
+    def reap(self) -> None:
+        """Free the cached blocks of the streams dropped since the last call, to the device
+        (cause ``stream_dropped``; no lock held on entry, the device called with none)."""
+        dropped = set()
+        while self._dropped:
+            dropped.add(self._dropped.popleft())
+        with self._lock:
+            blocks = []
+            for stream_id in dropped:
+                for listed in self._free.pop(stream_id, {}).values():
+                    blocks += listed
+            if self._awaiting:
+                blocks += [b for b in self._awaiting if b.stream_id in dropped]
+                self._awaiting = [b for b in self._awaiting if b.stream_id not in dropped]
+            for block in blocks:
+                del self._age[block]
+                self.cache_bytes -= block.nbytes
+        if blocks:
+            self._upstream.deallocate_many(blocks, STREAM_DROPPED)
+
     def _push(self, block: Block) -> None:
         """Put ``block`` on its stream's free list (lock held)."""
-        sizes = self._free.get(block.stream)
+        sizes = self._free.get(block.stream_id)
         if sizes is None:
-            self._free[block.stream] = {block.nbytes: [block]}
+            self._free[block.stream_id] = {block.nbytes: [block]}
             return
         blocks = sizes.get(block.nbytes)
         if blocks is None:
@@ -176,41 +227,75 @@ class CachingLayer:
         else:
             blocks.append(block)
 
-    def _put(self, block: Block) -> bool:
-        """Record ``block``'s events and cache it unless the cap refuses it (lock held)."""
+    def _put(self, block: Block, evicted: list[Block]) -> None:
+        """Record ``block``'s events and cache it, making room under the cap by evicting the
+        oldest cached blocks; a block larger than the cap is not cached. What leaves the cache
+        is appended to ``evicted`` (lock held)."""
         self._device.record(block)
         nbytes = block.nbytes
         cap = self.cap_bytes
-        if cap and (nbytes > cap or self.cache_bytes > cap - nbytes):
-            self.evictions += 1
-            return False
+        if cap:
+            if nbytes > cap:
+                self.evictions += 1
+                evicted.append(block)
+                return
+            if self.cache_bytes > cap - nbytes:
+                self._evict_oldest(self.cache_bytes - (cap - nbytes), evicted)
         if block.stream_uses:
             self._awaiting.append(block)
         else:
             self._push(block)
+        block.stream = None  # the cache keeps no stream alive (its id stays)
+        self._age[block] = None
         self.cache_bytes += nbytes
-        return True
+
+    def _evict_oldest(self, need: int, evicted: list[Block]) -> None:
+        """Take the oldest cached blocks out of the cache until ``need`` bytes left it, onto
+        ``evicted`` (lock held)."""
+        victims, freed = [], 0
+        for old in self._age:
+            if freed >= need:
+                break
+            victims.append(old)
+            freed += old.nbytes
+        awaiting = False
+        for old in victims:
+            del self._age[old]
+            sizes = self._free.get(old.stream_id)
+            listed = sizes.get(old.nbytes) if sizes else None
+            if listed and old in listed:
+                listed.remove(old)
+            else:
+                awaiting = True
+        if awaiting:
+            self._awaiting = [b for b in self._awaiting if b in self._age]
+        self.cache_bytes -= freed
+        self.evictions += len(victims)
+        evicted += victims
 
     def deallocate(self, block: Block, cause: FreeCause) -> None:
-        """Cache ``block``, or free it to the device (cause ``cap_evict``) if the cap refuses
-        it."""
+        """Cache ``block``; free to the device (cause ``cap_evict``) what the cap evicted."""
+        if self._dropped:
+            self.reap()
+        evicted: list[Block] = []
         lock = self._lock
         lock.acquire()
         try:
-            cached = self._put(block)
+            self._put(block, evicted)
         finally:
             lock.release()
-        if not cached:
-            self._upstream.deallocate(block, CAP_EVICT)
+        if evicted:
+            self._upstream.deallocate_many(evicted, CAP_EVICT)
 
     def deallocate_many(self, blocks: Iterable[Block], cause: FreeCause) -> None:
         """:meth:`deallocate` each of ``blocks`` under one acquisition of the lock."""
-        evicted = []
+        if self._dropped:
+            self.reap()
+        evicted: list[Block] = []
         put = self._put
         with self._lock:
             for block in blocks:
-                if not put(block):
-                    evicted.append(block)
+                put(block, evicted)
         if evicted:
             self._upstream.deallocate_many(evicted, CAP_EVICT)
 
@@ -223,10 +308,12 @@ class CachingLayer:
         Returns:
             The bytes handed back.
         """
+        self._dropped.clear()  # the flush frees their blocks too
         with self._lock:
             blocks = self._cached()
             self._free = {}
             self._awaiting = []
+            self._age = {}
             self.cache_bytes = 0
         self._upstream.deallocate_many(blocks, cause)
         return sum(block.nbytes for block in blocks)

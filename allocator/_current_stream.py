@@ -10,6 +10,7 @@ before, also after an exception.
 from __future__ import annotations
 
 import threading
+from threading import get_ident
 
 from .device.base import Device
 from .device.stream import Stream
@@ -31,22 +32,43 @@ class StreamScope:
     its exit, also after an exception. On ``cuda`` the device's own scope
     (:meth:`~allocator.device.base.Device.stream_scope`) is entered too, so that CuPy's kernels
     in the block run on the stream. One object may be entered again, nested or later (each
-    entry keeps what it restores), from the thread that made it. A plain class rather than a
-    generator: entering one is on the path of every ZeRO-3 gather."""
+    entry keeps what it restores), by one thread at a time: entering it from another thread
+    while it is entered raises (each thread's entries would restore the other's stream). A plain
+    class rather than a generator: entering one is on the path of every ZeRO-3 gather.
 
-    __slots__ = ("_current", "_device", "_entered", "_stream")
+    Raises:
+        RuntimeError: (at ``__enter__``) the object is entered now by another thread.
+    """
+
+    __slots__ = ("_busy", "_current", "_device", "_entered", "_stream", "_thread")
 
     def __init__(self, current: CurrentStream, stream: Stream, device: Device) -> None:
         self._current = current
         self._stream = stream
         self._device = device
         self._entered: list[tuple[Stream, object]] = []  # (previous stream, device scope)
+        self._busy = threading.Lock()  # held while entered (taken without waiting: atomic)
+        self._thread = 0  # the thread that entered it, while ``_busy`` is held
 
     def __enter__(self) -> Stream:
+        me = get_ident()
+        if self._thread != me:  # not entered by this thread: claim it
+            if not self._busy.acquire(blocking=False):
+                raise RuntimeError(
+                    f"use_stream({self._stream.name!r}): this scope object is entered by"
+                    " another thread now; call alloc.use_stream(stream) in each thread"
+                )
+            self._thread = me
         current = self._current
-        scope = self._device.stream_scope(self._stream)
-        if scope is not None:
-            scope.__enter__()
+        try:
+            scope = self._device.stream_scope(self._stream)
+            if scope is not None:
+                scope.__enter__()
+        except BaseException:
+            if not self._entered:
+                self._thread = 0
+                self._busy.release()
+            raise
         self._entered.append((current.stream, scope))
         current.stream = self._stream
         return self._stream
@@ -54,5 +76,8 @@ class StreamScope:
     def __exit__(self, *exc) -> None:
         previous, scope = self._entered.pop()
         self._current.stream = previous
+        if not self._entered:
+            self._thread = 0
+            self._busy.release()
         if scope is not None:
             scope.__exit__(*exc)

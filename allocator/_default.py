@@ -23,7 +23,7 @@ from ._per_process import PerProcess
 from ._scope import ArenaScope
 from ._snapshot import LiveBlock
 from ._stats import AllocatorStats, EpochStats
-from .device.stream import Stream
+from .device.stream import Event, Stream
 
 __all__ = [
     "add",
@@ -43,6 +43,7 @@ __all__ = [
     "history",
     "live_blocks",
     "mul",
+    "new_event",
     "new_stream",
     "record_history",
     "release",
@@ -175,6 +176,11 @@ def run_in_arena(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @_on_default(Allocator.new_stream)
 def new_stream(name: str | None = None) -> Stream:
     return _get().new_stream(name)
+
+
+@_on_default(Allocator.new_event)
+def new_event() -> Event:
+    return _get().new_event()
 
 
 def default_stream() -> Stream:

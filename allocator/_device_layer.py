@@ -55,6 +55,7 @@ class DeviceLayer:
         """
         block = self.device.malloc(nbytes)
         block.stream = stream
+        block.stream_id = stream.id
         with self._lock:
             self.mallocs += 1
         return block

@@ -19,6 +19,7 @@ __all__ = [
     "FREE_KINDS",
     "OOM_FLUSH",
     "RELEASE",
+    "STREAM_DROPPED",
     "TEARDOWN",
     "FreeCause",
     "arena_exit",
@@ -32,11 +33,12 @@ FREE_KINDS = (
     "empty_cache",
     "oom_flush",
     "teardown",
+    "stream_dropped",
 )
 """The kinds, storage-level first: ``release`` (``release()`` or ``resize_(0, reason)``),
 ``arena_exit``, ``finalize`` (the last reference died); then the cache's: ``cap_evict``,
 ``empty_cache``, ``oom_flush`` (the flush before the retry), ``teardown`` (the allocator was
-dropped)."""
+dropped), ``stream_dropped`` (the blocks cached for a stream nobody holds any more)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +86,7 @@ CAP_EVICT = FreeCause("cap_evict", "cap_evict")
 EMPTY_CACHE = FreeCause("empty_cache", "empty_cache()")
 OOM_FLUSH = FreeCause("oom_flush", "oom_flush")
 TEARDOWN = FreeCause("teardown", "teardown")
+STREAM_DROPPED = FreeCause("stream_dropped", "stream_dropped")
 
 
 def arena_exit(depth: int) -> FreeCause:

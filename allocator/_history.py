@@ -27,7 +27,10 @@ requested, its completion and a device free once they happened):
   the reason: ``release()``, ``resize_``'s reason such as ``release_param``), ``arena_exit``
   (depth, reclaimed count and bytes).
 - :class:`DeviceHistoryLayer` (over the device layer): ``segment_alloc`` after a device malloc,
-  ``segment_free`` after a device free (so after the event wait); annotation ``cap_evict``.
+  ``segment_free`` after a device free (so after the event wait); annotations ``cap_evict`` and
+  ``device_synchronize`` (``from_us``, ``to_us``: the host waited in a device free, for the
+  block's events and then for the whole device, as ``cudaFree`` synchronizes it; recorded only
+  where the clock moved on a device whose clock moves only when the host waits: ``sim``).
 - The front end records ``oom`` when it raises :class:`~allocator.DeviceOutOfMemory`.
 
 Stacks: a block freed by the finalizer is recorded when the next public call drains the queue,
@@ -78,7 +81,7 @@ __all__ = [
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
 """The events, in PyTorch's trace vocabulary (``device_traces`` of a snapshot)."""
 
-ANNOTATIONS = ("arena_exit", "release", "cap_evict")
+ANNOTATIONS = ("arena_exit", "release", "cap_evict", "device_synchronize")
 """Our own annotations (``snapshot["devmem"]["annotations"]``, where PyTorch's readers never
 look)."""
 
@@ -90,8 +93,7 @@ _NO_FRAMES: tuple = ()
 def block_stream(block: Block) -> int:
     """The id of the stream ``block`` was allocated on, PyTorch's ``stream`` field (0 is the
     default stream; a block not yet handed out counts as the default stream's)."""
-    stream = block.stream
-    return 0 if stream is None else stream.id
+    return block.stream_id
 
 
 def awaiting_free(device: Device, block: Block) -> bool:
@@ -288,13 +290,18 @@ class Recorder:
             pop = self.pending.pop
             return [(*field, pop(field[0], None)) for field in fields]
 
-    def segment_freed(self, fields: list[tuple], cause: FreeCause) -> None:
-        """After the device freed them (so after the event wait): for each, the
-        ``free_completed`` it still owed, the ``cap_evict`` annotation, and ``segment_free``."""
+    def segment_freed(self, fields: list[tuple], cause: FreeCause, before_us: int) -> None:
+        """After the device freed them (so after the event wait): the ``device_synchronize``
+        annotation if the clock moved since ``before_us`` (the host waited in the frees), then
+        for each block the ``free_completed`` it still owed, the ``cap_evict`` annotation, and
+        ``segment_free``."""
         frames = self._frames()
         with self._lock:
             now = self.device.clock_us()
             append = self.ring.append
+            if now > before_us and self.device.logical_clock:
+                extra = {"from_us": before_us, "to_us": now}
+                append(("device_synchronize", None, 0, 0, before_us, frames, extra))
             pop_frames, pop_address = self.segment_frames.pop, self.addresses.pop
             for block, address, size, stream, freed in fields:
                 if freed is not None:
@@ -410,12 +417,14 @@ class DeviceHistoryLayer:
     def deallocate(self, block: Block, cause: FreeCause) -> None:
         """Free ``block`` to the device (after its event wait), then record it."""
         fields = self._recorder.segment_freeing((block,))
+        before = self.device.clock_us()
         self._upstream.deallocate(block, cause)
-        self._recorder.segment_freed(fields, cause)
+        self._recorder.segment_freed(fields, cause, before)
 
     def deallocate_many(self, blocks: Sequence[Block], cause: FreeCause) -> None:
         """:meth:`deallocate` every one of ``blocks``, in order."""
         blocks = list(blocks)
         fields = self._recorder.segment_freeing(blocks)
+        before = self.device.clock_us()
         self._upstream.deallocate_many(blocks, cause)
-        self._recorder.segment_freed(fields, cause)
+        self._recorder.segment_freed(fields, cause, before)

@@ -14,12 +14,13 @@ may take only locks further down the list:
    Taken by the history layers (also under the registry lock, during an arena exit); under it
    only a backend's ``ready``, its streams' queries and its clock are called.
 6. ``BACKEND``: a backend's own state (:class:`~allocator.device.SimDevice`'s host clock,
-   its streams' clocks and its capacity, :class:`~allocator.device.cuda.CudaDevice`'s event
-   pool).
+   its streams' clocks and vector clocks, its blocks' accesses and its capacity,
+   :class:`~allocator.device.cuda.CudaDevice`'s event pool).
 
 Streams add no lock: the current stream is per thread (``threading.local``), the per-stream
 free lists and the blocks awaiting other streams' events are the reuse cache's, under
-``CACHE``.
+``CACHE``; the ids of dropped streams go into a deque that a weak reference's callback appends
+to (atomic) and the cache drains with no lock held.
 
 Rules that keep this order safe under the garbage collector, threads and fork:
 
@@ -32,8 +33,10 @@ Rules that keep this order safe under the garbage collector, threads and fork:
 - Layer locks (1 to 5) are plain, non-reentrant locks: a re-entry could only come from a
   finalizer running allocator logic, a bug, and it shows as a hang that the suites' deadlines
   catch, never as a silently half-updated counter.
-- Backend locks (6) are re-entrant, and their critical sections allocate nothing and call
-  nothing, so a callback can neither run inside one nor deadlock on one.
+- Backend locks (6) are re-entrant, and their critical sections call nothing outside the
+  backend, so a callback can neither run allocator logic inside one nor deadlock on one (the
+  simulator's vector clocks are small dicts that may allocate, and so run the collector: safe,
+  since a finalizer takes no lock).
 - Fork: before a fork every lock is taken in this order (waiting at most
   :data:`FORK_LOCK_TIMEOUT_S` each, so a thread stuck holding one cannot block the fork), so no
   counter is half-updated in the child; the parent releases them afterwards, and the child

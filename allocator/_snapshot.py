@@ -18,10 +18,10 @@ keys ``action``, ``addr`` (``device_free`` instead for ``oom``), ``size``, ``str
 
 ``snapshot["devmem"]`` holds what is ours: the backend, the clock (``sim``'s logical clock or
 the host's), the allocator's :class:`~allocator.AllocatorStats` at the snapshot, and the
-annotations (``arena_exit``, ``release``, ``cap_evict``), each with ``trace_index``, the number
-of events of ``device_traces[0]`` before it. PyTorch's readers read only ``segments`` and
-``device_traces`` (torch 2.13's ``torch/cuda/_memory_viz.py`` and ``MemoryViz.js``), which is why
-the annotations live there and not among the events.
+annotations (``arena_exit``, ``release``, ``cap_evict``, ``device_synchronize``), each with
+``trace_index``, the number of events of ``device_traces[0]`` before it. PyTorch's readers read
+only ``segments`` and ``device_traces`` (torch 2.13's ``torch/cuda/_memory_viz.py`` and
+``MemoryViz.js``), which is why the annotations live there and not among the events.
 
 Live blocks are found by walking the collector's objects for this allocator's storages (the
 allocator keeps no list of them, which is what keeps recording off free): blocks allocated

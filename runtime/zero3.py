@@ -28,9 +28,11 @@ Order of operations, per parameter:
 - ``allgather``: if the registry holds a gathered base, a view of it (nothing is allocated:
   DeepSpeed's ``isValid``); else the gather stream waits for the current stream (DeepSpeed's
   ``ag_comp_done`` event), the padded base is allocated and filled on the gather stream (one
-  upload: the all-gather kernel), registered, and a view of its first ``numel`` elements
-  returned.
-- ``wait``: the current stream waits for the gather stream (``wait_allgather``).
+  upload: the all-gather kernel), an event recorded on the gather stream after it (DeepSpeed's
+  ``ag_comm_done_events_[ds_id]``), the base registered, and a view of its first ``numel``
+  elements returned.
+- ``wait``: the current stream waits for the parameter's own event (``wait_allgather``), not
+  for the whole gather stream: gathers prefetched after it overlap the compute.
 - ``release``: a countdown armed at ``n_users`` when it is 0, then decremented; when it reaches
   0 on a non-persistent parameter, the base is unregistered, the current stream recorded on it
   and its storage freed by ``resize_(0, "release_param")`` (legacy: unregistered only).
@@ -38,19 +40,17 @@ Order of operations, per parameter:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import itertools
-import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 
 import numpy as np
 
-from allocator import Allocator, Buffer
+from allocator import Allocator, Buffer, Event
+from allocator._buffer import MAX_ELEMENTS
 
 from ._checks import integer
 
-__all__ = ["RELEASE_REASON", "GraphRun", "Param", "Release", "Zero3"]
+__all__ = ["RELEASE_REASON", "Param", "Zero3"]
 
 RELEASE_REASON = "release_param"
 """The reason the final release gives ``resize_``: what the detector says about a later use
@@ -89,45 +89,6 @@ class Param:
         return ((1 + (np.arange(self.numel) + self.index) % 251) / 256).astype(np.float32)
 
 
-@dataclasses.dataclass(frozen=True)
-class Release:
-    """One ``release_param`` of a :meth:`Zero3.run_graph` replay.
-
-    Attributes:
-        layer: the layer whose op used the parameter.
-        param_id: the parameter.
-        final: whether its countdown reached 0 here.
-        live_before, live_after: the allocator's live bytes around the call.
-    """
-
-    layer: int
-    param_id: Hashable
-    final: bool
-    live_before: int
-    live_after: int
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphRun:
-    """What a :meth:`Zero3.run_graph` replay did.
-
-    Attributes:
-        output: the graph's output buffer (the caller owns it).
-        releases: every release, in order.
-        peak_bytes: the most live bytes seen while the graph ran (sampled after every
-            allocation, where live bytes can only have grown).
-        live_at_end: live bytes after the last op, the wrapper's aliases still alive.
-        live_after: live bytes once the wrapper returned (its aliases dropped), the output
-            still held.
-    """
-
-    output: Buffer
-    releases: tuple[Release, ...]
-    peak_bytes: int
-    live_at_end: int
-    live_after: int
-
-
 @dataclasses.dataclass(eq=False)
 class _Entry:
     """A parameter's state: its shape, its padded host data (every rank's shard, in rank
@@ -135,7 +96,9 @@ class _Entry:
 
     param: Param
     padded: np.ndarray
+    gathered: Event  # recorded on the gather stream after its last all-gather
     countdown: int = 0
+    released: bool = False  # its last gather was released for good (until the next gather)
 
 
 class Zero3:
@@ -156,13 +119,15 @@ class Zero3:
     Raises:
         TypeError: ``alloc`` is not an Allocator, ``world_size`` not an integer, or
             ``legacy_release`` not a bool.
-        ValueError: ``world_size`` < 1.
+        ValueError: ``world_size`` < 1, or more than a device can hold float32 elements
+            (``MAX_ELEMENTS``, the allocator's bound: each rank adds at least one to every
+            gathered base).
     """
 
     def __init__(self, alloc: Allocator, world_size: int, *, legacy_release: bool = False):
         if not isinstance(alloc, Allocator):
             raise TypeError(f"alloc must be an allocator.Allocator, got {type(alloc).__name__}")
-        self.world_size = integer(world_size, "world_size", 1)
+        self.world_size = integer(world_size, "world_size", 1, MAX_ELEMENTS)
         if not isinstance(legacy_release, bool):
             raise TypeError(f"legacy_release must be a bool, got {type(legacy_release).__name__}")
         self.alloc = alloc
@@ -182,23 +147,40 @@ class Zero3:
             Its :class:`Param`.
 
         Raises:
-            TypeError: ``param_id`` is not hashable, ``numel`` not an integer, ``persistent``
-                not a bool.
-            ValueError: ``param_id`` is already registered, or ``numel`` < 1.
+            TypeError: ``param_id`` is not hashable (a tuple holding a list included),
+                ``numel`` not an integer, ``persistent`` not a bool.
+            ValueError: ``param_id`` is already registered, ``numel`` < 1, or the padded base
+                (``world_size * ceil(numel / world_size)`` elements) is more than a device
+                can address (``MAX_ELEMENTS`` float32 elements).
+            MemoryError: the host cannot hold the shards (the message names ``numel``).
         """
-        if not isinstance(param_id, Hashable):
-            raise TypeError(f"param_id must be hashable, got {type(param_id).__name__}")
-        numel = integer(numel, "numel", 1)
+        try:
+            hash(param_id)
+        except TypeError:
+            raise TypeError(
+                f"param_id must be hashable, got {type(param_id).__name__} {param_id!r}"
+            ) from None
+        numel = integer(numel, "numel", 1, MAX_ELEMENTS)
         if not isinstance(persistent, bool):
             raise TypeError(f"persistent must be a bool, got {type(persistent).__name__}")
         if param_id in self._entries:
             raise ValueError(f"param_id={param_id!r} is already registered")
-        shard = math.ceil(numel / self.world_size)
+        shard = -(-numel // self.world_size)  # ceil, exact for huge integers
         index, padded_numel = len(self._entries), shard * self.world_size
+        if padded_numel > MAX_ELEMENTS:
+            raise ValueError(
+                f"numel={numel} over world_size={self.world_size} ranks pads to {padded_numel}"
+                f" elements, more than a device can address (at most {MAX_ELEMENTS})"
+            )
         param = Param(param_id, index, numel, shard, padded_numel, persistent)
-        padded = np.zeros(param.padded_numel, dtype=np.float32)
-        padded[:numel] = param.values()
-        self._entries[param_id] = _Entry(param, padded)
+        try:
+            padded = np.zeros(param.padded_numel, dtype=np.float32)
+            padded[:numel] = param.values()
+        except MemoryError:
+            raise MemoryError(
+                f"numel={numel}: the host cannot hold its shards ({param.padded_bytes} bytes)"
+            ) from None
+        self._entries[param_id] = _Entry(param, padded, self.alloc.new_event())
         return param
 
     def param(self, param_id: Hashable) -> Param:
@@ -237,8 +219,9 @@ class Zero3:
         If its base is gathered already (a persistent parameter, or one whose countdown has
         not reached 0), returns a view of it and allocates nothing. Otherwise the gather stream
         first waits for the current stream, then a padded base of ``padded_numel`` elements is
-        allocated on the gather stream and filled there with every rank's shard, and kept in
-        the registry.
+        allocated on the gather stream and filled there with every rank's shard, the
+        parameter's event is recorded there (what :meth:`wait` waits for), and the base is
+        kept in the registry.
 
         Returns:
             A true-shape view: the base's first ``numel`` elements, sharing its storage.
@@ -254,11 +237,16 @@ class Zero3:
             self.gather_stream.wait_stream(alloc.current_stream())
             with alloc.use_stream(self.gather_stream):
                 base = alloc.from_numpy(entry.padded)
+            self.gather_stream.record_event(entry.gathered)  # its all-gather is done there
             self._gathered[param_id] = base
+            entry.released = False
         return base.view(0, entry.param.numel)
 
     def wait(self, view: Buffer, param_id: Hashable) -> Buffer:
-        """Make the current stream wait for the gather (DeepCompile's ``wait_allgather``).
+        """Make the current stream wait for the parameter's own all-gather (DeepCompile's
+        ``wait_allgather``, which waits on ``ag_comm_done_events_[ds_id]``): the event recorded
+        after it, not the whole gather stream, so that the gathers queued after it (a
+        prefetch) overlap the current stream's next kernels.
 
         Returns:
             ``view``, unchanged.
@@ -270,7 +258,7 @@ class Zero3:
                 gathered storage.
         """
         self._check_view(view, param_id, "wait")
-        self.alloc.current_stream().wait_stream(self.gather_stream)
+        self.alloc.current_stream().wait_event(self._entries[param_id].gathered)
         return view
 
     def release(self, view: Buffer, param_id: Hashable, n_users: int) -> Buffer:
@@ -295,12 +283,12 @@ class Zero3:
         """
         entry = self._entry(param_id)
         n_users = integer(n_users, "n_users", 1)
-        base = self._check_view(view, param_id, "release")
+        self._check_view(view, param_id, "release")
         if entry.countdown == 0:
             entry.countdown = n_users
         entry.countdown -= 1
         if entry.countdown == 0 and not entry.param.persistent:
-            del self._gathered[param_id]  # clear and unregister the registry's entry
+            base = self._unregister(param_id)  # clear and unregister the registry's entry
             if not self.legacy_release:
                 self._free(base)
         return view
@@ -312,11 +300,16 @@ class Zero3:
 
     def _check_view(self, view: object, param_id: Hashable, op: str) -> Buffer:
         """The gathered base of ``param_id``, after checking that ``view`` is a view of it."""
-        self._entry(param_id)
+        entry = self._entry(param_id)
         if not isinstance(view, Buffer):
             raise TypeError(f"{op}: view must be a Buffer, got {type(view).__name__}")
         base = self._gathered.get(param_id)
         if base is None:
+            if entry.released:
+                raise ValueError(
+                    f"{op}: param_id={param_id!r} was already released (its countdown reached"
+                    " 0); allgather it again first"
+                )
             raise ValueError(f"{op}: param_id={param_id!r} is not gathered; allgather it first")
         if view.storage is not base.storage:
             owner = next((p for p, b in self._gathered.items() if b.storage is view.storage), None)
@@ -337,99 +330,50 @@ class Zero3:
         self._entry(param_id)
         return self._gathered.get(param_id)
 
-    # -- a compiled graph --------------------------------------------------------------------
-
-    def run_graph(
-        self, layers: Sequence[Sequence[Hashable]], x: Buffer, *, prefetch: int = 0
-    ) -> GraphRun:
-        """Replay the wrapper Inductor generates for a chain of layers over ZeRO-3 parameters.
-
-        Layer ``k`` uses one parameter (``y = x * w``) or two (``y = x * w + b``), each of
-        ``x.size`` elements. The wrapper calls, for each layer: ``allgather`` then ``wait`` for
-        each of its parameters, the op, then ``release`` for each, with ``n_users`` = the number
-        of layers that use the parameter; before layer ``k`` it prefetches (all-gathers) the
-        parameters of layers ``k + 1 .. k + prefetch``. As in the seed's generated code, every
-        gathered view is kept in a Python alias (``buf1 = buf0``) until the graph ends, while
-        each intermediate activation is dropped after its last use.
-
-        Args:
-            layers: the parameter ids of each layer (one or two each).
-            x: the input, which the caller keeps.
-            prefetch: how many layers ahead to gather, >= 0.
-
-        Returns:
-            A :class:`GraphRun`: the output, every release with the live bytes around it, the
-            peak, and the live bytes before and after the wrapper's aliases were dropped.
+    def countdown(self, param_id: Hashable) -> int:
+        """The parameter's release countdown: 0 when no release is pending (between graphs),
+        else the releases still to come before its final one.
 
         Raises:
-            TypeError: ``x`` is not a Buffer, ``prefetch`` not an integer.
-            ValueError: ``layers`` is empty, a layer has no parameter or more than two, a
-                parameter's ``numel`` differs from ``x.size``, ``x`` was freed, or
-                ``prefetch`` < 0.
-            KeyError: a parameter is not registered.
+            KeyError: ``param_id`` is not registered.
         """
-        if not isinstance(x, Buffer):
-            raise TypeError(f"x must be a Buffer, got {type(x).__name__}")
-        if x.freed:
-            raise ValueError(f"x was freed ({x.freed_reason})")
-        prefetch = integer(prefetch, "prefetch", 0)
-        layers = [tuple(params) for params in layers]
-        if not layers:
-            raise ValueError("layers must name at least one layer")
-        for k, params in enumerate(layers):
-            if not 1 <= len(params) <= 2:
-                raise ValueError(f"layers[{k}] must name 1 or 2 parameters, got {len(params)}")
-            for param_id in params:
-                numel = self.param(param_id).numel
-                if numel != x.size:
-                    raise ValueError(
-                        f"layers[{k}]: param_id={param_id!r} has {numel} elements, x has {x.size}"
-                    )
-        return _replay(self, layers, x, prefetch)
+        return self._entry(param_id).countdown
 
+    def reset(self) -> None:
+        """Drop every gathered non-persistent parameter and disarm every countdown: the state
+        between two graphs, restored after a graph that failed half-way (DeepSpeed's
+        ``reset`` of its registry at the end of a step).
 
-def _replay(zero3: Zero3, layers: list[tuple], x: Buffer, prefetch: int) -> GraphRun:
-    """:meth:`Zero3.run_graph` after validation: the wrapper's body."""
-    alloc = zero3.alloc
-    users = collections.Counter(param_id for params in layers for param_id in params)
-    wrapper: dict[str, object] = {}  # the generated function's locals: buf0, buf1, ...
-    names = itertools.count()
-    releases = []
-    peak = alloc.stats().live_bytes
+        Each non-persistent base still gathered leaves the registry and its storage is freed
+        as a final release frees it (the current stream recorded, ``resize_(0,
+        "release_param")``; with ``legacy_release``, unregistered only). Persistent
+        parameters keep their base.
+        """
+        for param_id in [p for p in self._gathered if not self._entries[p].param.persistent]:
+            self._drop(param_id)
+        for entry in self._entries.values():
+            entry.countdown = 0
 
-    def alias(value: Buffer) -> Buffer:  # ``bufN = value``, alive until the graph ends
-        wrapper[f"buf{next(names)}"] = value
-        return value
+    def _unregister(self, param_id: Hashable) -> Buffer:
+        """Take ``param_id``'s base out of the registry as its final release does; return
+        it."""
+        self._entries[param_id].released = True
+        return self._gathered.pop(param_id)
 
-    def sample() -> int:
-        nonlocal peak
-        live = alloc.stats().live_bytes
-        peak = max(peak, live)
-        return live
+    def _drop(self, param_id: Hashable) -> None:
+        """Unregister ``param_id``'s base and free it as a final release does."""
+        base = self._unregister(param_id)
+        if not self.legacy_release:
+            self._free(base)
 
-    activation = x
-    for k, params in enumerate(layers):
-        for ahead in layers[k + 1 : k + 1 + prefetch]:  # DeepCompile's prefetch pass
-            for param_id in ahead:
-                zero3.allgather(param_id)
-        sample()
-        views = []
-        for param_id in params:
-            view = alias(zero3.allgather(param_id))
-            sample()
-            views.append(alias(zero3.wait(view, param_id)))
-        if len(views) == 1:
-            out = alloc.mul(activation, views[0])
-        else:
-            out = alloc.fma(activation, views[0], views[1])
-        sample()
-        for param_id, view in zip(params, views, strict=True):
-            before = sample()
-            zero3.release(view, param_id, users[param_id])
-            final = zero3._entry(param_id).countdown == 0
-            releases.append(Release(k, param_id, final, before, sample()))
-        activation = out  # the previous activation's last use is over: dropped
-    live_at_end = sample()
-    del view, views, out
-    wrapper.clear()  # the graph returns: its aliases die
-    return GraphRun(activation, tuple(releases), peak, live_at_end, alloc.stats().live_bytes)
+    def _restore(self, gathered: frozenset, countdowns: dict[Hashable, int]) -> None:
+        """Undo what a failed graph did: unregister (and free) the non-persistent bases
+        gathered since the registry held ``gathered``, and set the countdowns back."""
+        for param_id in [p for p in self._gathered if p not in gathered]:
+            if not self._entries[param_id].param.persistent:
+                self._drop(param_id)
+        for param_id, entry in self._entries.items():
+            entry.countdown = countdowns[param_id]
+
+    def _countdowns(self) -> dict[Hashable, int]:
+        return {param_id: entry.countdown for param_id, entry in self._entries.items()}

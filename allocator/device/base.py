@@ -10,8 +10,9 @@ Order of operations, the contract every backend keeps:
 1. ``malloc`` either returns a block or raises :class:`DeviceAllocationError`; it never returns a
    partly made block. The device layer then sets ``block.stream``, the stream it was allocated
    on (a block belongs to that stream for good, as in PyTorch's caching allocator).
-2. ``launch(stream, *blocks)`` is called before a kernel on ``stream`` that reads or writes those
-   blocks runs; then the kernel method runs with the same stream (``fill(stream, out, value)``).
+2. ``launch(stream, out, *inputs)`` is called before a kernel on ``stream`` that writes block
+   ``out`` (``None`` for a readback) and reads blocks ``inputs`` runs; then the kernel method
+   runs with the same stream (``fill(stream, out, value)``).
 3. ``record(block)`` is called when a block is freed by its storage: it records an event on the
    block's own stream and one on each stream of ``block.stream_uses`` (the streams
    ``record_stream`` named), each after every kernel queued on that stream so far
@@ -19,8 +20,8 @@ Order of operations, the contract every backend keeps:
 4. ``ready(block)`` says whether the events on the *other* streams (``stream_uses``) have
    completed, without waiting: then the block may be reused on its own stream, whose order makes
    the rest safe. ``wait(block)`` blocks the host until every event recorded on it completed.
-5. ``free(block)`` hands the block back. The layers call it only after ``wait(block)``; the
-   simulator aborts the process if a block is freed while a kernel using it is in flight.
+5. ``free(block)`` hands the block back. The layers call it only after ``wait(block)``. It is
+   ``cudaFree``, which synchronizes the whole device first; the simulator does the same.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .stream import Stream
+from .stream import Event, Stream
 
 __all__ = [
     "Block",
@@ -66,14 +67,25 @@ class Block:
             (backend-specific; ``None`` until then).
         id: a number unique per device, used in diagnostics (``block #7``).
         stream: the :class:`Stream` it was allocated on, which it belongs to (set by the device
-            layer; ``None`` only for a block made by the device directly).
+            layer; ``None`` for a block made by the device directly, and while the reuse
+            cache holds the block, so that a cached block keeps no stream alive).
+        stream_id: that stream's id (0 until the device layer sets it), kept while cached.
         stream_uses: the other streams ``record_stream`` recorded on it during its current life
             (a set), or ``None`` when there are none (PyTorch: ``Block::stream_uses``).
         use_events: the events recorded on those streams when it was last freed
             (backend-specific; ``None`` when there were none).
     """
 
-    __slots__ = ("array", "event", "id", "nbytes", "stream", "stream_uses", "use_events")
+    __slots__ = (
+        "array",
+        "event",
+        "id",
+        "nbytes",
+        "stream",
+        "stream_id",
+        "stream_uses",
+        "use_events",
+    )
 
     def __init__(self, block_id: int, nbytes: int, array) -> None:
         self.id = block_id
@@ -81,6 +93,7 @@ class Block:
         self.array = array
         self.event = None
         self.stream: Stream | None = None
+        self.stream_id = 0
         self.stream_uses: set[Stream] | None = None
         self.use_events = None
 
@@ -147,16 +160,40 @@ class Device:
     def synchronize_stream(self, stream: Stream) -> None:
         """Block the host until every kernel queued on ``stream`` has completed."""
 
+    def new_event_handle(self) -> object:
+        """The backend's own object for a new :class:`~allocator.device.stream.Event` (none
+        on the stub)."""
+        return None
+
+    def record_event(self, stream: Stream, event: Event) -> None:
+        """Record ``event`` on ``stream``, after every kernel queued there so far."""
+
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        """Make kernels queued on ``stream`` from now on wait for the recorded ``event``."""
+
+    def event_done(self, event: Event) -> bool:
+        """Whether the recorded ``event`` completed. Never waits."""
+        return True
+
+    def synchronize_event(self, event: Event) -> None:
+        """Block the host until the recorded ``event`` completed."""
+
     def stream_done(self, stream: Stream) -> bool:
         """Whether every kernel queued on ``stream`` has completed. Never waits."""
         return True
+
+    logical_clock = False
+    """Whether :meth:`clock_us` is a logical clock that moves only when the host waits (the
+    simulator's): then a free to the device that moved it synchronized the device, which the
+    memory history records (``device_synchronize``)."""
 
     tracks_launches = False
     """Whether :meth:`launch` does anything; where it does not, the allocator skips the call
     (it is on the path of every op)."""
 
-    def launch(self, stream: Stream, *blocks: Block) -> None:
-        """A kernel on ``stream`` that uses ``blocks`` is about to run (bookkeeping only)."""
+    def launch(self, stream: Stream, out: Block | None = None, *inputs: Block) -> None:
+        """A kernel on ``stream`` that writes ``out`` (``None``: a readback, which writes no
+        block) and reads ``inputs`` is about to run (bookkeeping only)."""
 
     # -- events ------------------------------------------------------------------------------
 
@@ -168,6 +205,12 @@ class Device:
         """Whether the events recorded on ``block.stream_uses`` have completed, so that the
         block may be reused on its own stream. Never waits."""
         return True
+
+    def take_ready(self, block: Block) -> bool:
+        """:meth:`ready`, asked by the reuse cache before it reuses ``block`` on its own stream
+        (the event query whose true answer orders the host after the events; a snapshot's or
+        a history's look at a block uses :meth:`ready`, which orders nothing). Never waits."""
+        return self.ready(block)
 
     def pending_streams(self, block: Block) -> tuple[Stream, ...]:
         """The streams of ``block.stream_uses`` whose events recorded at its last free have not

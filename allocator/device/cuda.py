@@ -327,6 +327,26 @@ class CudaDevice(Device):
     def stream_done(self, stream: Stream) -> bool:
         return bool(stream.handle.done)
 
+    @_on_own_device
+    def new_event_handle(self):
+        return self.xp.cuda.Event(disable_timing=True)
+
+    @_on_own_device
+    def record_event(self, stream: Stream, event) -> None:
+        event.handle.record(stream.handle)
+
+    @_on_own_device
+    def wait_event(self, stream: Stream, event) -> None:
+        stream.handle.wait_event(event.handle)
+
+    @_on_own_device
+    def event_done(self, event) -> bool:
+        return bool(event.handle.done)
+
+    @_on_own_device
+    def synchronize_event(self, event) -> None:
+        event.handle.synchronize()
+
     # -- events ------------------------------------------------------------------------------
 
     @_on_own_device

@@ -5,30 +5,44 @@ What it adds over the CPU stub:
 - a capacity: an allocation past ``capacity_bytes`` fails like ``cudaMalloc`` does;
 - streams with one logical clock each, and completion events on them. The host clock ``now_us``
   advances only when the host waits (``wait``, a stream's or the device's ``synchronize``, a
-  readback) or when a test calls :meth:`~SimDevice.advance`. A kernel launched on stream ``s``
-  at host time t completes at ``max(t, s's last completion) + latency_us``; ``wait_stream``
-  moves a stream's last completion up to the other's. With a latency of 0 every kernel is
-  complete at once;
-- fatal checks, each of which aborts the process naming the block:
+  readback, a free to the device), by :data:`QUERY_COST_US` per :meth:`Stream.query
+  <allocator.device.stream.Stream.query>`, or when a test calls :meth:`~SimDevice.advance`. A
+  kernel launched on stream ``s`` at host time t completes at ``max(t, s's last completion) +
+  latency_us``; ``wait_stream`` moves a stream's last completion up to the other's. With a
+  latency of 0 every kernel is complete at once and nothing is checked;
+- a free to the device is ``cudaFree``, which synchronizes the whole device first: the host
+  clock moves to the last completion of every stream (the memory history says so, a
+  ``device_synchronize`` annotation);
+- the **race check**, CUDA's rules decided from a happens-before relation, not from timing (a
+  vector clock per stream and one for the host, as ThreadSanitizer keeps them). A kernel is
+  ordered after another if they run on the same stream, or if a chain of ``wait_stream`` (and
+  events) and host waits connects them: the host learns that a stream's kernels completed when
+  it waits for the stream, for the device or for an event recorded after them, or when a query
+  of one of those returns true; every kernel launched afterwards, on any stream, is ordered
+  after them. Letting time pass (:meth:`~SimDevice.advance`) orders nothing. Per block the
+  simulator keeps the last write and the last read of each stream; a kernel that reads a block
+  whose last write is not ordered before it, or writes one whose last write or any read is not,
+  aborts the process::
 
-  - freeing a block to the device while a kernel that used it is still in flight (how CI proves
-    that the layers wait on completion events before they free);
-  - the **race check**: a kernel on stream A that touches a block while a kernel of another
-    stream B that used the block's previous life is still in flight, i.e. one that does not
-    complete before A's kernel starts (how CI proves that ``record_stream`` and event waits are
-    honoured: the reuse cache hands a block to its own stream at once, so a stream that used it
-    without ``record_stream`` and without A waiting for it races with its next life)::
+      sim: stream <S> reads block #<n> while stream <W>'s write (until t=<T>) is not waited for
+      sim: stream <S> writes block #<n> while stream <R>'s read (until t=<T>) is not waited for
 
-        sim: block #<id> reused on stream <A> while stream <B>'s kernel is in flight (until t=<us>)
+  where ``T`` is the completion time of the other kernel. The block's previous lives count too
+  (the reuse cache hands a block to its own stream at once, so a stream that used it without
+  ``record_stream`` and without its owner waiting for it races with its next life); then the
+  line is::
+
+      sim: block #<id> reused on stream <A> while stream <B>'s kernel is in flight (until t=<us>)
 
 - failure injection for tests: :meth:`~SimDevice.fail_next_mallocs`.
 
-A block's kernel uses are kept per stream for its current life (``uses``) and, once it is freed,
-for its previous lives while they may still be in flight (``prior``). Its lock is re-entrant and
-its critical sections allocate nothing (see :mod:`allocator._locks`), so a finalizer or another
-callback can neither run inside one nor deadlock on it.
+Its lock is re-entrant and its critical sections call nothing outside this module (see
+:mod:`allocator._locks`; the vector clocks are small dicts, so they may allocate, which is safe
+because a finalizer never takes a lock), so a finalizer or another callback can neither run
+allocator logic inside one nor deadlock on it. The process aborts, when it does, once the lock
+is released.
 
-Kernels run eagerly on NumPy arrays; only the timing is simulated.
+Kernels run eagerly on NumPy arrays; only the timing and the ordering are simulated.
 """
 
 from __future__ import annotations
@@ -38,28 +52,92 @@ import itertools
 from .. import _locks
 from .base import Block, Device, DeviceAllocationError, Stream, fatal, host_array
 
-__all__ = ["SimBlock", "SimDevice", "SimStream", "race_message"]
+__all__ = [
+    "QUERY_COST_US",
+    "SimBlock",
+    "SimDevice",
+    "SimEvent",
+    "SimStream",
+    "access_message",
+    "race_message",
+]
+
+QUERY_COST_US = 1
+"""Logical microseconds a query (:meth:`Stream.query <allocator.device.stream.Stream.query>`)
+takes on the host, so that a loop polling a stream sees it complete after at most
+``latency_us / QUERY_COST_US`` polls per kernel queued (a query that does not move the clock
+would never turn true: the host clock moves only when the host waits). The reuse cache's own
+polls of its blocks' events cost nothing."""
 
 
 def race_message(block_id: int, stream: str, other: str, until_us: int) -> str:
-    """The race check's fatal line (DESIGN 2.4)."""
+    """The race check's fatal line for a block's next life (DESIGN 2.4)."""
     return (
         f"sim: block #{block_id} reused on stream {stream} while stream {other}'s kernel is in"
         f" flight (until t={until_us})"
     )
 
 
+def access_message(
+    block_id: int, stream: str, writes: bool, other: str, other_writes: bool, until_us: int
+) -> str:
+    """The race check's fatal line within one life of a block (DESIGN 2.4): ``stream`` reads
+    (``writes`` false) or writes the block while ``other``'s read or write, which completes at
+    ``until_us``, is not ordered before it."""
+    verb = "writes" if writes else "reads"
+    theirs = "write" if other_writes else "read"
+    return (
+        f"sim: stream {stream} {verb} block #{block_id} while stream {other}'s {theirs}"
+        f" (until t={until_us}) is not waited for"
+    )
+
+
+def _join(into: dict[int, int], other: dict[int, int]) -> bool:
+    """``into = max(into, other)`` per stream key; whether ``into`` changed."""
+    changed = False
+    for key, epoch in other.items():
+        if into.get(key, 0) < epoch:
+            into[key] = epoch
+            changed = True
+    return changed
+
+
 class SimStream:
-    """A simulated stream's clock: ``tail_us`` is the completion time (logical microseconds)
-    of the last kernel queued on it (0 when none)."""
+    """A simulated stream's clock.
 
-    __slots__ = ("tail_us",)
+    Attributes:
+        key: the stream's number in the vector clocks (unique per device).
+        tail_us: the completion time (logical microseconds) of the last kernel queued on it
+            (0 when none).
+        vc: its vector clock: stream key -> how many of that stream's kernels the next kernel
+            queued here is ordered after (its own entry counts its own kernels).
+        host_seen: the version of the host's vector clock last joined into ``vc``.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("host_seen", "key", "tail_us", "vc")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
         self.tail_us = 0
+        self.vc = {key: 0}
+        self.host_seen = -1
 
     def __repr__(self) -> str:
         return f"<SimStream tail={self.tail_us}us>"
+
+
+class SimEvent:
+    """A simulated event: the completion time and the vector clock of its stream when it was
+    last recorded (``time_us`` 0 and an empty clock before)."""
+
+    __slots__ = ("time_us", "vc")
+
+    def __init__(self) -> None:
+        self.time_us = 0
+        self.vc: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<SimEvent at t={self.time_us}us>"
 
 
 class SimBlock(Block):
@@ -71,20 +149,24 @@ class SimBlock(Block):
         event: the time at which every event recorded at its last free completes (its own
             stream's and those of ``stream_uses``); ``use_events`` maps each stream of
             ``stream_uses`` to its event's time.
-        uses: this life's kernel uses: stream -> completion time of its last kernel here
-            (``None`` until a kernel with latency touched it).
-        prior: the same for its previous lives, kept while they may be in flight (``None`` when
-            there are none): what the race check compares a new kernel with.
+        life: how many times it was freed by a storage (its lives are numbered from 0).
+        writer: its last write ``(stream key, epoch, completion time, life, stream name)``,
+            or ``None``.
+        readers: the last read of each stream since that write, by stream key (same tuples),
+            or ``None``.
     """
 
-    __slots__ = ("busy_until", "prior", "uses")
+    __slots__ = ("busy_until", "life", "own_clock", "readers", "use_clock", "writer")
 
     def __init__(self, block_id: int, nbytes: int, array) -> None:
         super().__init__(block_id, nbytes, array)
         self.busy_until = 0
         self.event = 0
-        self.uses: dict[Stream, int] | None = None
-        self.prior: dict[Stream, int] | None = None
+        self.life = 0
+        self.writer: tuple | None = None
+        self.readers: dict[int, tuple] | None = None
+        self.own_clock: dict[int, int] | None = None  # its own stream's vc at its last free
+        self.use_clock: dict[int, int] | None = None  # the join of the recorded streams' vcs
 
 
 class SimDevice(Device):
@@ -105,6 +187,7 @@ class SimDevice(Device):
 
     name = "sim"
     has_cache = True
+    logical_clock = True
 
     def __init__(self, capacity_bytes: int, latency_us: int = 0) -> None:
         if capacity_bytes < 1:
@@ -120,6 +203,12 @@ class SimDevice(Device):
         self.tail_us = 0
         self._fail_next = 0
         self._ids = itertools.count(1)
+        self._keys = itertools.count(1)
+        self._host: dict[int, int] = {}  # the host's vector clock: what it knows completed
+        self._host_version = 0
+        self._launched: dict[int, int] = {}  # each stream's kernel count: a device sync's join
+        self._launches = 0
+        self._synced_launches = 0
         self._lock = _locks.new_lock(self, _locks.BACKEND)
 
     # -- allocation --------------------------------------------------------------------------
@@ -162,7 +251,10 @@ class SimDevice(Device):
         return SimBlock(block_id, nbytes, array)
 
     def free(self, block: SimBlock) -> None:
-        """Free ``block``; abort the process if a kernel using it is still in flight."""
+        """Free ``block``: ``cudaFree``, which synchronizes the device first (the host clock
+        moves to every stream's last completion). A block still in flight after that is a bug
+        of the simulator itself, and aborts."""
+        self.synchronize()
         if block.busy_until > self.now_us:
             fatal(
                 f"devmem sim: fatal: free of block #{block.id} ({block.nbytes} bytes) while a"
@@ -179,31 +271,81 @@ class SimDevice(Device):
     # -- streams: one logical clock each --------------------------------------------------------
 
     def _stream_handle(self, default: bool) -> SimStream:
-        return SimStream()
+        return SimStream(next(self._keys))
+
+    def _observe(self, vc: dict[int, int]) -> None:
+        """The host learned that the kernels ``vc`` counts completed (lock held)."""
+        if _join(self._host, vc):
+            self._host_version += 1
 
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         with self._lock:
-            tail = other.handle.tail_us
-            if tail > stream.handle.tail_us:
-                stream.handle.tail_us = tail
+            mine, theirs = stream.handle, other.handle
+            if theirs.tail_us > mine.tail_us:
+                mine.tail_us = theirs.tail_us
+            _join(mine.vc, theirs.vc)
 
     def synchronize_stream(self, stream: Stream) -> None:
         with self._lock:
-            tail = stream.handle.tail_us
-            if tail > self.now_us:
-                self.now_us = tail
+            clock = stream.handle
+            if clock.tail_us > self.now_us:
+                self.now_us = clock.tail_us
+            self._observe(clock.vc)
 
     def stream_done(self, stream: Stream) -> bool:
-        return stream.handle.tail_us <= self.now_us
+        """Whether ``stream``'s kernels completed; the query itself takes
+        :data:`QUERY_COST_US` of host time, and a true answer orders the host after them."""
+        with self._lock:
+            self.now_us += QUERY_COST_US
+            clock = stream.handle
+            done = clock.tail_us <= self.now_us
+            if done:
+                self._observe(clock.vc)
+        return done
 
-    def launch(self, stream: Stream, *blocks: SimBlock) -> None:
-        """Queue a kernel on ``stream``'s clock and mark ``blocks`` used by it until it
-        completes; abort (the race check) if another stream's kernel on a block's previous life
-        is still in flight when this one starts."""
+    def new_event_handle(self) -> SimEvent:
+        return SimEvent()
+
+    def record_event(self, stream: Stream, event) -> None:
+        with self._lock:
+            clock, handle = stream.handle, event.handle
+            handle.time_us = clock.tail_us
+            handle.vc = dict(clock.vc)
+
+    def wait_event(self, stream: Stream, event) -> None:
+        with self._lock:
+            clock, handle = stream.handle, event.handle
+            if handle.time_us > clock.tail_us:
+                clock.tail_us = handle.time_us
+            _join(clock.vc, handle.vc)
+
+    def event_done(self, event) -> bool:
+        """Whether ``event`` completed; the query itself takes :data:`QUERY_COST_US` of host
+        time, and a true answer orders the host after the kernels before it."""
+        with self._lock:
+            self.now_us += QUERY_COST_US
+            handle = event.handle
+            done = handle.time_us <= self.now_us
+            if done:
+                self._observe(handle.vc)
+        return done
+
+    def synchronize_event(self, event) -> None:
+        with self._lock:
+            handle = event.handle
+            if handle.time_us > self.now_us:
+                self.now_us = handle.time_us
+            self._observe(handle.vc)
+
+    def launch(self, stream: Stream, out: SimBlock | None = None, *inputs: SimBlock) -> None:
+        """Queue a kernel on ``stream``'s clock that writes ``out`` (``None`` for a readback)
+        and reads ``inputs``; abort (the race check) if another stream's access to one of them
+        is not ordered before it."""
         latency = self.latency_us
         if not latency:
             return
         clock = stream.handle
+        message = None
         with self._lock:
             now = self.now_us
             start = now if now > clock.tail_us else clock.tail_us
@@ -211,55 +353,111 @@ class SimDevice(Device):
             clock.tail_us = done
             if done > self.tail_us:
                 self.tail_us = done
-        for block in blocks:
-            prior = block.prior
-            if prior:
-                for other, until in prior.items():
-                    if until > start and other is not stream:
-                        fatal(race_message(block.id, stream.name, other.name, until))
-            if done > block.busy_until:
-                block.busy_until = done
-            uses = block.uses
-            if uses is None:
-                block.uses = {stream: done}
-            else:
-                uses[stream] = done
+            vc = clock.vc
+            if clock.host_seen != self._host_version:
+                _join(vc, self._host)
+                clock.host_seen = self._host_version
+            key = clock.key
+            epoch = vc[key] + 1
+            vc[key] = epoch
+            self._launched[key] = epoch
+            self._launches += 1
+            if out is not None:
+                message = self._write(out, stream.name, key, epoch, done, vc)
+            for block in inputs:
+                if message is None:
+                    message = self._read(block, stream.name, key, epoch, done, vc)
+        if message is not None:
+            fatal(message)
+
+    @staticmethod
+    def _conflict(
+        block: SimBlock, name: str, writes: bool, access: tuple, other_writes: bool
+    ) -> str:
+        other_name, until, life = access[4], access[2], access[3]
+        if life < block.life:
+            return race_message(block.id, name, other_name, until)
+        return access_message(block.id, name, writes, other_name, other_writes, until)
+
+    def _write(self, block, name, key, epoch, done, vc) -> str | None:
+        """Check and record a write of ``block`` (lock held); the fatal line, if it races."""
+        writer = block.writer
+        if writer is not None and vc.get(writer[0], 0) < writer[1]:
+            return self._conflict(block, name, True, writer, True)
+        readers = block.readers
+        if readers is not None:
+            for read in readers.values():
+                if vc.get(read[0], 0) < read[1]:
+                    return self._conflict(block, name, True, read, False)
+            block.readers = None
+        block.writer = (key, epoch, done, block.life, name)
+        if done > block.busy_until:
+            block.busy_until = done
+        return None
+
+    def _read(self, block, name, key, epoch, done, vc) -> str | None:
+        """Check and record a read of ``block`` (lock held); the fatal line, if it races."""
+        writer = block.writer
+        if writer is not None and vc.get(writer[0], 0) < writer[1]:
+            return self._conflict(block, name, False, writer, True)
+        read = (key, epoch, done, block.life, name)
+        if block.readers is None:
+            block.readers = {key: read}
+        else:
+            block.readers[key] = read
+        if done > block.busy_until:
+            block.busy_until = done
+        return None
 
     # -- events ------------------------------------------------------------------------------
 
     def record(self, block: SimBlock) -> None:
         """Record the block's events at a free: each completes when its stream's kernels queued
-        so far have; then this life's kernel uses join ``prior`` for the race check."""
+        so far have. Its accesses stay for the race check against its next life."""
         if not self.latency_us:
             return  # every kernel, and so every event, is complete at once
-        event = block.stream.handle.tail_us
-        streams = block.stream_uses
-        if streams:
-            events = {other: other.handle.tail_us for other in streams}
-            block.use_events = events
-            latest = max(events.values())
-            if latest > event:
-                event = latest
-        else:
-            block.use_events = None
-        block.event = event
-        uses = block.uses
-        if uses:
-            now = self.now_us
-            prior = block.prior
-            keep = {other: t for other, t in prior.items() if t > now} if prior else {}
-            for other, t in uses.items():
-                if t > now and t > keep.get(other, 0):
-                    keep[other] = t
-            block.prior = keep or None
-            block.uses = None
+        with self._lock:
+            block.life += 1
+            own = block.stream.handle
+            event = own.tail_us
+            block.own_clock = dict(own.vc)
+            streams = block.stream_uses
+            if streams:
+                events = {}
+                joined: dict[int, int] = {}
+                for other in streams:
+                    events[other] = other.handle.tail_us
+                    _join(joined, other.handle.vc)
+                block.use_events = events
+                block.use_clock = joined
+                latest = max(events.values())
+                if latest > event:
+                    event = latest
+            else:
+                block.use_events = None
+                block.use_clock = None
+            block.event = event
 
     def ready(self, block: SimBlock) -> bool:
+        """Whether the events on the block's other streams completed. Only a look: the reuse
+        cache's query, which orders the host after them, is :meth:`take_ready`."""
         events = block.use_events
         if not events:
             return True
         now = self.now_us
         return all(t <= now for t in events.values())
+
+    def take_ready(self, block: SimBlock) -> bool:
+        """:meth:`ready`, queried by the reuse cache before it reuses the block: a true answer
+        orders the host (and so the block's next life) after those events, which the block
+        then forgets (so that it keeps no other stream alive while it is cached)."""
+        if not self.ready(block):
+            return False
+        if block.use_clock:
+            with self._lock:
+                self._observe(block.use_clock)
+        block.use_events = block.use_clock = None
+        return True
 
     def pending_streams(self, block: SimBlock) -> tuple[Stream, ...]:
         events = block.use_events
@@ -272,11 +470,17 @@ class SimDevice(Device):
         with self._lock:
             if block.event > self.now_us:
                 self.now_us = block.event
+            for clock in (block.own_clock, block.use_clock):
+                if clock:
+                    self._observe(clock)
 
     def synchronize(self) -> None:
         with self._lock:
             if self.tail_us > self.now_us:
                 self.now_us = self.tail_us
+            if self._launches != self._synced_launches:
+                self._synced_launches = self._launches
+                self._observe(self._launched)
 
     def download(self, stream: Stream, src):
         self.synchronize_stream(stream)
@@ -287,11 +491,13 @@ class SimDevice(Device):
         return super().sum(stream, src)
 
     def clock_us(self) -> int:
-        """The logical host clock ``now_us`` (it advances only on waits and :meth:`advance`)."""
+        """The logical host clock ``now_us`` (it advances only on waits, queries and
+        :meth:`advance`)."""
         return self.now_us
 
     def advance(self, microseconds: int) -> None:
-        """Let ``microseconds`` of host time pass (so in-flight kernels may complete).
+        """Let ``microseconds`` of host time pass (so in-flight kernels may complete; this
+        orders nothing: the host learns of a completion only by waiting or querying).
 
         Raises:
             ValueError: ``microseconds`` is negative.

@@ -1,4 +1,4 @@
-"""Streams: ordered queues of device work, as CUDA and PyTorch have them.
+"""Streams: ordered queues of device work, and events on them, as CUDA and PyTorch have them.
 
 A :class:`Stream` runs its kernels in order, one after another; kernels of different streams may
 run at the same time. A stream belongs to one device (one allocator): its default stream (id 0,
@@ -6,6 +6,13 @@ named ``default``), or one made by ``alloc.new_stream()``. What a stream is on e
 in its :attr:`~Stream.handle`: nothing on ``cpu`` (accounting only), a logical clock on ``sim``
 (:class:`~allocator.device.sim.SimStream`), a ``cupy.cuda.Stream`` on ``cuda`` (the null stream
 for the default one, a non-blocking stream for the others, as PyTorch's stream pool makes them).
+
+An :class:`Event` marks a point in a stream's queue (PyTorch's ``torch.cuda.Event``): recorded
+on a stream, it completes once every kernel queued there before the record has; another stream
+can wait for it (ordering its later kernels after that point, not after everything the first
+stream queued later), and the host can query it or wait for it. Its handle is ``None`` on
+``cpu``, a :class:`~allocator.device.sim.SimEvent` on ``sim``, a timing-free
+``cupy.cuda.Event`` on ``cuda``.
 
 A stream refers to its device; no device or layer refers to a stream except through the blocks
 allocated on it, so streams make no reference cycle.
@@ -18,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .base import Device
 
-__all__ = ["Stream", "check_stream"]
+__all__ = ["Event", "Stream", "check_event", "check_stream"]
 
 
 def check_stream(device: Device, stream: object, name: str = "stream") -> Stream:
@@ -77,8 +84,89 @@ class Stream:
         self.device.synchronize_stream(self)
 
     def query(self) -> bool:
-        """Whether every kernel queued on this stream so far has completed (never waits)."""
+        """Whether every kernel queued on this stream so far has completed (never waits; on
+        ``sim`` each query takes :data:`~allocator.device.sim.QUERY_COST_US` of host time)."""
         return self.device.stream_done(self)
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new one if ``None``) on this stream, after every kernel queued
+        on it so far (PyTorch's ``Stream.record_event``). Recording an event again moves it.
+
+        Returns:
+            The event.
+
+        Raises:
+            TypeError: ``event`` is not an Event.
+            ValueError: it belongs to another allocator.
+        """
+        event = Event(self.device) if event is None else check_event(self.device, event)
+        self.device.record_event(self, event)
+        event.recorded = True
+        return event
+
+    def wait_event(self, event: Event) -> None:
+        """Make every kernel queued on this stream from now on wait for ``event`` (the
+        kernels queued on its stream before it was recorded). The host does not wait. An
+        event never recorded is complete: nothing to wait for.
+
+        Raises:
+            TypeError: ``event`` is not an Event.
+            ValueError: it belongs to another allocator.
+        """
+        event = check_event(self.device, event)
+        if event.recorded:
+            self.device.wait_event(self, event)
 
     def __repr__(self) -> str:
         return f"<Stream {self.name!r} (#{self.id}) on {self.device.name}>"
+
+
+def check_event(device: Device, event: object, name: str = "event") -> Event:
+    """Validate that ``event`` is an event of ``device``; return it.
+
+    Raises:
+        TypeError: ``event`` is not an Event.
+        ValueError: it belongs to another allocator.
+    """
+    if not isinstance(event, Event):
+        raise TypeError(f"{name} must be an Event, got {type(event).__name__}")
+    if event.device is not device:
+        raise ValueError(f"{name} belongs to another allocator")
+    return event
+
+
+class Event:
+    """A point in a stream's queue (PyTorch's ``torch.cuda.Event``).
+
+    Made by ``alloc.new_event()`` or ``stream.record_event()``; record it with
+    ``stream.record_event(e)``, make another stream wait for it with ``stream.wait_event(e)``.
+
+    Attributes:
+        device: the backend it belongs to.
+        handle: the backend's own event (``None`` on ``cpu``).
+        recorded: whether it was ever recorded (an event never recorded is complete).
+    """
+
+    __slots__ = ("device", "handle", "recorded")
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.handle = device.new_event_handle()
+        self.recorded = False
+
+    def query(self) -> bool:
+        """Whether the kernels queued before its record completed (never waits; ``True`` if
+        never recorded). On ``sim`` a query takes
+        :data:`~allocator.device.sim.QUERY_COST_US` of host time, and a true answer orders the
+        host after those kernels."""
+        return not self.recorded or self.device.event_done(self)
+
+    def synchronize(self) -> None:
+        """Block the host until the kernels queued before its record completed (at once if
+        never recorded)."""
+        if self.recorded:
+            self.device.synchronize_event(self)
+
+    def __repr__(self) -> str:
+        state = "recorded" if self.recorded else "never recorded"
+        return f"<Event {state} on {self.device.name}>"

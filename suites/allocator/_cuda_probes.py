@@ -317,3 +317,30 @@ def streams_logic(latency: int = 0, mutant: str | None = None) -> dict:
     report["violations"] = len(fake.violations)
     report["wrong_device"] = [list(entry) for entry in fake.wrong_device[:5]]
     return report
+
+
+def events_logic() -> dict:
+    """Events on the fake CuPy: ``alloc.new_event()`` is a timing-free ``cupy.cuda.Event`` made
+    on the backend's device (1, while device 0 is current); ``record_event``,
+    ``wait_event``, ``query`` and ``synchronize`` call CuPy's on that device."""
+    fake = _fake_cupy.install(latency=1, device_count=2, current=1)
+    alloc = Allocator(AllocatorConfig(backend="cuda"))
+    cupy = sys.modules["cupy"]
+    cupy.cuda.runtime.setDevice(0)
+    side = alloc.new_stream("side")
+    made = fake.events_made
+    event = alloc.new_event()
+    report: dict = {"made": fake.events_made - made, "device": event.handle.device}
+    with alloc.use_stream(side):
+        a = alloc.full(16, 1.0)
+    fake.log.clear()
+    side.record_event(event)
+    alloc.default_stream.wait_event(event)
+    report["log"] = [list(entry[:3]) for entry in fake.log]
+    report["first_query"] = event.query()  # the fill is in flight for one more query
+    event.synchronize()
+    report["after_sync"] = event.query()
+    report["sum"] = alloc.sum(alloc.mul(a, a))
+    report["wrong_device"] = [list(entry) for entry in fake.wrong_device[:5]]
+    report["violations"] = len(fake.violations)
+    return report

@@ -131,7 +131,10 @@ def stress(scale: int = 1, mutant: str | None = None, history: bool = False) -> 
     with a kernel latency, with the collector running every few allocations. Four threads, each
     on a stream of its own, each do ``400 * scale`` random steps: allocate and fill
     (sizes 16 to 2048 bytes), release, record another thread's stream on a buffer, drop into a
-    reference cycle, drop plainly, wait for its stream, or inject a device failure; then
+    reference cycle, drop plainly, wait for its stream, inject a device failure, or use a stream
+    of its own once and drop it into a reference cycle (its cached block goes back to the device
+    once the collector finds the stream, whose weak reference's callback may run inside any
+    critical section); then
     everything is dropped and collected. Blocks recorded on other streams wait for their events
     in the cache, so the cache's event processing runs under its lock too. Besides the
     collections the threshold starts, every third event recording (the simulator's ``record``,
@@ -180,8 +183,17 @@ def stress(scale: int = 1, mutant: str | None = None, history: bool = False) -> 
                         held.pop(rng.randrange(len(held)))
                     elif step < 0.97:
                         streams[seed].synchronize()
-                    else:
+                    elif step < 0.985:
                         alloc.device.fail_next_mallocs(rng.choice((1, 2)))
+                    else:  # a short-lived stream, dropped into a reference cycle
+                        brief = alloc.new_stream()
+                        try:
+                            with alloc.use_stream(brief):
+                                alloc.release(alloc.full(4, 1.0))
+                        except MemoryError:
+                            ooms[0] += 1
+                        _into_cyclic_garbage(brief)
+                        del brief
         except BaseException as exc:  # reported to the parent
             errors.append(f"{type(exc).__name__}: {exc}")
         held.clear()

@@ -6,7 +6,15 @@ import functools
 
 import pytest
 
+from .._sim_abort import raise_in_process
 from ._knobs import pinned_env
+
+
+@pytest.fixture(autouse=True)
+def _simulator_aborts_raise(monkeypatch):
+    """A simulator abort in this process fails the test with its line (``suites/_sim_abort``)
+    instead of killing the session; death tests' children still abort."""
+    raise_in_process(monkeypatch)
 
 
 @pytest.fixture

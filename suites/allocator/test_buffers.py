@@ -280,7 +280,7 @@ def test_every_free_records_its_cause(alloc):
             "x",
             None,
             "kind='free': expected one of release, arena_exit, finalize, cap_evict, empty_cache,"
-            " oom_flush, teardown",
+            " oom_flush, teardown, stream_dropped",
         ),
         ("release", "", None, "reason must say who frees the block, got an empty string"),
         (

@@ -196,3 +196,17 @@ def test_teeth_a_free_that_ignores_the_recorded_streams_is_caught(death):
     outcome = death.run(_cuda_probes.streams_logic, 1, "free_ignores_record_stream")
     with pytest.raises(AssertionError, match="no event on the recorded stream"):
         check_streams(outcome)
+
+
+def test_events_over_fake_cupy(death):
+    report = death.run(_cuda_probes.events_logic).assert_clean().returned
+    assert report == {
+        "made": 1,
+        "device": 1,
+        "log": [["event.record", "stream1"], ["stream.wait_event", "null", "stream1"]],
+        "first_query": False,
+        "after_sync": True,
+        "sum": 16.0,
+        "wrong_device": [],
+        "violations": 0,
+    }

@@ -114,17 +114,17 @@ def test_each_stream_has_its_own_clock():
     sim = SimDevice(1 << 20, latency_us=10)
     one, two = sim.new_stream(default=True), sim.new_stream()
     assert (one.id, one.name, two.id, two.name) == (0, "default", 1, "#1")
-    block = sim.malloc(64)
+    block, other = sim.malloc(64), sim.malloc(64)
     for _ in range(3):
         sim.launch(one, block)  # t = 0..30
-    sim.launch(two, block)  # another stream starts at once: t = 0..10
+    sim.launch(two, other)  # another stream starts at once: t = 0..10
     assert (one.handle.tail_us, two.handle.tail_us, sim.tail_us) == (30, 10, 30)
     assert not one.query() and not two.query()
     two.synchronize()  # the host waits for two only
-    assert (sim.now_us, two.query(), one.query()) == (10, True, False)
+    assert (sim.now_us, two.query(), one.query()) == (10, True, False)  # each query: 1 us
     two.wait_stream(one)  # two's next kernel starts after one's queued kernels
     sim.launch(two, block)
-    assert two.handle.tail_us == 40 and sim.now_us == 10  # the host did not wait
+    assert two.handle.tail_us == 40 and sim.now_us == 12  # the host did not wait
     one.wait_stream(two)
     assert one.handle.tail_us == 40
     one.wait_stream(one)  # waiting on itself changes nothing
@@ -193,20 +193,25 @@ def test_a_fresh_simulator_synchronizes_without_moving_its_clock():
     assert (sim.now_us, sim.tail_us, sim.clock_us()) == (0, 0, 0)
 
 
-def test_a_lifes_kernels_on_every_stream_join_the_race_check():
+def test_a_blocks_accesses_are_kept_per_stream_across_its_lives():
     sim = SimDevice(1 << 20, latency_us=1)
     default, side = sim.new_stream(default=True), sim.new_stream("side")
     block = sim.malloc(64)
     block.stream = default
-    sim.launch(side, block)  # t = 0..1 on side
-    sim.launch(default, block)  # t = 0..1 on its own stream
-    assert block.uses == {side: 1, default: 1}
-    sim.record(block)  # freed at t=0: both still in flight, both kept for the next life
-    assert (block.prior, block.uses) == ({side: 1, default: 1}, None)
-    sim.advance(1)
-    sim.launch(default, block)  # t = 1..2: the next life, after both
-    sim.record(block)
-    assert block.prior == {default: 2}  # side's kernel completed: forgotten
+    sim.launch(default, block)  # a write on its own stream: t = 0..1
+    side.wait_stream(default)
+    sim.launch(side, None, block)  # a read on side, after it: t = 1..2
+    sim.launch(default, None, block)  # a read on its own stream: t = 1..2
+    assert block.writer[2:] == (1, 0, "default")  # (completion time, life, stream name)
+    assert sorted(read[2:] for read in block.readers.values()) == [
+        (2, 0, "default"),
+        (2, 0, "side"),
+    ]
+    sim.record(block)  # freed: its accesses stay, for the race check against its next life
+    assert block.life == 1 and len(block.readers) == 2
+    default.wait_stream(side)
+    sim.launch(default, block)  # the next life's write, after both reads: they are forgotten
+    assert (block.writer[2:], block.readers) == ((3, 1, "default"), None)
 
 
 def test_the_host_clock_is_whole_microseconds_since_the_epoch():

@@ -1,6 +1,9 @@
 """Evictions wait for completion events: on ``sim`` with latency > 0 and a cap, cap evictions
-and the OOM flush free a block only after its event completes. The simulator aborts, naming the
-block, if one is freed while a kernel using it is still in flight."""
+and the OOM flush free a block only after its event completes. A free to the device is
+``cudaFree``, which synchronizes the whole device (DESIGN 2.4), so on ``sim`` (as on a GPU) the
+event wait before it is redundant: a cache that skips it is harmless there, and the simulator's
+check that no kernel uses a freed block fires only if its own free forgets the synchronize too
+(the simulator before the fix)."""
 
 from __future__ import annotations
 
@@ -33,8 +36,14 @@ def test_evictions_and_the_flush_wait_for_events(death):
     check_waits(death.run(_probes.evictions_wait, env=ENV))
 
 
-def test_teeth_an_eviction_that_frees_without_waiting_is_caught(death):
-    outcome = death.run(_probes.evictions_wait, "evict_without_wait", env=ENV)
+def test_an_eviction_that_frees_without_waiting_is_harmless_since_cudafree_synchronizes(death):
+    check_waits(death.run(_probes.evictions_wait, "evict_without_wait", env=ENV))
+
+
+def test_teeth_a_free_that_neither_waits_nor_synchronizes_is_caught(death):
+    outcome = death.run(
+        _probes.evictions_wait, "evict_without_wait+free_without_device_sync", env=ENV
+    )
     with pytest.raises(DeathTestFailure, match="SIGABRT"):
         check_waits(outcome)
     outcome.assert_aborted(

@@ -81,36 +81,55 @@ def test_device_layer_counts_only_what_the_device_did():
     assert layer.counters() == (1, 1) and device.used_bytes == 0
 
 
+class _CallLog(SimDevice):
+    """A simulator that logs its ``wait`` and ``free`` calls with the host clock."""
+
+    def __init__(self, latency_us: int) -> None:
+        super().__init__(1 << 20, latency_us)
+        self.log: list[tuple[str, int, int]] = []
+
+    def wait(self, block) -> None:
+        super().wait(block)
+        self.log.append(("wait", block.id, self.now_us))
+
+    def free(self, block) -> None:
+        self.log.append(("free", block.id, self.now_us))
+        super().free(block)
+
+
 def test_device_layer_waits_on_the_event_before_it_frees():
-    device = SimDevice(1 << 20, latency_us=7)
+    device = _CallLog(latency_us=7)
     stream = device.new_stream(default=True)
     layer = DeviceLayer(device)
     blocks = [layer.allocate(KIB, stream) for _ in range(3)]
     for block in blocks:
         device.launch(stream, block)  # kernels in flight until t=7, 14, 21
         device.record(block)
-    layer.deallocate(blocks[0], RELEASE)  # the simulator aborts on a free while in flight
-    assert device.now_us == 7
+    layer.deallocate(blocks[0], RELEASE)
+    assert device.log == [("wait", 1, 7), ("free", 1, 7)]
+    assert device.now_us == 21  # the free is cudaFree: it synchronized the whole device
     layer.deallocate_many(blocks[1:], RELEASE)
-    assert device.now_us == 21
+    assert device.log[2:] == [("wait", 2, 21), ("free", 2, 21), ("wait", 3, 21), ("free", 3, 21)]
     assert layer.counters() == (3, 3) and device.used_bytes == 0
 
 
 def test_device_layer_waits_on_every_recorded_streams_event_before_it_frees():
-    device = SimDevice(1 << 20, latency_us=10)
+    device = _CallLog(latency_us=10)
     own, side = device.new_stream(default=True), device.new_stream("side")
     layer = DeviceLayer(device)
     block = layer.allocate(KIB, own)
-    device.launch(own, block)  # t = 0..10 on its own stream
+    device.launch(own, block)  # a write: t = 0..10 on its own stream
+    side.wait_stream(own)
     for _ in range(3):
-        device.launch(side, block)  # t = 0..30 on the side stream
+        device.launch(side, None, block)  # reads: t = 10..40 on the side stream
     block.stream_uses = {side}  # what record_stream(side) does
     device.record(block)
-    assert (block.event, block.use_events) == (30, {side: 30})
+    assert (block.event, block.use_events) == (40, {side: 40})
     assert device.pending_streams(block) == (side,)
     assert not device.ready(block)
-    layer.deallocate(block, RELEASE)  # waits until t=30, else the simulator aborts
-    assert device.now_us == 30 and device.pending_streams(block) == ()
+    layer.deallocate(block, RELEASE)
+    assert device.log == [("wait", 1, 40), ("free", 1, 40)]
+    assert device.now_us == 40 and device.pending_streams(block) == ()
 
 
 # -- the caching layer ---------------------------------------------------------------------------
@@ -178,9 +197,10 @@ def test_caching_layer_caps_and_flushes_awaiting_blocks_too():
         block.stream_uses = {side}
     upstream.take_calls()
     layer.deallocate(blocks[0], RELEASE)  # cached, awaiting
-    layer.deallocate(blocks[1], RELEASE)  # past the cap: freed after waiting on its events
-    assert upstream.take_calls() == [("deallocate", KIB, "cap_evict")]
-    assert device.now_us == 20 and layer.counters()[4] == 1
+    layer.deallocate(blocks[1], RELEASE)  # past the cap: the oldest cached block makes room
+    assert upstream.take_calls() == [("deallocate_many", [KIB], "cap_evict")]
+    assert layer.awaiting() == ((blocks[1], ()),)  # the newest stays (its event done: synced)
+    assert device.now_us == 20 and layer.counters()[4] == 1  # cudaFree: the device synchronized
     assert layer.flush() == KIB and layer.awaiting() == () and len(layer) == 0
     assert upstream.take_calls() == [("deallocate_many", [KIB], "empty_cache")]
 
@@ -193,9 +213,10 @@ def test_caching_layer_evicts_past_the_cap_with_the_cap_evict_cause():
     layer.deallocate_many(blocks[:3], RELEASE)
     layer.deallocate(blocks[3], RELEASE)
     assert upstream.take_calls() == [
-        ("deallocate_many", [KIB], "cap_evict"),
-        ("deallocate", 4 * KIB, "cap_evict"),
+        ("deallocate_many", [KIB], "cap_evict"),  # the oldest, blocks[0], made room
+        ("deallocate_many", [4 * KIB], "cap_evict"),  # larger than the cap: never cached
     ]
+    assert sorted(layer.blocks(), key=blocks.index) == blocks[1:3]
     cached, cap, hits, misses, evictions, flushes = layer.counters()
     assert (cached, cap, hits, misses, evictions, flushes) == (2 * KIB, 2 * KIB, 0, 4, 2, 0)
 

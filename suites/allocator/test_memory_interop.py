@@ -87,6 +87,7 @@ def zero3_graph(backend: str) -> Allocator:
     (padded to 4100), biases on every other layer, one layer prefetched, kernels with a latency:
     each gathered parameter freed at its final ``release`` with its views alive."""
     from runtime.zero3 import Zero3
+    from runtime.zero3_graph import run_graph
 
     alloc = Allocator(AllocatorConfig(backend=backend, sim_latency_us=5))
     zero3 = Zero3(alloc, 4)
@@ -96,7 +97,7 @@ def zero3_graph(backend: str) -> Allocator:
             zero3.register(param_id, 4097)
     with alloc.history():
         x = alloc.full(4097, 1.0)
-        alloc.held = [x, zero3.run_graph(layers, x, prefetch=1).output]
+        alloc.held = [x, run_graph(zero3, layers, x, prefetch=1).output]
     return alloc
 
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import allocator
-from allocator import Allocator, AllocatorConfig, Stream
+from allocator import Allocator, AllocatorConfig, Event, Stream
 
 from . import _stream_probes
 from ._knobs import pinned_env
@@ -216,3 +216,68 @@ def test_ops_queue_on_the_streams_clock_from_a_latency_of_one(make_alloc, latenc
     buf = alloc.full(4, 1.0)
     assert alloc.default_stream.handle.tail_us == latency
     alloc.release(buf)
+
+
+def test_one_scope_object_entered_from_two_threads_is_refused(alloc):
+    side = alloc.new_stream("side")
+    scope = alloc.use_stream(side)
+    entered, leave = threading.Event(), threading.Event()
+    seen = {}
+
+    def other_thread() -> None:
+        with scope:
+            entered.set()
+            leave.wait(10)
+            seen["inside"] = alloc.current_stream()
+        seen["after"] = alloc.current_stream()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    assert entered.wait(10)
+    with pytest.raises(RuntimeError) as info:
+        scope.__enter__()  # the object is the other thread's now: its exits would swap streams
+    assert str(info.value) == (
+        "use_stream('side'): this scope object is entered by another thread now; call"
+        " alloc.use_stream(stream) in each thread"
+    )
+    assert alloc.current_stream() is alloc.default_stream
+    leave.set()
+    thread.join(10)
+    assert seen == {"inside": side, "after": alloc.default_stream}
+    with scope:  # free again once that thread left it
+        assert alloc.current_stream() is side
+    assert alloc.current_stream() is alloc.default_stream
+
+
+def test_events_record_wait_query_and_synchronize_on_every_backend(alloc, make_alloc):
+    side = alloc.new_stream("side")
+    never = alloc.new_event()
+    assert isinstance(never, Event) and not never.recorded and never.device is alloc.device
+    assert repr(never) == f"<Event never recorded on {alloc.backend}>"
+    assert never.query()  # an event never recorded is complete
+    never.synchronize()
+    alloc.default_stream.wait_event(never)  # nothing to wait for
+    x = alloc.full(64, 1.0)
+    side.wait_stream(alloc.default_stream)
+    with alloc.use_stream(side):
+        y = alloc.mul(x, x)
+    done = side.record_event()  # a new event, recorded after y's kernel
+    assert isinstance(done, Event) and done.recorded and done is not never
+    assert side.record_event(never) is never and never.recorded  # records the one given
+    alloc.default_stream.wait_event(done)  # the default stream's next kernels follow y's
+    assert alloc.sum(y) == 64.0
+    done.synchronize()
+    assert done.query()
+    with pytest.raises(TypeError, match=r"^event must be an Event, got str$"):
+        side.record_event("e")
+    with pytest.raises(TypeError, match=r"^event must be an Event, got NoneType$"):
+        side.wait_event(None)
+    theirs = make_alloc().new_event()
+    with pytest.raises(ValueError, match=r"^event belongs to another allocator$"):
+        side.wait_event(theirs)
+    with pytest.raises(ValueError, match=r"^event belongs to another allocator$"):
+        side.record_event(theirs)
+    assert not theirs.recorded
+    y.record_stream(alloc.default_stream)
+    for buf in (x, y):
+        alloc.release(buf)

@@ -6,9 +6,12 @@ scenario of ``runtime.zero3`` and returns plain data, or dies where the scenario
 
 from __future__ import annotations
 
+import gc
+
 import allocator
 from allocator import Allocator, AllocatorConfig
 from runtime.zero3 import Zero3
+from runtime.zero3_graph import run_graph
 
 from . import _zero3_mutants
 
@@ -56,6 +59,60 @@ def consumer_stream(mutant: str | None = None) -> dict:
         report["consumer_read"] = alloc.sum(out)
     report["expected_read"] = float((z3.param("a").values().astype("float64") ** 2).sum())
     return report
+
+
+def read_after_wait(mutant: str | None = None) -> dict:
+    """Gather a parameter on the gather stream (t = 0..100 on ``sim``), ``wait`` for it on the
+    default stream and read the view there. With the ``wait_does_not_wait`` mutant the read is
+    not ordered after the all-gather's write: the simulator's race check aborts."""
+    _zero3_mutants.apply(mutant)
+    alloc = Allocator(AllocatorConfig(backend="sim", sim_latency_us=LATENCY_US))
+    z3 = Zero3(alloc, 2)
+    z3.register("w", NUMEL)
+    view = z3.wait(z3.allgather("w"), "w")
+    out = alloc.mul(view, view)
+    z3.release(view, "w", 1)
+    return {
+        "sum": alloc.sum(out),
+        "expected": float((z3.param("w").values().astype("float64") ** 2).sum()),
+    }
+
+
+def overlap(mutant: str | None = None) -> dict:
+    """A chain of 6 layers (a weight and a bias each, 4097 elements over 2 ranks) on ``sim``
+    with kernels of 100 us, run with prefetch 0 and 2 (a fresh allocator each): the simulated
+    time at which the last kernel completes, and each layer's op's completion time."""
+    _zero3_mutants.apply(mutant)
+    report = {}
+    for prefetch in (0, 2):
+        alloc = Allocator(AllocatorConfig(backend="sim", sim_latency_us=LATENCY_US))
+        z3 = Zero3(alloc, 2)
+        layers = [(f"w{k}", f"b{k}") for k in range(6)]
+        for params in layers:
+            for param_id in params:
+                z3.register(param_id, NUMEL)
+        x = alloc.full(NUMEL, 1.0)
+        run = run_graph(z3, layers, x, prefetch=prefetch)
+        report[f"prefetch={prefetch}"] = alloc.device.tail_us
+        del run
+    return report
+
+
+def legacy_teardown() -> dict:
+    """The pre-fix release path on ``sim`` with a latency: one layer, then the allocator is
+    dropped. The gathered base (gather stream) was read by the layer's op on the default
+    stream, and is freed to the device by the caching layer's finalizer: ``cudaFree``
+    synchronizes the device, so this never aborts (before the fix it aborted inside
+    ``CachingLayer.__del__``)."""
+    alloc = Allocator(AllocatorConfig(backend="sim", sim_latency_us=LATENCY_US))
+    z3 = Zero3(alloc, 2, legacy_release=True)
+    z3.register("w", NUMEL)
+    x = alloc.full(NUMEL, 1.0)
+    run = run_graph(z3, [("w",)], x)
+    device = alloc.device
+    del run, x, z3, alloc
+    gc.collect()
+    return {"used_bytes": device.used_bytes, "now_us": device.now_us}
 
 
 def use_after_release(legacy: bool = False) -> dict:

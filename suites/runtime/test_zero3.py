@@ -18,6 +18,7 @@ import harness
 from allocator import Buffer, UseAfterFreeError
 from harness import DeathTestFailure
 from runtime.zero3 import Param, Zero3
+from runtime.zero3_graph import run_graph
 
 from . import _zero3_targets
 from ._knobs import pinned_env
@@ -141,11 +142,52 @@ def test_bad_construction_and_registration(make_alloc):
         z3.register("x", True)
     with pytest.raises(TypeError, match=r"^persistent must be a bool, got str$"):
         z3.register("x", 4, persistent="yes")
-    with pytest.raises(TypeError, match=r"^param_id must be hashable, got list$"):
+    with pytest.raises(TypeError, match=r"^param_id must be hashable, got list \['x'\]$"):
         z3.register(["x"], 4)
+    with pytest.raises(TypeError, match=r"^param_id must be hashable, got tuple \(\[1\],\)$"):
+        z3.register(([1],), 4)  # a tuple is a Hashable, but this one does not hash
     with pytest.raises(ValueError, match=r"^rank must be < world_size=2, got 2$"):
         z3.shard("w", 2)
     assert z3.param("w") == Param("w", 0, 8, 4, 8, False)
+
+
+def test_huge_sizes_are_refused_naming_the_argument(make_alloc):
+    alloc = make_alloc()
+    top = (2**63 - 1) // 4  # the allocator's bound: float32 elements whose bytes fit 63 bits
+    with pytest.raises(ValueError, match=rf"^world_size must be <= {top}, got {2**64}$"):
+        Zero3(alloc, 2**64)
+    z3 = Zero3(alloc, 3)
+    with pytest.raises(ValueError, match=rf"^numel must be <= {top}, got {2**70}$"):
+        z3.register("w", 2**70)
+    with pytest.raises(ValueError) as info:
+        z3.register("w", top)  # pads to a multiple of 3 past the bound
+    assert str(info.value) == (
+        f"numel={top} over world_size=3 ranks pads to {top + 2} elements, more than a device"
+        f" can address (at most {top})"
+    )
+    with pytest.raises(MemoryError, match=rf"^numel={top - 1}: the host cannot hold its shards"):
+        z3.register("w", top - 1)
+    wide = Zero3(alloc, top)
+    with pytest.raises(MemoryError, match=r"^numel=1: the host cannot hold its shards"):
+        wide.register("w", 1)  # one element, padded to one per rank
+    assert z3.register("w", 4).padded_numel == 6  # nothing was left half-registered
+
+
+def test_a_double_release_says_already_released(make_alloc):
+    alloc = make_alloc()
+    z3 = Zero3(alloc, 2)
+    z3.register("w", 8)
+    view = z3.allgather("w")
+    z3.release(view, "w", 1)
+    for op, call in (("release", z3.release), ("wait", lambda v, p, _=1: z3.wait(v, p))):
+        with pytest.raises(ValueError) as info:
+            call(view, "w", 1)
+        assert str(info.value) == (
+            f"{op}: param_id='w' was already released (its countdown reached 0); allgather it"
+            " again first"
+        )
+    again = z3.allgather("w")  # gathered again: released no more
+    z3.release(again, "w", 1)
 
 
 def test_unknown_ids_and_bad_releases(make_alloc):
@@ -194,20 +236,22 @@ def test_run_graph_refuses_bad_graphs(make_alloc):
     z3.register("small", 4)
     x = alloc.full(8, 1.0)
     with pytest.raises(ValueError, match=r"^layers must name at least one layer$"):
-        z3.run_graph([], x)
+        run_graph(z3, [], x)
     with pytest.raises(ValueError, match=r"^layers\[0\] must name 1 or 2 parameters, got 3$"):
-        z3.run_graph([("w", "w", "w")], x)
+        run_graph(z3, [("w", "w", "w")], x)
     with pytest.raises(ValueError, match=r"^layers\[1\]: param_id='small' has 4 elements, x"):
-        z3.run_graph([("w",), ("small",)], x)
+        run_graph(z3, [("w",), ("small",)], x)
     with pytest.raises(KeyError, match="param_id='nope' is not registered"):
-        z3.run_graph([("nope",)], x)
+        run_graph(z3, [("nope",)], x)
     with pytest.raises(TypeError, match=r"^x must be a Buffer, got list$"):
-        z3.run_graph([("w",)], [1.0])
+        run_graph(z3, [("w",)], [1.0])
     with pytest.raises(ValueError, match=r"^prefetch must be >= 0, got -1$"):
-        z3.run_graph([("w",)], x, prefetch=-1)
+        run_graph(z3, [("w",)], x, prefetch=-1)
+    with pytest.raises(TypeError, match=r"^zero3 must be a runtime.zero3.Zero3, got Allocator$"):
+        run_graph(alloc, [("w",)], x)
     alloc.release(x)
     with pytest.raises(ValueError, match=r"^x was freed \(released by release\(\)\)$"):
-        z3.run_graph([("w",)], x)
+        run_graph(z3, [("w",)], x)
     assert z3.gathered("w") is None  # nothing was gathered by a refused graph
 
 

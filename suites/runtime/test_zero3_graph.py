@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.zero3 import GraphRun, Zero3
+from runtime.zero3 import Zero3
+from runtime.zero3_graph import GraphRun, run_graph
 
 NUMEL, WORLD = 1001, 4  # shards of 251: padded bases of 1004 elements
 PADDED_BYTES = 4 * 1004
@@ -73,7 +74,7 @@ def test_live_bytes_drop_at_each_final_release_with_the_aliases_alive(make_alloc
     x = np.linspace(0.5, 1.5, NUMEL, dtype=np.float32)
     buf = alloc.from_numpy(x)
     baseline = alloc.stats().live_bytes
-    run = z3.run_graph(layers, buf)
+    run = run_graph(z3, layers, buf)
     check_releases_free(z3, run, baseline)
     assert [(r.layer, r.param_id, r.final) for r in run.releases] == [
         (0, "w0", False),
@@ -95,7 +96,7 @@ def test_teeth_the_pre_fix_release_keeps_every_parameter_until_the_graph_ends(ma
     layers = model(z3, 3, tied=True)
     buf = alloc.full(NUMEL, 1.0)
     baseline = alloc.stats().live_bytes
-    run = z3.run_graph(layers, buf)
+    run = run_graph(z3, layers, buf)
     with pytest.raises(AssertionError, match="the wrapper's aliases keep the gathered storage"):
         check_releases_free(z3, run, baseline)
     # every gathered base stayed live until the graph ended, then died with the aliases
@@ -143,7 +144,7 @@ def test_a_training_loop_returns_to_the_baseline_every_step(make_alloc, prefetch
     expected = expected_output(z3, layers, x)
     baseline = alloc.stats().live_bytes
     for step in range(steps):
-        run = z3.run_graph(layers, buf, prefetch=prefetch)
+        run = run_graph(z3, layers, buf, prefetch=prefetch)
         check_releases_free(z3, run, baseline)
         check_step(run, baseline, n_layers, prefetch)
         np.testing.assert_array_equal(alloc.to_numpy(run.output), expected)
@@ -161,9 +162,68 @@ def test_teeth_the_pre_fix_release_passes_the_models_peak(make_alloc):
     layers = model(z3, 6)
     buf = alloc.full(NUMEL, 0.75)
     baseline = alloc.stats().live_bytes
-    run = z3.run_graph(layers, buf, prefetch=1)
+    run = run_graph(z3, layers, buf, prefetch=1)
     with pytest.raises(AssertionError, match=r"about 6\.0 layers gathered at once, at most 2"):
         check_step(run, baseline, 6, 1)
     del run
     assert alloc.stats().live_bytes == baseline
     alloc.release(buf)
+
+
+class _LayerFailed(Exception):
+    pass
+
+
+def test_a_graph_that_raises_restores_the_registry_and_a_retry_runs_clean(make_alloc):
+    # an OOM (any exception) in layer 1 of a graph whose last layer reuses w0: before the fix
+    # the gathered bases leaked and w0's countdown stayed armed, so the retry's first release
+    # of w0 was final and freed the tied weight early
+    alloc = make_alloc()
+    z3 = Zero3(alloc, WORLD)
+    layers = model(z3, 3, tied=True)
+    z3.register("kept", NUMEL, persistent=True)
+    z3.allgather("kept")  # gathered before the graph: the failure leaves it alone
+    buf = alloc.full(NUMEL, 1.0)
+    baseline = alloc.stats().live_bytes
+    gather = z3.allgather
+
+    def failing(param_id):
+        if param_id == "w1":
+            raise _LayerFailed("out of device memory in layer 1")
+        return gather(param_id)
+
+    z3.allgather = failing
+    with pytest.raises(_LayerFailed):
+        run_graph(z3, layers, buf)
+    del z3.allgather
+    assert [z3.gathered(p) is None for p in ("w0", "b0", "w1", "b1", "b2")] == [True] * 5
+    assert z3.gathered("kept") is not None
+    assert [z3.countdown(p) for p in ("w0", "b0", "w1", "b1", "b2")] == [0] * 5
+    assert alloc.stats().live_bytes == baseline  # w0's base (gathered, not released) freed
+    run = run_graph(z3, layers, buf)  # the retry
+    check_releases_free(z3, run, baseline)
+    assert [(r.param_id, r.final) for r in run.releases if r.param_id == "w0"] == [
+        ("w0", False),
+        ("w0", True),
+    ]
+    del run
+    alloc.release(buf)
+
+
+def test_reset_drops_the_gathered_parameters_and_disarms_the_countdowns(make_alloc):
+    alloc = make_alloc()
+    z3 = Zero3(alloc, WORLD)
+    layers = model(z3, 2)
+    z3.register("kept", NUMEL, persistent=True)
+    baseline = alloc.stats().live_bytes
+    views = [z3.allgather(p) for p in ("w0", "b0", "kept")]
+    z3.release(views[0], "w0", 2)  # armed at 2, one release to go
+    assert z3.countdown("w0") == 1
+    z3.reset()
+    assert [z3.gathered(p) is None for p in ("w0", "b0", "kept")] == [True, True, False]
+    assert z3.countdown("w0") == 0 and views[0].size == views[1].size == 0
+    assert alloc.stats().live_bytes == baseline + z3.param("kept").padded_bytes
+    with pytest.raises(ValueError, match=r"^release: param_id='w0' was already released"):
+        z3.release(views[0], "w0", 2)
+    run = run_graph(z3, layers, alloc.full(NUMEL, 1.0))  # runs clean after the reset
+    check_releases_free(z3, run, baseline + z3.param("kept").padded_bytes + ACTIVATION_BYTES)

@@ -32,3 +32,38 @@ def test_the_next_gather_waits_for_the_consumers_kernel(death):
 def test_teeth_a_release_without_record_stream_aborts_in_the_race_check(death):
     outcome = death.run(_zero3_targets.consumer_stream, "release_without_record_stream")
     outcome.assert_aborted(match=RACE)
+
+
+UNWAITED = (
+    r"(?m)^sim: stream default reads block #1 while stream zero3\.gather's write \(until t=100\)"
+    r" is not waited for$"
+)
+
+
+def test_the_op_reads_the_gathered_view_after_wait(death):
+    report = death.run(_zero3_targets.read_after_wait).assert_clean().returned
+    assert report["sum"] == report["expected"]
+
+
+def test_teeth_a_wait_that_does_not_wait_aborts_in_the_race_check(death):
+    # DeepSpeed's wait_allgather skipped: the default stream reads the view at t=0 while the
+    # all-gather on the gather stream writes it until t=100
+    outcome = death.run(_zero3_targets.read_after_wait, "wait_does_not_wait")
+    outcome.assert_aborted(match=UNWAITED)
+
+
+def test_dropping_the_allocator_after_a_legacy_layer_never_aborts(death):
+    report = death.run(_zero3_targets.legacy_teardown).assert_clean().returned
+    assert report == {"used_bytes": 0, "now_us": 300}  # gather, op, then the teardown's sync
+
+
+def test_the_compute_overlaps_the_prefetched_gathers(death):
+    # each layer's op waits for its own parameters' events only: with prefetch=2 the gathers of
+    # layers k+1 and k+2 run on the gather stream while layer k computes
+    report = death.run(_zero3_targets.overlap).assert_clean().returned
+    assert report == {"prefetch=0": 1900, "prefetch=2": 1500}
+
+
+def test_teeth_a_wait_for_the_whole_gather_stream_loses_the_overlap(death):
+    report = death.run(_zero3_targets.overlap, "wait_for_the_whole_gather_stream").returned
+    assert report == {"prefetch=0": 1900, "prefetch=2": 1900}  # the prefetch buys nothing
