@@ -48,7 +48,8 @@ def test_memory_and_flops_follow_the_issues_formulas(name):
     assert layer_activation_bytes(d) == a
     assert global_bytes(d) == 16 * D * (V + 1)
     assert total_model_bytes(config) == N * (w + 2 * w + w + a) + 16 * D * (V + 1)
-    assert state_file_bytes(config) == 4096 + total_model_bytes(config)
+    journal = -(-(4096 + 64 * config.dims.n_layers) // 4096) * 4096
+    assert state_file_bytes(config) == 4096 + total_model_bytes(config) + journal
     fwd = N * (8 * D * D * S + 6 * D * H * S)
     sdpa = N * 2 * d.n_heads * 5 * S * S * (D // d.n_heads)
     assert flops_per_step(config) == 3 * fwd + sdpa + 6 * V * D * S
@@ -305,7 +306,7 @@ def test_plan_text(capsys):
     ("argv", "match"),
     [
         (["--model", "gpt2"], "invalid choice: 'gpt2'"),
-        (["--layers", "0"], "expected a positive integer, got '0'"),
+        (["--layers", "0"], "argument --layers: expected an integer in 1 .. 1,000,000, got '0'"),
         (["--checkpoint", "sqrtt"], "invalid choice: 'sqrtt'"),
         (["--checkpoint", "sqrt", "--interval", "3"], "interval=3: policy 'sqrt' takes none"),
         (["--budget", "5"], "leaves 4 usable kernels, fewer than one layer's 6"),
