@@ -553,17 +553,18 @@ class StateFile:
         placed = False
         try:
             os.fchmod(fd, 0o644)
-            os.ftruncate(fd, layout.total_size)
-            if not sparse:
-                try:
+            try:
+                if sparse:
+                    os.ftruncate(fd, layout.total_size)
+                else:  # reserves every block now, so no write into the mapping can fail
                     os.posix_fallocate(fd, 0, layout.total_size)
-                except OSError as exc:
-                    raise OSError(
-                        exc.errno,
-                        f"cannot reserve {layout.total_size:,} bytes for state file {path}:"
-                        f" {exc.strerror or exc}",
-                        path,
-                    ) from None
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"cannot {'size' if sparse else 'reserve'} {layout.total_size:,} bytes for"
+                    f" state file {path}: {exc.strerror or exc}",
+                    path,
+                ) from None
             os.pwrite(fd, _PREFIX.pack(SENTINEL, VERSION), 0)
             os.pwrite(fd, header.pack(), SLOT_OFFSETS[0])
             os.fsync(fd)
