@@ -18,7 +18,7 @@ from ._model import (
 )
 from ._plan import BudgetTracker, PipelinePlan, effective_headroom
 from ._statefile import state_file_bytes
-from .checkpoint import CheckpointPlan, checkpoint_plan
+from .checkpoint import PARAMETRIC, CheckpointPlan, checkpoint_plan, default_interval
 
 __all__ = ["plan_report", "render_plan"]
 
@@ -61,10 +61,15 @@ def plan_report(plan: PipelinePlan, checkpoint: CheckpointPlan) -> dict:
 
 def policy_table(plan: PipelinePlan) -> list[dict]:
     """Every policy with its default parameter for ``plan``'s model: name, interval,
-    ``n_checkpointed``, the executor's peak activations live and the recompute overhead."""
+    ``n_checkpointed``, the executor's peak activations live and the recompute overhead.
+
+    The parameters are the policies' own defaults (:func:`default_interval`), never
+    ``DEVMEM_CKPT_INTERVAL``: one value does not fit every policy (13 segments for 12 layers)."""
     rows = []
+    n = plan.config.dims.n_layers
     for name in POLICY_NAMES:
-        ckpt = checkpoint_plan(name, plan.config.dims.n_layers, group_starts=plan.group_starts)
+        interval = default_interval(name, n) if name in PARAMETRIC else None
+        ckpt = checkpoint_plan(name, n, interval=interval, group_starts=plan.group_starts)
         rows.append(
             {
                 "policy": name,

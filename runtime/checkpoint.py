@@ -53,6 +53,7 @@ __all__ = [
     "beta",
     "chain_result",
     "checkpoint_plan",
+    "default_interval",
     "knobs",
     "repetition_number",
     "revolve_forward_count",
@@ -86,8 +87,27 @@ def scaled_elems(layer_activation_bytes: int, scale: int = DEFAULT_SCALE) -> int
 
 
 def sqrt_interval(n_layers: int) -> int:
-    """``floor(sqrtf(n_layers))`` computed in float32 as the seed's C, at least 1."""
+    """``floor(sqrtf(n_layers))`` computed in float32 as the seed's C, at least 1 (equal to
+    ``math.isqrt(n_layers)`` below 2**22, perfect squares included: 4 for 16, 8 for 64)."""
     return max(1, int(np.sqrt(np.float32(n_layers))))
+
+
+def default_interval(policy: str, n_layers: int) -> int | None:
+    """The parameter ``policy`` takes when none is given and no knob is set: ``every_n`` 4,
+    ``sequential`` and ``revolve`` ``floor(sqrtf(N))``, ``sqrt`` its ``k``; ``None`` for the
+    policies without one.
+
+    Raises:
+        ValueError: an unknown policy. TypeError, ValueError: a bad ``n_layers``.
+    """
+    n = check_int("n_layers", n_layers, 1)
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"policy={policy!r}: expected one of {', '.join(POLICY_NAMES)}")
+    if policy == "every_n":
+        return EVERY_N_DEFAULT
+    if policy in ("sqrt", "sequential", "revolve"):
+        return sqrt_interval(n)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

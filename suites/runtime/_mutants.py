@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from runtime import _cli, _statefile
+from runtime import _cli, _statefile, checkpoint
 from runtime.checkpoint import CheckpointPlan, sqrt_interval
 from runtime.pipeline import BudgetTracker, CompileConfig, StateFile, effective_headroom
 
@@ -41,6 +41,11 @@ def _restart_drops_argv(argv):
     resume flag and the state file survive."""
     path = argv[argv.index("--state") + 1]
     return _ORIGINAL_RESTART(["train", "--state", path, "--resume"])
+
+
+def _sqrt_float64_minus_epsilon(n_layers: int) -> int:
+    """``floor(sqrt(N) - 1e-9)`` in float64: right everywhere but at the perfect squares."""
+    return max(1, int(np.sqrt(np.float64(n_layers)) - 1e-9))
 
 
 _ORIGINAL_RESTART = _cli.restart_argv
@@ -82,6 +87,7 @@ PATCHES: dict[str, tuple[object, str, Callable]] = {
     "arithmetic_count": (CheckpointPlan, "n_checkpointed", property(_seed_count)),
     "seed_tracker_formula": (BudgetTracker, "for_config", classmethod(_seed_tracker)),
     "restart_drops_argv": (_cli, "restart_argv", _restart_drops_argv),
+    "sqrt_float64_minus_epsilon": (checkpoint, "sqrt_interval", _sqrt_float64_minus_epsilon),
     "header_at_restart_only": (StateFile, "commit", _header_at_restart_only),
     "commit_without_journal": (StateFile, "commit", _commit_without_journal),
     "header_in_place": (StateFile, "commit", _header_in_place),
