@@ -129,9 +129,11 @@ def render_plan(report: dict, policies: list[dict]) -> str:
         lines.append(f"  segment inputs kept: {' '.join(map(str, ck['boundary_layers']))}")
     act_all = n * m["layer_activation_bytes"]
     lines += [
-        f"  activation memory: {human_bytes(ck['saved_activation_bytes'])} saved of"
-        f" {human_bytes(act_all)}; {human_bytes(ck['memory_saved_bytes'])} avoided"
+        f"  activation memory at its peak: {ck['peak_activations']} of {n} activations live,"
+        f" {human_bytes(ck['peak_activation_bytes'])} of {human_bytes(act_all)};"
+        f" {human_bytes(ck['memory_saved_bytes'])} avoided"
         f" ({100 * ck['memory_saved_bytes'] / act_all:.0f}%)",
+        f"  checkpointed activations: {human_bytes(ck['saved_activation_bytes'])}",
         f"  recompute overhead: {100 * ck['recompute_overhead']:.0f}% extra forward FLOPs",
         "",
         "=== Policies compared (default parameters; peak: activations live at once when run) ===",

@@ -204,11 +204,30 @@ class CheckpointPlan:
         return self.n_checkpointed * check_int("layer_activation_bytes", layer_activation_bytes, 0)
 
     def avoided_bytes(self, layer_activation_bytes: int) -> int:
-        """Activation memory not kept, against saving every layer:
-        ``(n_layers - n_checkpointed) * layer_activation_bytes`` (the seed's
-        ``checkpoint_memory_saved``)."""
+        """The seed's ``checkpoint_memory_saved``: ``(n_layers - n_checkpointed) *
+        layer_activation_bytes``. It counts unsaved layers, not memory a run saves (``none``
+        "avoids" 31 of 32 while all 32 are live at once during its backward): report
+        :meth:`peak_avoided_bytes` instead."""
         n = check_int("layer_activation_bytes", layer_activation_bytes, 0)
         return (self.n_layers - self.n_checkpointed) * n
+
+    def peak_activation_bytes(self, layer_activation_bytes: int) -> int:
+        """The most activation memory live at once when the plan runs:
+        ``predict().peak_activations * layer_activation_bytes``.
+
+        Raises:
+            TypeError, ValueError: ``layer_activation_bytes`` is not an int >= 0.
+        """
+        n = check_int("layer_activation_bytes", layer_activation_bytes, 0)
+        return self.predict().peak_activations * n
+
+    def peak_avoided_bytes(self, layer_activation_bytes: int) -> int:
+        """Activation memory the plan's peak avoids against keeping every layer (``all``, whose
+        peak is ``n_layers``): ``(n_layers - predict().peak_activations) *
+        layer_activation_bytes``; 0 for ``all`` and ``none``. Raises as
+        :meth:`peak_activation_bytes`."""
+        n = check_int("layer_activation_bytes", layer_activation_bytes, 0)
+        return (self.n_layers - self.predict().peak_activations) * n
 
     @property
     def recompute_overhead(self) -> float:
@@ -254,19 +273,25 @@ class CheckpointPlan:
 
     def to_dict(self, layer_activation_bytes: int | None = None) -> dict:
         """Plain data: ``policy``, ``interval``, ``saved_layers``, ``n_checkpointed``,
-        ``recompute_overhead`` and, given the model's per-layer activation bytes,
-        ``memory_saved_bytes`` (the avoided bytes) and ``saved_activation_bytes``."""
+        ``peak_activations``, ``recompute_overhead`` and, given the model's per-layer activation
+        bytes, ``peak_activation_bytes``, ``memory_saved_bytes`` (:meth:`peak_avoided_bytes`:
+        what the peak avoids against ``all``), ``saved_activation_bytes`` (the checkpointed
+        layers' activations) and ``seed_memory_saved_bytes`` (the seed's count,
+        :meth:`avoided_bytes`)."""
         out: dict = {
             "policy": self.policy,
             "interval": self.interval,
             "saved_layers": list(self.saved),
             "n_checkpointed": self.n_checkpointed,
+            "peak_activations": self.predict().peak_activations,
         }
         if self.boundaries:
             out["boundary_layers"] = list(self.boundaries)
         if layer_activation_bytes is not None:
-            out["memory_saved_bytes"] = self.avoided_bytes(layer_activation_bytes)
+            out["peak_activation_bytes"] = self.peak_activation_bytes(layer_activation_bytes)
+            out["memory_saved_bytes"] = self.peak_avoided_bytes(layer_activation_bytes)
             out["saved_activation_bytes"] = self.saved_bytes(layer_activation_bytes)
+            out["seed_memory_saved_bytes"] = self.avoided_bytes(layer_activation_bytes)
         out["recompute_overhead"] = self.recompute_overhead
         return out
 
