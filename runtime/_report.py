@@ -17,6 +17,7 @@ from ._model import (
     total_model_bytes,
 )
 from ._plan import BudgetTracker, PipelinePlan, effective_headroom
+from ._scheduler import simulated_restarts
 from ._statefile import state_file_bytes
 from .checkpoint import PARAMETRIC, CheckpointPlan, checkpoint_plan, default_interval
 
@@ -28,6 +29,7 @@ def plan_report(plan: PipelinePlan, checkpoint: CheckpointPlan) -> dict:
     config = plan.config
     d = config.dims
     acts = layer_activation_bytes(d)
+    restarts = simulated_restarts(config, 1)
     return {
         "model": config.name,
         "preset": config.preset,
@@ -45,6 +47,11 @@ def plan_report(plan: PipelinePlan, checkpoint: CheckpointPlan) -> dict:
         "max_layers_per_compile": plan.max_layers_per_compile,
         "groups": [[g.start, g.end, g.total_kernels] for g in plan.groups],
         "total_exec_restarts": plan.total_exec_restarts,
+        "simulated_exec_restarts": {
+            "per_step": restarts,
+            "passes_per_step": config.compile.accum_steps,
+            "per_pass": restarts / config.compile.accum_steps,
+        },
         "memory": {
             "layer_weight_bytes": layer_weight_bytes(d),
             "layer_adam_bytes": layer_adam_bytes(d),
@@ -85,6 +92,7 @@ def policy_table(plan: PipelinePlan) -> list[dict]:
 def render_plan(report: dict, policies: list[dict]) -> str:
     """The text of ``plan`` (without ``--json``)."""
     d, c, m, f, ck = (report[k] for k in ("dims", "compile", "memory", "flops", "checkpoint"))
+    sim = report["simulated_exec_restarts"]
     n = d["n_layers"]
     lines = [
         f"=== Pipeline plan: {report['model']} ===",
@@ -105,7 +113,10 @@ def render_plan(report: dict, policies: list[dict]) -> str:
             f" ({layers * kpl} weight + {layers * spl} static)"
         )
     lines += [
-        f"  exec() restarts per forward+backward pass (estimate): {report['total_exec_restarts']}",
+        f"  exec() restarts per forward+backward pass: {sim['per_pass']:g} simulated"
+        f" ({sim['per_step']} in a step of {sim['passes_per_step']} passes)",
+        f"    (the seed's estimate, 2 x groups = {report['total_exec_restarts']}, counts every"
+        " compile as a restart)",
         f"  budget tracker threshold: {report['budget_tracker']['threshold']} kernels per process",
         "",
         "=== Memory (float32) ===",

@@ -48,7 +48,7 @@ from ._plan import (
     usable_budget,
 )
 from ._report import plan_report
-from ._scheduler import Action, Phase, Scheduler, SchedulerState, simulate
+from ._scheduler import Action, Phase, Scheduler, SchedulerState, simulate, simulated_restarts
 from ._statefile import (
     HEADER_BYTES,
     INT32_MAX,
@@ -103,6 +103,7 @@ __all__ = [
     "preset",
     "restart_argv",
     "simulate",
+    "simulated_restarts",
     "state_file_bytes",
     "total_model_bytes",
     "usable_budget",

@@ -7,6 +7,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.pipeline import (
     PRESETS,
@@ -364,3 +366,59 @@ def test_memory_avoided_is_what_the_peak_avoids_for_every_policy(capsys, make_al
     assert f"activation memory at its peak: {live} of 32 activations live" in text
     if policy in ("all", "none"):  # main at 6c47d36 said "4.4 GiB avoided (97%)" for none
         assert "0 B avoided (0%)" in text
+
+
+# -- restarts: the simulated figure beside the seed's estimate (issue 21 item 8) ---------------
+
+
+@pytest.mark.parametrize(
+    ("model", "per_step", "passes", "estimate"),
+    [
+        ("stories42m", 9, 10, 2),
+        ("stories110m", 19, 10, 2),
+        ("llama1b", 11, 4, 4),
+        ("llama7b", 7, 2, 4),
+    ],
+)
+def test_plan_prints_the_simulated_restarts_beside_the_estimate(
+    capsys, model, per_step, passes, estimate
+):
+
+    config = PRESETS[model]
+    assert simulate(config, 1).count(Action.EXEC_RESTART) == per_step  # the oracle
+    assert main(["plan", "--model", model, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total_exec_restarts"] == estimate
+    assert report["simulated_exec_restarts"] == {
+        "per_step": per_step, "passes_per_step": passes, "per_pass": per_step / passes,
+    }  # fmt: skip
+    assert main(["plan", "--model", model]) == 0
+    text = capsys.readouterr().out
+    assert (
+        f"exec() restarts per forward+backward pass: {per_step / passes:g} simulated"
+        f" ({per_step} in a step of {passes} passes)\n    (the seed's estimate, 2 x groups ="
+        f" {estimate}, counts every compile as a restart)"
+    ) in text
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    layers=st.integers(1, 40),
+    budget=st.integers(6, 200),
+    accum=st.integers(1, 6),
+    steps=st.integers(0, 3),
+)
+def test_simulated_restarts_is_simulates_count(layers, budget, accum, steps):
+    from runtime.pipeline import simulated_restarts
+
+    config = PRESETS["stories42m"].with_overrides(n_layers=layers, compile_budget=budget)
+    config = dataclasses.replace(
+        config, compile=dataclasses.replace(config.compile, accum_steps=accum)
+    )
+    try:
+        expected = simulate(config, steps).count(Action.EXEC_RESTART)
+    except ValueError:  # not even one layer fits
+        with pytest.raises(ValueError):
+            simulated_restarts(config, steps)
+        return
+    assert simulated_restarts(config, steps) == expected
