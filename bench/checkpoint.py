@@ -16,6 +16,12 @@ the gradient, two during each backward); "activations" is the most layer activat
 once; "recomputes" is the forward calls beyond one per layer. Time is the median wall time of
 one run (``--repeat`` runs), for information only.
 
+A third section times ``python -m runtime.pipeline plan`` itself (``main()`` in this process,
+output discarded, interpreter start-up excluded) for N = 3,125 .. 100,000 layers, doubling, for
+every policy at its default parameter and ``revolve`` with one snapshot, with the growth per
+doubling (2.0 is linear) and, up to N = 12,500, the time the prediction took the old way
+(replaying the whole schedule) as the reference. Target: under 1 s at N = 100,000.
+
 Usage::
 
     .venv/bin/python bench/checkpoint.py [--quick] [--repeat 3] [--backend cpu] [--check]
@@ -29,6 +35,8 @@ prediction or a bound is broken. Not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import statistics
 import sys
@@ -41,14 +49,28 @@ ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
+from runtime._chain import replay  # noqa: E402
 from runtime.checkpoint import (  # noqa: E402
     checkpoint_plan,
     revolve_forward_count,
     run_checkpointed,
     sqrt_interval,
 )
+from runtime.pipeline import main as pipeline_main  # noqa: E402
 
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+SCALE_SIZES = (3125, 6250, 12500, 25000, 50000, 100000)
+SCALE_REFERENCE_MAX = 12500  # replaying whole schedules beyond this takes minutes
+SCALE_POLICIES = (
+    ("all", None),
+    ("boundary", None),
+    ("sqrt", None),
+    ("every_n", None),
+    ("none", None),
+    ("sequential", None),
+    ("revolve", None),
+    ("revolve", 1),
+)
 GROUP_LAYERS = 17  # the presets' compile groups (107 usable kernels, 6 per layer)
 RESULTS = _common.RESULTS
 
@@ -136,6 +158,67 @@ def tradeoff(n: int, args: argparse.Namespace) -> dict[str, list[dict]]:
         family: [measure(policy, n, k, quick) for policy, k in points]
         for family, points in families.items()
     }
+
+
+def _median_s(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def plan_scale(args: argparse.Namespace) -> list[dict]:
+    """Median seconds of the ``plan`` command per N and policy, and of the old prediction
+    (a replay of the whole schedule) where it is affordable."""
+    sizes = [n for n in SCALE_SIZES if n <= 12500] if args.quick else list(SCALE_SIZES)
+    rows, previous = [], {}
+    for n in sizes:
+        for policy, interval in SCALE_POLICIES:
+            argv = ["plan", "--layers", str(n), "--checkpoint", policy]
+            argv += [] if interval is None else ["--interval", str(interval)]
+
+            def command(argv=argv) -> None:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    if pipeline_main(argv) != 0:
+                        raise RuntimeError(f"plan {argv} failed")
+
+            seconds = _median_s(command, args.repeat)
+            key = (policy, interval)
+            row = {
+                "n_layers": n,
+                "policy": policy,
+                "interval": interval,
+                "plan_s": seconds,
+                "growth": seconds / previous[key] if key in previous else None,
+                "replay_s": None,
+            }
+            if n <= SCALE_REFERENCE_MAX and interval != 1:  # s=1: N*N/2 steps, gigabytes
+                starts = list(range(0, n, GROUP_LAYERS))
+                plan = checkpoint_plan(policy, n, interval=interval, group_starts=starts)
+                row["replay_s"] = _median_s(lambda plan=plan, n=n: replay(n, plan.schedule()), 1)
+            previous[key] = seconds
+            rows.append(row)
+        print(f"  plan N={n}: done", file=sys.stderr)
+    return rows
+
+
+def render_scale(rows: list[dict]) -> str:
+    """The plan-scale table as text."""
+    head = f"{'N':>7} {'policy':<13} {'plan s':>8} {'x per 2N':>8} {'replay s':>9} {'ratio':>7}"
+    lines = ["", "plan command time (median; replay: the old prediction, for reference)", head]
+    lines.append("-" * len(head))
+    for row in rows:
+        name = row["policy"] + ("" if row["interval"] is None else f" s={row['interval']}")
+        growth = "" if row["growth"] is None else f"{row['growth']:.2f}"
+        replay_s = "" if row["replay_s"] is None else f"{row['replay_s']:.3f}"
+        ratio = "" if row["replay_s"] is None else f"{row['plan_s'] / row['replay_s']:.3f}"
+        lines.append(
+            f"{row['n_layers']:>7} {name:<13} {row['plan_s']:>8.3f} {growth:>8} {replay_s:>9}"
+            f" {ratio:>7}"
+        )
+    return "\n".join(lines)
 
 
 def render(rows: list[dict]) -> str:
@@ -232,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  N={n}: done ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
     n_curve = sizes[-1]
     curves = tradeoff(n_curve, args)
+    scale = plan_scale(args)
     results = {
         "machine": _common.machine(),
         "backend": args.backend,
@@ -239,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "rows": rows,
         "tradeoff": {"n_layers": n_curve, "families": curves},
+        "plan_scale": scale,
     }
-    table = render(rows)
+    table = render(rows) + "\n" + render_scale(scale)
     if not args.no_plot:
         table += "\n" + plot(rows, curves, n_curve, args.plot)
     every = rows + [point for points in curves.values() for point in points]
@@ -256,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             for row in every
         ),
     }
+    largest = max(row["n_layers"] for row in scale)
+    verdicts[f"plan under 1 s at N = {largest:,} for every policy"] = all(
+        row["plan_s"] < 1.0 for row in scale if row["n_layers"] == largest
+    )
     return _common.finish(args, results, table, verdicts)
 
 

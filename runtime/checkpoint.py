@@ -37,11 +37,17 @@ import numbers
 
 import numpy as np
 
-from ._chain import INPUT, Op, chen_peak_buffers, chen_schedule, replay
+from ._chain import INPUT, Op, chen_peaks, chen_schedule, replay
 from ._executor import ChainRun, chain_result, run_checkpointed
 from ._knobs import POLICY_NAMES, CheckpointKnobs, knobs
 from ._model import FLOAT32_BYTES, check_int
-from ._revolve import beta, repetition_number, revolve_forward_count, revolve_schedule
+from ._revolve import (
+    beta,
+    repetition_number,
+    revolve_forward_calls,
+    revolve_forward_count,
+    revolve_schedule,
+)
 
 __all__ = [
     "INPUT",
@@ -245,31 +251,39 @@ class CheckpointPlan:
     def _replay(self):
         return replay(self.n_layers, self.schedule())
 
+    @functools.cached_property
+    def _prediction(self) -> Prediction:
+        n = self.n_layers
+        if self.policy == "revolve":
+            s = self.interval
+            assert s is not None
+            calls = revolve_forward_calls(n, s)
+            if sum(calls) != n + revolve_forward_count(n, s):  # pragma: no cover - a bug
+                raise AssertionError(f"revolve schedule for {n} layers, {s} snapshots: {calls}")
+            return Prediction(calls, sum(calls) - n, 3 + min(n, s + 1), min(n, s + 1))
+        per_layer = [2] * n
+        for i in self.saved:
+            per_layer[i] = 1
+        calls = tuple(per_layer)
+        buffers, activations = chen_peaks(n, self.saved, self.boundaries)
+        return Prediction(calls, sum(calls) - n, buffers, activations)
+
     @property
     def _origins(self) -> tuple[int, ...]:
         return self._replay.origins
 
     def predict(self) -> Prediction:
-        """Forward calls per layer and the executor's peak, from closed forms.
+        """Forward calls per layer and the executor's peak, from closed forms, without building
+        the schedule (``O(N)``; computed once per plan).
 
         Segment policies: every unsaved layer is recomputed once, so layer ``i`` runs
-        ``1 + needs_recompute(i)`` times, and the peak is :func:`runtime._chain.chen_peak_buffers`.
+        ``1 + needs_recompute(i)`` times, and the peaks are :func:`runtime._chain.chen_peaks`.
         ``revolve``: ``N + t(N, s)`` forward calls with ``t`` from
-        :func:`revolve_forward_count`, and ``3 + min(N, s+1)`` buffers (``min(N, s+1)``
-        activations); the per-layer split of the calls comes from the schedule.
-        ``peak_activations`` is counted on the schedule for every policy.
+        :func:`revolve_forward_count`, split per layer by
+        :func:`runtime._revolve.revolve_forward_calls`, and ``3 + min(N, s+1)`` buffers
+        (``min(N, s+1)`` activations).
         """
-        n = self.n_layers
-        if self.policy == "revolve":
-            s = self.interval
-            assert s is not None
-            calls = self._replay.forward_calls
-            if sum(calls) != n + revolve_forward_count(n, s):  # pragma: no cover - a bug
-                raise AssertionError(f"revolve schedule for {n} layers, {s} snapshots: {calls}")
-            return Prediction(calls, sum(calls) - n, 3 + min(n, s + 1), min(n, s + 1))
-        calls = tuple(1 if i in self._saved_set else 2 for i in range(n))
-        peak = chen_peak_buffers(n, self.saved, self.boundaries)
-        return Prediction(calls, sum(calls) - n, peak, self._replay.peak_activations)
+        return self._prediction
 
     def to_dict(self, layer_activation_bytes: int | None = None) -> dict:
         """Plain data: ``policy``, ``interval``, ``saved_layers``, ``n_checkpointed``,
