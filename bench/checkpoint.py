@@ -5,7 +5,8 @@ For chains of N = 8, 16, ..., 1024 layers, every policy runs through the executo
 allocator's own statistics, the forward calls from the executor. Each row is set against its
 bound: Chen et al.'s ``k + ceil(N/k)`` activations for the segment policies (k segments of
 ``ceil(N/k)`` layers: the ``sqrt``, ``every_n`` and ``sequential`` plans) and, for ``revolve``
-with ``s`` snapshots, Griewank and Walther's minimal recomputation ``t(N, s)`` with at most
+with ``s`` snapshots, Griewank and Walther's recomputation ``t(N, s)`` (the minimum in their
+model, where a snapshot does not serve its own step's backward) with at most
 ``s+1`` activations live. A second sweep, at N = 1024, traces the memory/recompute trade-off of
 each family (``every_n`` over its interval, ``sequential`` over its segments, ``revolve`` over
 its snapshots).
@@ -13,8 +14,10 @@ its snapshots).
 Units: a buffer is one layer's activation scaled down (``--elems`` float32 elements); "peak
 buffers" is the allocator's ``peak_bytes`` divided by the buffer size (input, activations and
 the gradient, two during each backward); "activations" is the most layer activations live at
-once; "recomputes" is the forward calls beyond one per layer. Time is the median wall time of
-one run (``--repeat`` runs), for information only.
+once; "recomputes" is the forward calls beyond one per layer; for ``revolve``, "t(N,s)" is
+Griewank and Walther's count and "optimum" the fewest recomputes this executor needs at the same
+peak (``runtime._revolve.min_forward_calls``, N <= 256), which is lower. Time is the median
+wall time of one run (``--repeat`` runs), for information only.
 
 A third section times ``python -m runtime.pipeline plan`` itself (``main()`` in this process,
 output discarded, interpreter start-up excluded) for N = 3,125 .. 100,000 layers, doubling, for
@@ -50,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
 from runtime._chain import replay  # noqa: E402
+from runtime._revolve import min_forward_calls  # noqa: E402
 from runtime.checkpoint import (  # noqa: E402
     checkpoint_plan,
     revolve_forward_count,
@@ -59,6 +63,7 @@ from runtime.checkpoint import (  # noqa: E402
 from runtime.pipeline import main as pipeline_main  # noqa: E402
 
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+EXECUTOR_OPTIMUM_MAX = 256  # the dynamic program is O(N * N * s)
 SCALE_SIZES = (3125, 6250, 12500, 25000, 50000, 100000)
 SCALE_REFERENCE_MAX = 12500  # replaying whole schedules beyond this takes minutes
 SCALE_POLICIES = (
@@ -132,9 +137,11 @@ def measure(policy: str, n: int, interval: int | None, args: argparse.Namespace)
     if policy in ("sqrt", "every_n") and row["peak_activations"] > row["chen_bound"]:
         problems.append("above Chen's bound")
     if policy == "revolve":
-        row["revolve_minimum"] = revolve_forward_count(n, plan.interval)
+        row["revolve_minimum"] = revolve_forward_count(n, plan.interval)  # t(N, s)
         if row["recomputes"] != row["revolve_minimum"]:
-            problems.append("not Revolve's minimum")
+            problems.append("not Revolve's t(N, s)")
+        if n <= EXECUTOR_OPTIMUM_MAX:  # this executor's optimum at the same peak
+            row["executor_optimum"] = min_forward_calls(n, min(n, plan.interval + 1)) - n
         if row["peak_activations"] > plan.interval + 1:
             problems.append("more than s+1 activations")
     row["problems"] = problems
@@ -225,7 +232,8 @@ def render(rows: list[dict]) -> str:
     """The main table as text."""
     head = (
         f"{'N':>5} {'policy':<11} {'k/s':>4} {'saved':>5} {'peak buffers':>12} "
-        f"{'activations':>11} {'bound':>7} {'recomputes':>10} {'minimum':>8} {'ms':>7}  ok"
+        f"{'activations':>11} {'bound':>7} {'recomputes':>10} {'t(N,s)':>8} {'optimum':>8}"
+        f" {'ms':>7}  ok"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
@@ -234,13 +242,14 @@ def render(rows: list[dict]) -> str:
         if row["policy"] == "revolve":
             bound = f"<={row['interval'] + 1}"
         minimum = str(row.get("revolve_minimum", ""))
+        optimum = str(row.get("executor_optimum", ""))
         ok = "yes" if not row["problems"] else "NO: " + ", ".join(row["problems"])
         if row["note"]:
             ok += f" ({row['note']})"
         lines.append(
             f"{row['n_layers']:>5} {row['policy']:<11} {interval:>4} {row['n_checkpointed']:>5}"
             f" {row['peak_buffers']:>12} {row['peak_activations']:>11} {bound:>7}"
-            f" {row['recomputes']:>10} {minimum:>8} {row['time_ms']:>7.1f}  {ok}"
+            f" {row['recomputes']:>10} {minimum:>8} {optimum:>8} {row['time_ms']:>7.1f}  {ok}"
         )
     return "\n".join(lines)
 
@@ -336,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         "sqrt/every_n within Chen's bound": all(
             "above Chen's bound" not in row["problems"] for row in every
         ),
-        "revolve at its minimum with s+1 activations": all(
-            not {"not Revolve's minimum", "more than s+1 activations"} & set(row["problems"])
+        "revolve at Griewank-Walther t(N, s) with s+1 activations": all(
+            not {"not Revolve's t(N, s)", "more than s+1 activations"} & set(row["problems"])
             for row in every
         ),
     }

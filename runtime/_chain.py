@@ -21,10 +21,12 @@ A schedule is a sequence of :class:`Op` pairs ``(op, layer)``:
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import enum
+import itertools
 from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 __all__ = ["Op", "Replay", "chen_peak_buffers", "chen_peaks", "chen_schedule", "replay"]
 
@@ -117,26 +119,24 @@ def chen_peaks(
     Raises:
         ValueError: a layer of ``saved`` or ``boundaries`` outside ``0 .. N-1``.
     """
-    kept = sorted(set(saved) | set(boundaries))
-    if kept and (kept[0] < 0 or kept[-1] >= n_layers):
+    kept = np.unique(np.fromiter(itertools.chain(saved, boundaries), dtype=np.int64))
+    if kept.size and (kept[0] < 0 or kept[-1] >= n_layers):
         raise ValueError(f"kept layers {kept[0]} .. {kept[-1]}: expected 0 .. {n_layers - 1}")
-    saved_set = set(saved)
+    is_saved = np.isin(kept, np.fromiter(saved, dtype=np.int64))
 
     def upto(j: int) -> int:  # |K[..j]|
-        return bisect.bisect_right(kept, j)
+        return int(np.searchsorted(kept, j, side="right"))
 
-    acts = 0  # during backward
-    last_saved = max(saved_set, default=None)
-    if last_saved is not None:
-        acts = upto(last_saved)
-    previous = INPUT
-    for index, k in enumerate(kept):  # the gap (previous, k), with k itself if a boundary
-        length = k - previous - 1 + (k not in saved_set)
-        if length:
-            acts = max(acts, index + length)  # index = |K[..previous]|
-        previous = k
-    if previous < n_layers - 1:
-        acts = max(acts, len(kept) + n_layers - 1 - previous)
+    acts = upto(int(kept[is_saved][-1])) if is_saved.any() else 0  # during backward
+    # the gap (previous, k) of each kept k, with k itself if a boundary; index = |K[..prev]|
+    previous = np.concatenate(([INPUT], kept[:-1]))
+    lengths = kept - previous - 1 + ~is_saved
+    if lengths.size:
+        gaps = np.arange(kept.size) + lengths
+        acts = max(acts, int(gaps[lengths > 0].max(initial=0)))
+    last = int(kept[-1]) if kept.size else INPUT
+    if last < n_layers - 1:
+        acts = max(acts, int(kept.size) + n_layers - 1 - last)
     forward_acts = 1 if n_layers == 1 else 2 + upto(n_layers - 3)
     return max(3 + upto(n_layers - 2), 3 + acts), max(forward_acts, acts)
 
