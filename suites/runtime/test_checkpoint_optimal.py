@@ -102,3 +102,24 @@ def test_bad_arguments(args, error, match):
         min_forward_calls(*args)
     with pytest.raises(error, match=match):
         optimal_schedule(*args)
+
+
+class _OptimalPlan:
+    """What :func:`run_checkpointed` reads of a plan, for the optimal schedule."""
+
+    def __init__(self, n_layers: int, activations: int) -> None:
+        self.n_layers = n_layers
+        self._schedule = optimal_schedule(n_layers, activations)
+
+    def schedule(self):
+        return self._schedule
+
+
+@pytest.mark.parametrize(("n", "activations"), [(1, 2), (2, 2), (7, 2), (32, 6), (33, 4), (64, 9)])
+def test_the_optimal_schedule_runs_on_the_allocator(make_alloc, n, activations):
+    from runtime.checkpoint import chain_result, run_checkpointed
+
+    run = run_checkpointed(make_alloc(), _OptimalPlan(n, activations), elems=8)
+    assert sum(run.forward_calls) == min_forward_calls(n, activations)
+    assert run.peak_activations <= activations
+    assert run.result == chain_result(n)  # the gradient is right: nothing recomputed wrongly
