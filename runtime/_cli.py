@@ -4,20 +4,29 @@ Commands::
 
     plan  --model NAME [--layers N] [--budget B] [--headroom H]
           [--checkpoint POLICY] [--interval K] [--json]
-    state create PATH --model NAME [--layers N] [--budget B] [--headroom H]
+    state create PATH --model NAME [--layers N] [--budget B] [--headroom H] [--force] [--sparse]
     state show PATH [--json]
     train --model NAME [--checkpoint POLICY] [--interval K] --steps N --state PATH --dry-run
-          [--lr LR] [--keep-state]
+          [--lr LR] [--keep-state] [--resume | --force] [--sparse]
 
-``train`` drives the scheduler. At each ``EXEC_RESTART`` it saves its state to the state file
-and ``os.execv``\\ s itself with its full argument list plus ``--resume`` (the seed's restart kept
-only ``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default Stories110M); the new
-process checks that the file was written for the same model, compile config, policy and step
-count, and goes on. Progress goes to stderr; the run ends with one JSON object on stdout:
-``model``, ``restarts``, ``steps_done``, ``actions`` (a count per action), ``groups``, ``pid``.
+``train`` drives the scheduler and commits every action to the state file (tensors and header
+together, crash-safe: ``docs/pipeline-state.md``). At each ``EXEC_RESTART`` it ``os.execv``\\ s
+itself with the interpreter's options, its full argument list and ``--resume`` (the seed's
+restart kept only ``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default
+Stories110M); the new process (or one started by hand with ``--resume`` after a crash) checks
+that the file was written for the same model, compile config, policy and step count, undoes a
+change a kill left half-done, and goes on. Without ``--resume`` it creates the file and refuses
+an existing one unless ``--force``; it removes the file at the end only if its run created it
+and ``--keep-state`` was not given. Progress goes to stderr; the run ends with one JSON object
+on stdout: ``model``, ``preset``, ``restarts``, ``steps_done``, ``actions`` (a count per
+action), ``groups``, ``checkpoint``, ``state_file`` (``null`` once removed), ``pid``.
 
-Exit status: 0 on success, 1 for an unusable state file or a resume that does not match it,
-2 for bad arguments.
+Every integer option is checked against its header field (``--budget``, ``--steps``,
+``--interval``: 1 .. 2**31-1; ``--layers``: 1 .. 1,000,000) and every number must be finite,
+before anything touches the disk.
+
+Exit status: 0 on success, 1 for an unusable, existing or uncreatable state file or a resume
+that does not match it, 2 for bad arguments.
 """
 
 from __future__ import annotations
