@@ -28,6 +28,7 @@ doubling (2.0 is linear) and, up to N = 12,500, the time the prediction took the
 Usage::
 
     .venv/bin/python bench/checkpoint.py [--quick] [--repeat 3] [--backend cpu] [--check]
+        [--scale-only]
 
 Prints a table, writes JSON (default ``bench/results/checkpoint.json``) and plots
 ``bench/results/checkpoint.png`` (matplotlib, the ``plot`` extra; skipped with a message when it
@@ -312,7 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elems", type=int, default=64, help="floats per buffer (default 64)")
     parser.add_argument("--plot", type=Path, default=RESULTS / "checkpoint.png")
     parser.add_argument("--no-plot", action="store_true", help="skip the plot")
+    parser.add_argument(
+        "--scale-only", action="store_true", help="only the plan command's time per N"
+    )
     args = _common.parse(parser, argv)
+    if args.scale_only:
+        scale = plan_scale(args)
+        largest = max(row["n_layers"] for row in scale)
+        verdicts = {
+            f"plan under 1 s at N = {largest:,} for every policy": all(
+                row["plan_s"] < 1.0 for row in scale if row["n_layers"] == largest
+            )
+        }
+        results = {"machine": _common.machine(), "repeat": args.repeat, "plan_scale": scale}
+        return _common.finish(args, results, render_scale(scale), verdicts)
     if args.elems < 1:
         parser.error(f"--elems must be >= 1, got {args.elems}")
     sizes = [n for n in SIZES if n <= 128] if args.quick else list(SIZES)
