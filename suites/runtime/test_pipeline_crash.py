@@ -23,6 +23,7 @@ from harness import DeathTestFailure
 from runtime.pipeline import (
     HEADER_BYTES,
     KILL_POINTS,
+    SLOT_OFFSETS,
     Action,
     StateFile,
     main,
@@ -241,3 +242,27 @@ def test_a_resume_after_a_kill_says_what_it_undid(death, scratch, capsys):
         capsys.readouterr().err
     )
     assert not os.path.exists(path)  # the run created it: removed at its end
+
+
+def test_a_corrupt_newest_header_slot_falls_back_and_resumes_bit_identically(
+    death, reference, scratch
+):
+    """A newest slot damaged at rest (not torn by a kill) is the older slot's generation plus
+    the journal of the change between them: opening undoes that change, and the resumed run
+    redoes it to the same bytes."""
+    tensors, expected = reference(death, FAST)
+    path = os.path.join(scratch, "rot")
+    _run(death, [*FAST, "--keep-state"], path).assert_exited(0)
+    with StateFile.open(path, readonly=True) as state:
+        newest, slot = state.header.generation, state._slot
+        assert state.header.action_counts[Action.WEIGHT_UPDATE] == 2  # the last commit
+    with open(path, "r+b") as f:
+        f.seek(SLOT_OFFSETS[slot] + 20)
+        f.write(b"\xff")
+    with StateFile.open(path, readonly=True) as state:
+        assert state.header.generation == newest - 1
+        assert state.rolled_back == 2 * 2 * 4  # two layers' weight and gradient floats
+    resumed = _run(death, [*FAST, "--keep-state", "--resume"], path)
+    resumed.assert_exited(0, match="undid an interrupted change")
+    assert _result(path) == (tensors, expected)
+    os.unlink(path)
