@@ -99,6 +99,20 @@ def _finite(text: str) -> float:
     return value
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _finite_float32(text: str) -> float:
+    """An argparse type: a finite number within float32's range (the dry run's weight update
+    computes in float32: a larger learning rate would write infinities into the file)."""
+    value = _finite(text)
+    if abs(value) > _FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected a number within float32's range (|x| <= {_FLOAT32_MAX:.4g}), got {text!r}"
+        )
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     model = argparse.ArgumentParser(add_help=False)
     group = model.add_argument_group("model")
@@ -184,7 +198,10 @@ def _parser() -> argparse.ArgumentParser:
         help="simulate the kernels (required: live ANE training is not implemented)",
     )
     train.add_argument(
-        "--lr", type=_finite, default=3e-4, help="learning rate, finite (default 3e-4)"
+        "--lr",
+        type=_finite_float32,
+        default=3e-4,
+        help="learning rate, finite, within float32's range (default 3e-4)",
     )
     train.add_argument(
         "--keep-state",
@@ -204,7 +221,8 @@ def _warn(message: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> ModelConfig:
-    if args.headroom is not None and not 0 < np.float32(args.headroom) < 1:
+    h = args.headroom  # cast to float32 only inside (0, 1): no overflow warning
+    if h is not None and not (0 < h < 1 and 0 < np.float32(h) < 1):
         _warn(f"--headroom {args.headroom:g} is not in (0, 1); using 0.1")
     return preset(
         args.model, n_layers=args.layers, compile_budget=args.budget, headroom_pct=args.headroom

@@ -56,7 +56,10 @@ def preset(
 
 def effective_headroom(headroom_pct: float) -> np.float32:
     """The headroom actually used, as the C's ``float``: ``headroom_pct`` rounded to float32 if
-    ``0 < h < 1`` there, else 0.10 (the seed's fallback, also for NaN)."""
+    ``0 < h < 1`` there, else 0.10 (the seed's fallback, also for NaN and for values beyond
+    float32's range, which are never cast: no overflow warning)."""
+    if not 0 < headroom_pct < 1:
+        return np.float32(DEFAULT_HEADROOM)
     h = np.float32(headroom_pct)
     return h if np.float32(0) < h < np.float32(1) else np.float32(DEFAULT_HEADROOM)
 

@@ -183,6 +183,7 @@ def test_the_space_is_reserved_unless_sparse(tmp_path):
         (["--layers", "1000001"], "argument --layers: expected an integer in 1 .. 1,000,000"),
         (["--lr", "1e400"], "argument --lr: expected a finite number, got '1e400'"),
         (["--lr", "nan"], "argument --lr: expected a finite number, got 'nan'"),
+        (["--lr", "1e300"], "argument --lr: expected a number within float32's range"),
         (["--headroom=-inf"], "argument --headroom: expected a finite number, got '-inf'"),
     ],
 )
@@ -254,6 +255,17 @@ def _strict(text: str):
 def test_non_finite_headroom_is_refused_not_printed_as_nan(capsys, value):
     err = _exits_2(["plan", f"--headroom={value}", "--json"], capsys)
     assert f"argument --headroom: expected a finite number, got '{value}'" in err
+
+
+def test_a_huge_headroom_falls_back_without_an_overflow_warning(capsys):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # `python -W error`: numpy's overflow warning raised
+        assert main(["plan", "--headroom", "1e40", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: --headroom 1e+40 is not in (0, 1); using 0.1" in captured.err
+    assert _strict(captured.out)["compile"]["effective_headroom"] == pytest.approx(0.1)
 
 
 def test_the_json_outputs_are_strict_json(tmp_path, capsys):
