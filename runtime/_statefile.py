@@ -264,6 +264,17 @@ class StateHeader:
             checkpoint_interval=self.checkpoint_interval,
             scheduler=s,
         )
+        if not 0 <= self.restarts <= INT32_MAX:
+            raise ValueError(f"restarts={self.restarts}: the state file holds 0 .. {INT32_MAX}")
+        if len(self.action_counts) != len(Action):
+            raise ValueError(f"action_counts: expected {len(Action)} counts, one per Action")
+        for action, count in zip(Action, self.action_counts, strict=True):
+            if not 0 <= count < 2**32:
+                raise ValueError(
+                    f"action_counts[{action.name}]={count}: the state file holds 0 .. {2**32 - 1}"
+                )
+        if not 0 <= self.generation < 2**64:
+            raise ValueError(f"generation={self.generation}: the state file holds 0 .. 2**64-1")
         layout = self.layout or Layout.for_dims(d)
         fields = _SLOT.pack(
             self.generation,

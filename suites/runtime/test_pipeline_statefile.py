@@ -256,3 +256,48 @@ def test_state_show_of_a_corrupt_file_exits_1(tmp_path, capsys):
     assert "error: state file" in err and "smaller than its 4096-byte header" in err
     assert main(["state", "show", str(tmp_path / "absent")]) == 1
     assert "cannot open state file" in capsys.readouterr().err
+
+
+# -- commits ----------------------------------------------------------------------------------
+
+
+def test_commit_writes_tensors_and_header_together(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        header = state.header
+        offset = state.offset("layer_grads", 1, 3)
+        new = dataclasses.replace(header, restarts=7)
+        state.commit(new, [(offset, np.float32(2.5).tobytes())])
+        assert (state.header.generation, state.header.restarts) == (header.generation + 1, 7)
+    with StateFile.open(tiny_file) as state:
+        assert state.layer_grads(1)[3] == 2.5 and state.header.restarts == 7
+        assert state.rolled_back == 0
+
+
+def test_commit_refuses_before_writing_anything(tiny_file):
+    before = tiny_file.read_bytes()
+    with StateFile.open(tiny_file) as state:
+        header, layout = state.header, state.header.layout
+        with pytest.raises(ValueError, match=r"a write at 0 \(4 bytes\) is outside the tensors"):
+            state.commit(header, [(0, b"abcd")])
+        with pytest.raises(ValueError, match=r"is outside the tensors"):
+            state.commit(header, [(layout.journal - 2, b"abcd")])
+        too_many = [(layout.layer_weights, b"x" * 4)] * 400  # 400 x 16 bytes > 8 KiB journal
+        with pytest.raises(ValueError, match=r"the originals of 400 writes take 9600 journal"):
+            state.commit(header, too_many)
+        other = dataclasses.replace(header, config=PRESETS["stories110m"])
+        with pytest.raises(ValueError, match="commit: the header's model needs layout"):
+            state.commit(other)
+        with pytest.raises(ValueError, match=r"restarts=2147483648: the state file holds 0 \.\."):
+            state.commit(dataclasses.replace(header, restarts=2**31))
+        counts = (0, 0, 0, 2**32, 0, 0)
+        with pytest.raises(ValueError, match=r"action_counts\[EXEC_RESTART\]=4294967296"):
+            state.commit(dataclasses.replace(header, action_counts=counts))
+        with pytest.raises(KeyError):
+            state.offset("layer_nothing", 0)
+        with pytest.raises(IndexError, match=r"layer_grads\(0\)\[99999\]: out of range"):
+            state.offset("layer_grads", 0, 99999)
+    assert tiny_file.read_bytes() == before
+    with StateFile.open(tiny_file, readonly=True) as state:
+        with pytest.raises(ValueError, match="is open read-only"):
+            state.commit(state.header)
+        assert not state.layer_grads(0).flags.writeable
