@@ -5,7 +5,8 @@ For chains of N = 8, 16, ..., 1024 layers, every policy runs through the executo
 allocator's own statistics, the forward calls from the executor. Each row is set against its
 bound: Chen et al.'s ``k + ceil(N/k)`` activations for the segment policies (k segments of
 ``ceil(N/k)`` layers: the ``sqrt``, ``every_n`` and ``sequential`` plans) and, for ``revolve``
-with ``s`` snapshots, Griewank and Walther's minimal recomputation ``t(N, s)`` with at most
+with ``s`` snapshots, Griewank and Walther's recomputation ``t(N, s)`` (the minimum in their
+model, where a snapshot does not serve its own step's backward) with at most
 ``s+1`` activations live. A second sweep, at N = 1024, traces the memory/recompute trade-off of
 each family (``every_n`` over its interval, ``sequential`` over its segments, ``revolve`` over
 its snapshots).
@@ -13,12 +14,21 @@ its snapshots).
 Units: a buffer is one layer's activation scaled down (``--elems`` float32 elements); "peak
 buffers" is the allocator's ``peak_bytes`` divided by the buffer size (input, activations and
 the gradient, two during each backward); "activations" is the most layer activations live at
-once; "recomputes" is the forward calls beyond one per layer. Time is the median wall time of
-one run (``--repeat`` runs), for information only.
+once; "recomputes" is the forward calls beyond one per layer; for ``revolve``, "t(N,s)" is
+Griewank and Walther's count and "optimum" the fewest recomputes this executor needs at the same
+peak (``runtime._revolve.min_forward_calls``, N <= 256), which is lower. Time is the median
+wall time of one run (``--repeat`` runs), for information only.
+
+A third section times ``python -m runtime.pipeline plan`` itself (``main()`` in this process,
+output discarded, interpreter start-up excluded) for N = 3,125 .. 100,000 layers, doubling, for
+every policy at its default parameter and ``revolve`` with one snapshot, with the growth per
+doubling (2.0 is linear) and, up to N = 12,500, the time the prediction took the old way
+(replaying the whole schedule) as the reference. Target: under 1 s at N = 100,000.
 
 Usage::
 
     .venv/bin/python bench/checkpoint.py [--quick] [--repeat 3] [--backend cpu] [--check]
+        [--scale-only]
 
 Prints a table, writes JSON (default ``bench/results/checkpoint.json``) and plots
 ``bench/results/checkpoint.png`` (matplotlib, the ``plot`` extra; skipped with a message when it
@@ -29,6 +39,8 @@ prediction or a bound is broken. Not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import statistics
 import sys
@@ -41,14 +53,30 @@ ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
+from runtime._chain import replay  # noqa: E402
+from runtime._revolve import min_forward_calls  # noqa: E402
 from runtime.checkpoint import (  # noqa: E402
     checkpoint_plan,
     revolve_forward_count,
     run_checkpointed,
     sqrt_interval,
 )
+from runtime.pipeline import main as pipeline_main  # noqa: E402
 
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+EXECUTOR_OPTIMUM_MAX = 256  # the dynamic program is O(N * N * s)
+SCALE_SIZES = (3125, 6250, 12500, 25000, 50000, 100000)
+SCALE_REFERENCE_MAX = 12500  # replaying whole schedules beyond this takes minutes
+SCALE_POLICIES = (
+    ("all", None),
+    ("boundary", None),
+    ("sqrt", None),
+    ("every_n", None),
+    ("none", None),
+    ("sequential", None),
+    ("revolve", None),
+    ("revolve", 1),
+)
 GROUP_LAYERS = 17  # the presets' compile groups (107 usable kernels, 6 per layer)
 RESULTS = _common.RESULTS
 
@@ -110,9 +138,11 @@ def measure(policy: str, n: int, interval: int | None, args: argparse.Namespace)
     if policy in ("sqrt", "every_n") and row["peak_activations"] > row["chen_bound"]:
         problems.append("above Chen's bound")
     if policy == "revolve":
-        row["revolve_minimum"] = revolve_forward_count(n, plan.interval)
+        row["revolve_minimum"] = revolve_forward_count(n, plan.interval)  # t(N, s)
         if row["recomputes"] != row["revolve_minimum"]:
-            problems.append("not Revolve's minimum")
+            problems.append("not Revolve's t(N, s)")
+        if n <= EXECUTOR_OPTIMUM_MAX:  # this executor's optimum at the same peak
+            row["executor_optimum"] = min_forward_calls(n, min(n, plan.interval + 1)) - n
         if row["peak_activations"] > plan.interval + 1:
             problems.append("more than s+1 activations")
     row["problems"] = problems
@@ -138,11 +168,73 @@ def tradeoff(n: int, args: argparse.Namespace) -> dict[str, list[dict]]:
     }
 
 
+def _median_s(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def plan_scale(args: argparse.Namespace) -> list[dict]:
+    """Median seconds of the ``plan`` command per N and policy, and of the old prediction
+    (a replay of the whole schedule) where it is affordable."""
+    sizes = [n for n in SCALE_SIZES if n <= 12500] if args.quick else list(SCALE_SIZES)
+    rows, previous = [], {}
+    for n in sizes:
+        for policy, interval in SCALE_POLICIES:
+            argv = ["plan", "--layers", str(n), "--checkpoint", policy]
+            argv += [] if interval is None else ["--interval", str(interval)]
+
+            def command(argv=argv) -> None:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    if pipeline_main(argv) != 0:
+                        raise RuntimeError(f"plan {argv} failed")
+
+            seconds = _median_s(command, args.repeat)
+            key = (policy, interval)
+            row = {
+                "n_layers": n,
+                "policy": policy,
+                "interval": interval,
+                "plan_s": seconds,
+                "growth": seconds / previous[key] if key in previous else None,
+                "replay_s": None,
+            }
+            if n <= SCALE_REFERENCE_MAX and interval != 1:  # s=1: N*N/2 steps, gigabytes
+                starts = list(range(0, n, GROUP_LAYERS))
+                plan = checkpoint_plan(policy, n, interval=interval, group_starts=starts)
+                row["replay_s"] = _median_s(lambda plan=plan, n=n: replay(n, plan.schedule()), 1)
+            previous[key] = seconds
+            rows.append(row)
+        print(f"  plan N={n}: done", file=sys.stderr)
+    return rows
+
+
+def render_scale(rows: list[dict]) -> str:
+    """The plan-scale table as text."""
+    head = f"{'N':>7} {'policy':<13} {'plan s':>8} {'x per 2N':>8} {'replay s':>9} {'ratio':>7}"
+    lines = ["", "plan command time (median; replay: the old prediction, for reference)", head]
+    lines.append("-" * len(head))
+    for row in rows:
+        name = row["policy"] + ("" if row["interval"] is None else f" s={row['interval']}")
+        growth = "" if row["growth"] is None else f"{row['growth']:.2f}"
+        replay_s = "" if row["replay_s"] is None else f"{row['replay_s']:.3f}"
+        ratio = "" if row["replay_s"] is None else f"{row['plan_s'] / row['replay_s']:.3f}"
+        lines.append(
+            f"{row['n_layers']:>7} {name:<13} {row['plan_s']:>8.3f} {growth:>8} {replay_s:>9}"
+            f" {ratio:>7}"
+        )
+    return "\n".join(lines)
+
+
 def render(rows: list[dict]) -> str:
     """The main table as text."""
     head = (
         f"{'N':>5} {'policy':<11} {'k/s':>4} {'saved':>5} {'peak buffers':>12} "
-        f"{'activations':>11} {'bound':>7} {'recomputes':>10} {'minimum':>8} {'ms':>7}  ok"
+        f"{'activations':>11} {'bound':>7} {'recomputes':>10} {'t(N,s)':>8} {'optimum':>8}"
+        f" {'ms':>7}  ok"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
@@ -151,13 +243,14 @@ def render(rows: list[dict]) -> str:
         if row["policy"] == "revolve":
             bound = f"<={row['interval'] + 1}"
         minimum = str(row.get("revolve_minimum", ""))
+        optimum = str(row.get("executor_optimum", ""))
         ok = "yes" if not row["problems"] else "NO: " + ", ".join(row["problems"])
         if row["note"]:
             ok += f" ({row['note']})"
         lines.append(
             f"{row['n_layers']:>5} {row['policy']:<11} {interval:>4} {row['n_checkpointed']:>5}"
             f" {row['peak_buffers']:>12} {row['peak_activations']:>11} {bound:>7}"
-            f" {row['recomputes']:>10} {minimum:>8} {row['time_ms']:>7.1f}  {ok}"
+            f" {row['recomputes']:>10} {minimum:>8} {optimum:>8} {row['time_ms']:>7.1f}  {ok}"
         )
     return "\n".join(lines)
 
@@ -220,7 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elems", type=int, default=64, help="floats per buffer (default 64)")
     parser.add_argument("--plot", type=Path, default=RESULTS / "checkpoint.png")
     parser.add_argument("--no-plot", action="store_true", help="skip the plot")
+    parser.add_argument(
+        "--scale-only", action="store_true", help="only the plan command's time per N"
+    )
     args = _common.parse(parser, argv)
+    if args.scale_only:
+        scale = plan_scale(args)
+        largest = max(row["n_layers"] for row in scale)
+        verdicts = {
+            f"plan under 1 s at N = {largest:,} for every policy": all(
+                row["plan_s"] < 1.0 for row in scale if row["n_layers"] == largest
+            )
+        }
+        results = {"machine": _common.machine(), "repeat": args.repeat, "plan_scale": scale}
+        return _common.finish(args, results, render_scale(scale), verdicts)
     if args.elems < 1:
         parser.error(f"--elems must be >= 1, got {args.elems}")
     sizes = [n for n in SIZES if n <= 128] if args.quick else list(SIZES)
@@ -232,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  N={n}: done ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
     n_curve = sizes[-1]
     curves = tradeoff(n_curve, args)
+    scale = plan_scale(args)
     results = {
         "machine": _common.machine(),
         "backend": args.backend,
@@ -239,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "rows": rows,
         "tradeoff": {"n_layers": n_curve, "families": curves},
+        "plan_scale": scale,
     }
-    table = render(rows)
+    table = render(rows) + "\n" + render_scale(scale)
     if not args.no_plot:
         table += "\n" + plot(rows, curves, n_curve, args.plot)
     every = rows + [point for points in curves.values() for point in points]
@@ -251,11 +359,15 @@ def main(argv: list[str] | None = None) -> int:
         "sqrt/every_n within Chen's bound": all(
             "above Chen's bound" not in row["problems"] for row in every
         ),
-        "revolve at its minimum with s+1 activations": all(
-            not {"not Revolve's minimum", "more than s+1 activations"} & set(row["problems"])
+        "revolve at Griewank-Walther t(N, s) with s+1 activations": all(
+            not {"not Revolve's t(N, s)", "more than s+1 activations"} & set(row["problems"])
             for row in every
         ),
     }
+    largest = max(row["n_layers"] for row in scale)
+    verdicts[f"plan under 1 s at N = {largest:,} for every policy"] = all(
+        row["plan_s"] < 1.0 for row in scale if row["n_layers"] == largest
+    )
     return _common.finish(args, results, table, verdicts)
 
 

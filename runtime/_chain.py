@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Op", "Replay", "chen_peak_buffers", "chen_schedule", "replay"]
+import numpy as np
+
+__all__ = ["Op", "Replay", "chen_peak_buffers", "chen_peaks", "chen_schedule", "replay"]
 
 
 class Op(enum.IntEnum):
@@ -95,33 +98,52 @@ def chen_schedule(n_layers: int, saved: Sequence[int], boundaries: Sequence[int]
     return tuple(ops)
 
 
-def chen_peak_buffers(n_layers: int, saved: Sequence[int], boundaries: Sequence[int] = ()) -> int:
-    """The most buffers :func:`chen_schedule` holds at once, in closed form.
+def chen_peaks(
+    n_layers: int, saved: Sequence[int], boundaries: Sequence[int] = ()
+) -> tuple[int, int]:
+    """``(peak buffers, peak activations)`` of :func:`chen_schedule`, in closed form, in
+    ``O(|K| log |K|)`` for ``K = saved | boundaries`` (a boundary is not saved).
 
-    With ``K = saved | boundaries`` and ``K[0..j]`` its members up to ``j``: the forward pass
-    peaks at ``3 + |K[0..N-2]|`` (input, kept activations, the last two activations or the
-    last one and the loss gradient); a saved layer ``i``'s backward at ``3 + |K[0..i]|``
-    (input, two gradients, kept activations); a segment of ``L`` layers restarting from ``r`` at
-    ``3 + |K[0..r]| + L``. The peak is the largest of these.
+    With ``|K[..j]|`` the members of ``K`` up to ``j``:
+
+    - forward: the activations peak at ``2 + |K[..N-3]|`` (``A_{N-2}`` and ``A_{N-1}``
+      beside the kept ones; 1 for ``N = 1``), the buffers at ``3 + |K[..N-2]|`` (input, kept
+      activations, ``A_{N-1}`` and the loss gradient);
+    - a saved layer ``i``'s backward: ``|K[..i]|`` activations, 3 more buffers (input, two
+      gradients); the largest is at the last saved layer;
+    - a segment of ``L`` layers recomputed from ``r`` (the kept layer before it, or the input):
+      ``|K[..r]| + L`` activations, 3 more buffers. The segments are the gaps between
+      consecutive members of ``K`` (a boundary ends the gap below it and belongs to it: its
+      activation is released, then recomputed) and the run after the last member.
+
+    Raises:
+        ValueError: a layer of ``saved`` or ``boundaries`` outside ``0 .. N-1``.
     """
-    kept = sorted(set(saved) | set(boundaries))
-    saved_set = set(saved)
+    kept = np.unique(np.fromiter(itertools.chain(saved, boundaries), dtype=np.int64))
+    if kept.size and (kept[0] < 0 or kept[-1] >= n_layers):
+        raise ValueError(f"kept layers {kept[0]} .. {kept[-1]}: expected 0 .. {n_layers - 1}")
+    is_saved = np.isin(kept, np.fromiter(saved, dtype=np.int64))
 
-    def upto(j: int) -> int:
-        return sum(1 for k in kept if k <= j)
+    def upto(j: int) -> int:  # |K[..j]|
+        return int(np.searchsorted(kept, j, side="right"))
 
-    peak = 3 + upto(n_layers - 2)
-    before = restart_points(n_layers, kept)
-    i = n_layers - 1
-    while i >= 0:
-        if i in saved_set:
-            peak = max(peak, 3 + upto(i))
-            i -= 1
-            continue
-        start = before[i] + 1
-        peak = max(peak, 3 + upto(before[i]) + (i - start + 1))
-        i = start - 1
-    return peak
+    acts = upto(int(kept[is_saved][-1])) if is_saved.any() else 0  # during backward
+    # the gap (previous, k) of each kept k, with k itself if a boundary; index = |K[..prev]|
+    previous = np.concatenate(([INPUT], kept[:-1]))
+    lengths = kept - previous - 1 + ~is_saved
+    if lengths.size:
+        gaps = np.arange(kept.size) + lengths
+        acts = max(acts, int(gaps[lengths > 0].max(initial=0)))
+    last = int(kept[-1]) if kept.size else INPUT
+    if last < n_layers - 1:
+        acts = max(acts, int(kept.size) + n_layers - 1 - last)
+    forward_acts = 1 if n_layers == 1 else 2 + upto(n_layers - 3)
+    return max(3 + upto(n_layers - 2), 3 + acts), max(forward_acts, acts)
+
+
+def chen_peak_buffers(n_layers: int, saved: Sequence[int], boundaries: Sequence[int] = ()) -> int:
+    """The most buffers :func:`chen_schedule` holds at once (:func:`chen_peaks`)."""
+    return chen_peaks(n_layers, saved, boundaries)[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,20 +4,29 @@ Commands::
 
     plan  --model NAME [--layers N] [--budget B] [--headroom H]
           [--checkpoint POLICY] [--interval K] [--json]
-    state create PATH --model NAME [--layers N] [--budget B] [--headroom H]
+    state create PATH --model NAME [--layers N] [--budget B] [--headroom H] [--force] [--sparse]
     state show PATH [--json]
     train --model NAME [--checkpoint POLICY] [--interval K] --steps N --state PATH --dry-run
-          [--lr LR] [--keep-state]
+          [--lr LR] [--keep-state] [--resume | --force] [--sparse]
 
-``train`` drives the scheduler. At each ``EXEC_RESTART`` it saves its state to the state file
-and ``os.execv``\\ s itself with its full argument list plus ``--resume`` (the seed's restart kept
-only ``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default Stories110M); the new
-process checks that the file was written for the same model, compile config, policy and step
-count, and goes on. Progress goes to stderr; the run ends with one JSON object on stdout:
-``model``, ``restarts``, ``steps_done``, ``actions`` (a count per action), ``groups``, ``pid``.
+``train`` drives the scheduler and commits every action to the state file (tensors and header
+together, crash-safe: ``docs/pipeline-state.md``). At each ``EXEC_RESTART`` it ``os.execv``\\ s
+itself with the interpreter's options, its full argument list and ``--resume`` (the seed's
+restart kept only ``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default
+Stories110M); the new process (or one started by hand with ``--resume`` after a crash) checks
+that the file was written for the same model, compile config, policy and step count, undoes a
+change a kill left half-done, and goes on. Without ``--resume`` it creates the file and refuses
+an existing one unless ``--force``; it removes the file at the end only if its run created it
+and ``--keep-state`` was not given. Progress goes to stderr; the run ends with one JSON object
+on stdout: ``model``, ``preset``, ``restarts``, ``steps_done``, ``actions`` (a count per
+action), ``groups``, ``checkpoint``, ``state_file`` (``null`` once removed), ``pid``.
 
-Exit status: 0 on success, 1 for an unusable state file or a resume that does not match it,
-2 for bad arguments.
+Every integer option is checked against its header field (``--budget``, ``--steps``,
+``--interval``: 1 .. 2**31-1; ``--layers``: 1 .. 1,000,000) and every number must be finite,
+before anything touches the disk.
+
+Exit status: 0 on success, 1 for an unusable, existing or uncreatable state file or a resume
+that does not match it, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -25,9 +34,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -36,7 +46,7 @@ from ._model import DEFAULT_PRESET, PRESETS, ModelConfig
 from ._plan import PipelinePlan, plan_pipeline, preset
 from ._report import model_summary, plan_report, policy_table, render_plan
 from ._scheduler import Action, Scheduler, SchedulerState
-from ._statefile import StateFile, StateFileError, StateHeader
+from ._statefile import INT32_MAX, StateFile, StateFileError, StateHeader
 from .checkpoint import CheckpointPlan, checkpoint_plan
 
 __all__ = ["main", "restart_argv"]
@@ -52,21 +62,55 @@ class RunError(Exception):
     """A run that cannot go on: an unusable state file or a mismatched resume (status 1)."""
 
 
-def _positive_int(text: str) -> int:
+MAX_LAYERS = 1_000_000
+"""The largest ``--layers`` (the plan lists every layer)."""
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a decimal integer in ``low .. high`` (argparse names the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer in {low} .. {high:,}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+_positive_int = _int_in(1, INT32_MAX)
+
+
+def _finite(text: str) -> float:
+    """An argparse type: a finite number (JSON and the state file hold no NaN or infinity)."""
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = math.nan
+        if text.strip().lower() not in ("nan", "+nan", "-nan"):
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
 
-def _fraction(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _finite_float32(text: str) -> float:
+    """An argparse type: a finite number within float32's range (the dry run's weight update
+    computes in float32: a larger learning rate would write infinities into the file)."""
+    value = _finite(text)
+    if abs(value) > _FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected a number within float32's range (|x| <= {_FLOAT32_MAX:.4g}), got {text!r}"
+        )
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,11 +122,17 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_PRESET,
         help=f"preset (default {DEFAULT_PRESET})",
     )
-    group.add_argument("--layers", type=_positive_int, help="override the preset's layer count")
-    group.add_argument("--budget", type=_positive_int, help="compile budget (default 119)")
+    group.add_argument(
+        "--layers",
+        type=_int_in(1, MAX_LAYERS),
+        help=f"override the preset's layer count (1 .. {MAX_LAYERS:,})",
+    )
+    group.add_argument(
+        "--budget", type=_positive_int, help=f"compile budget, 1 .. {INT32_MAX} (default 119)"
+    )
     group.add_argument(
         "--headroom",
-        type=_fraction,
+        type=_finite,
         help="compile-budget headroom in (0, 1) (default DEVMEM_COMPILE_HEADROOM, else 0.1);"
         " other values fall back to 0.1 with a warning",
     )
@@ -98,7 +148,22 @@ def _parser() -> argparse.ArgumentParser:
         "--interval",
         type=_positive_int,
         help="the policy's parameter: every_n's interval, sequential's segments, revolve's"
-        " snapshots (default DEVMEM_CKPT_INTERVAL, else the policy's default)",
+        f" snapshots, 1 .. {INT32_MAX} (default DEVMEM_CKPT_INTERVAL, else the policy's"
+        " default)",
+    )
+
+    files = argparse.ArgumentParser(add_help=False)
+    group = files.add_argument_group("state file")
+    group.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing state file (atomically; default: refuse it)",
+    )
+    group.add_argument(
+        "--sparse",
+        action="store_true",
+        help="do not reserve the file's space: instant and takes no disk, but a full disk"
+        " then kills the run with SIGBUS",
     )
 
     parser = argparse.ArgumentParser(
@@ -114,28 +179,39 @@ def _parser() -> argparse.ArgumentParser:
 
     state = commands.add_parser("state", help="create or inspect a state file")
     state_commands = state.add_subparsers(dest="state_command", required=True, metavar="ACTION")
-    create = state_commands.add_parser("create", parents=[model], help="create a state file")
+    create = state_commands.add_parser("create", parents=[model, files], help="create a state file")
     create.add_argument("path", metavar="PATH")
     show = state_commands.add_parser("show", help="print a state file's header")
     show.add_argument("path", metavar="PATH")
     show.add_argument("--json", action="store_true", help="print one JSON object")
 
     train = commands.add_parser(
-        "train", parents=[model, ckpt], help="dry-run training with exec() restarts"
+        "train", parents=[model, ckpt, files], help="dry-run training with exec() restarts"
     )
-    train.add_argument("--steps", type=_positive_int, required=True, help="training steps")
+    train.add_argument(
+        "--steps", type=_positive_int, required=True, help=f"training steps, 1 .. {INT32_MAX}"
+    )
     train.add_argument("--state", required=True, metavar="PATH", help="the state file")
     train.add_argument(
         "--dry-run",
         action="store_true",
         help="simulate the kernels (required: live ANE training is not implemented)",
     )
-    train.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
     train.add_argument(
-        "--keep-state", action="store_true", help="keep the state file after the run"
+        "--lr",
+        type=_finite_float32,
+        default=3e-4,
+        help="learning rate, finite, within float32's range (default 3e-4)",
     )
     train.add_argument(
-        "--resume", action="store_true", help="continue from the state file (after exec())"
+        "--keep-state",
+        action="store_true",
+        help="keep the state file this run creates (a file it did not create is always kept)",
+    )
+    train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in the state file (after exec() or a crash)",
     )
     return parser
 
@@ -145,7 +221,8 @@ def _warn(message: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> ModelConfig:
-    if args.headroom is not None and not 0 < np.float32(args.headroom) < 1:
+    h = args.headroom  # cast to float32 only inside (0, 1): no overflow warning
+    if h is not None and not (0 < h < 1 and 0 < np.float32(h) < 1):
         _warn(f"--headroom {args.headroom:g} is not in (0, 1); using 0.1")
     return preset(
         args.model, n_layers=args.layers, compile_budget=args.budget, headroom_pct=args.headroom
@@ -171,24 +248,31 @@ def _plan(args: argparse.Namespace) -> int:
     plan, ckpt = _plans(args)
     report = plan_report(plan, ckpt)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(report, allow_nan=False))
     else:
         print(render_plan(report, policy_table(plan)))
     return 0
 
 
-def _open(path: str) -> StateFile:
+def _open(path: str, *, readonly: bool = False) -> StateFile:
     try:
-        return StateFile.open(path)
+        return StateFile.open(path, readonly=readonly)
     except StateFileError as exc:
         raise RunError(str(exc)) from None
     except OSError as exc:
         raise RunError(f"cannot open state file {path}: {exc.strerror or exc}") from None
 
 
-def _create(path: str, config: ModelConfig, **header) -> StateFile:
+def _create(path: str, config: ModelConfig, *, force: bool, sparse: bool, **header) -> StateFile:
     try:
-        return StateFile.create(path, config, **header)
+        return StateFile.create(path, config, overwrite=force, sparse=sparse, **header)
+    except FileExistsError:
+        raise RunError(
+            f"state file {path} exists: pass --resume to continue the run it holds, or --force"
+            " to replace it"
+        ) from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise RunError(f"cannot create state file {path}: {exc.strerror or exc}") from None
 
@@ -200,18 +284,21 @@ def _state(args: argparse.Namespace) -> int:
             plan_pipeline(config)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        _create(args.path, config).close()
+        _create(args.path, config, force=args.force, sparse=args.sparse).close()
         size = StateHeader(config, "all", 0, SchedulerState()).to_dict()["total_size"]
-        print(f"created {args.path}: {model_summary(config)}, {size:,} bytes (sparse)")
+        how = "sparse" if args.sparse else "reserved"
+        print(f"created {args.path}: {model_summary(config)}, {size:,} bytes ({how})")
         return 0
-    with _open(args.path) as state:
+    with _open(args.path, readonly=True) as state:
         info = state.header.to_dict()
+        info["interrupted_change_bytes"] = state.rolled_back
     if args.json:
-        print(json.dumps(info))
+        print(json.dumps(info, allow_nan=False))
         return 0
     s, d = info["scheduler"], info["dims"]
     lines = [
-        f"{args.path}: state file version {info['version']} (sentinel {info['sentinel']})",
+        f"{args.path}: state file version {info['version']} (sentinel {info['sentinel']}),"
+        f" generation {info['generation']}",
         f"  model {info['model']}: " + " ".join(f"{k}={v}" for k, v in d.items()),
         "  compile: " + " ".join(f"{k}={v}" for k, v in info["compile"].items()),
         f"  checkpoint: {info['checkpoint']['policy']}"
@@ -224,17 +311,63 @@ def _state(args: argparse.Namespace) -> int:
         + " ".join(f"{k}={v}" for k, v in info["offsets"].items())
         + f" total_size={info['total_size']}",
     ]
+    if info["interrupted_change_bytes"]:
+        lines.append(
+            f"  an interrupted change ({info['interrupted_change_bytes']} bytes) will be undone"
+            " by the next --resume"
+        )
     print("\n".join(lines))
     return 0
 
 
+_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def interpreter_options(orig_argv: Sequence[str]) -> list[str]:
+    """The interpreter's own options in ``orig_argv`` (``sys.orig_argv``): everything between
+    the executable and the first of ``-m``, ``-c``, ``-`` or a script (``-X dev``, ``-W error``,
+    ``-O``, ``-Wdefault``, ``-OO`` ...)."""
+    options: list[str] = []
+    args = list(orig_argv[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-m", "-c", "-", "--") or not arg.startswith("-"):
+            break
+        if arg in _OPTIONS_WITH_VALUE:
+            options += args[i : i + 2]
+            i += 2
+            continue
+        if arg.startswith("--"):
+            options.append(arg)
+            i += 1
+            continue
+        cluster = arg[1:]
+        for at, flag in enumerate(cluster):
+            if flag in "cm":  # -cCODE, -mMODULE: the program starts here
+                return options + ([f"-{cluster[:at]}"] if at else [])
+            if flag in "WX":
+                if at + 1 == len(cluster):  # the value is the next argument
+                    options += [arg, *args[i + 1 : i + 2]]
+                    i += 1
+                else:
+                    options.append(arg)
+                break
+        else:
+            options.append(arg)
+        i += 1
+    return options
+
+
 def restart_argv(argv: Sequence[str]) -> list[str]:
-    """The command an ``EXEC_RESTART`` runs: this interpreter, ``-m runtime.pipeline``, the
+    """The command an ``EXEC_RESTART`` runs: this interpreter with its own options (from
+    ``sys.orig_argv``: ``-X dev``, ``-W error``, ``-O`` survive), ``-m runtime.pipeline``, the
     full ``argv`` it was given and ``--resume`` (once)."""
     args = list(argv)
     if "--resume" not in args:
         args.append("--resume")
-    return [sys.executable, "-m", "runtime.pipeline", *args]
+    options = interpreter_options(getattr(sys, "orig_argv", [sys.executable]))
+    return [sys.executable, *options, "-m", "runtime.pipeline", *args]
 
 
 def _check_resume(header: StateHeader, config: ModelConfig, ckpt: CheckpointPlan, steps: int):
@@ -260,26 +393,37 @@ def _check_resume(header: StateHeader, config: ModelConfig, ckpt: CheckpointPlan
         )
 
 
-def _simulate(state: StateFile, plan: PipelinePlan, action: Action, scheduler: Scheduler) -> None:
-    """Touch the mapped tensors as the action would: backward adds one pass to each layer's
-    first gradient; the weight update checks that all ``accum_steps`` passes are there (across
-    restarts) and clears them."""
+def _float32(value: float) -> bytes:
+    return np.float32(value).tobytes()
+
+
+def _simulate(
+    state: StateFile, plan: PipelinePlan, action: Action, scheduler: Scheduler
+) -> list[tuple[int, bytes]]:
+    """The writes the action makes, as ``(offset, bytes)`` for :meth:`StateFile.commit`:
+    backward adds one pass to each of its layers' first gradient; the weight update checks that
+    all ``accum_steps`` passes are there (across restarts and crashes) and clears them."""
     # Statement-long views only: a view kept alive would stop the file from closing.
     group = plan.groups[scheduler.state.group]
+    writes = []
     if action is Action.RUN_BACKWARD_GROUP:
         for layer in range(group.start, group.end):
-            state.layer_grads(layer)[0] += 1.0
+            passes = state.layer_grads(layer)[0] + np.float32(1)
+            writes.append((state.offset("layer_grads", layer), _float32(passes)))
     elif action is Action.WEIGHT_UPDATE:
         expected = plan.config.compile.accum_steps
+        lr = np.float32(scheduler.state.learning_rate)
         for layer in range(plan.config.dims.n_layers):
-            passes = float(state.layer_grads(layer)[0])
+            passes = state.layer_grads(layer)[0]
             if passes != expected:
                 raise RunError(
-                    f"layer {layer} accumulated {passes:g} backward passes, expected"
-                    f" {expected}: the state file lost gradients across a restart"
+                    f"layer {layer} accumulated {float(passes):g} backward passes, expected"
+                    f" {expected}: the state file lost gradients or applied a pass twice"
                 )
-            state.layer_weights(layer)[0] -= scheduler.state.learning_rate * passes
-            state.layer_grads(layer)[0] = 0.0
+            weight = state.layer_weights(layer)[0] - lr * passes
+            writes.append((state.offset("layer_weights", layer), _float32(weight)))
+            writes.append((state.offset("layer_grads", layer), _float32(0.0)))
+    return writes
 
 
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -296,15 +440,25 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         except (RunError, ValueError) as exc:
             state.close()
             raise RunError(f"cannot resume from {args.state}: {exc}") from None
+        if state.rolled_back:
+            print(
+                f"[pipeline] undid an interrupted change ({state.rolled_back} bytes restored"
+                " from the journal)",
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"[pipeline] resumed: {scheduler.describe()}", file=sys.stderr, flush=True)
     else:
         scheduler = Scheduler(config, args.steps, learning_rate=args.lr)
         state = _create(
             args.state,
             config,
+            force=args.force,
+            sparse=args.sparse,
             checkpoint_policy=ckpt.policy,
             checkpoint_interval=ckpt.interval or 0,
             scheduler=scheduler.state,
+            delete_when_done=not args.keep_state,
         )
         header = state.header
         groups = " ".join(f"[{g.start}..{g.end})" for g in plan.groups)
@@ -314,16 +468,16 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
             file=sys.stderr,
             flush=True,
         )
-    counts = list(header.action_counts)
     with state:
         while True:
             action = scheduler.next_action()
-            counts[action] += 1
             print(f"[pipeline] {action.name:<18} {scheduler.describe()}", file=sys.stderr)
             if action is Action.STEP_DONE:
                 break
+            counts = list(header.action_counts)
+            counts[action] += 1
             if action is Action.EXEC_RESTART:
-                state.write_header(
+                state.commit(
                     dataclasses.replace(
                         header,
                         scheduler=scheduler.state,
@@ -336,12 +490,18 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 sys.stderr.flush()
                 command = restart_argv(argv)
                 os.execv(command[0], command)
-            _simulate(state, plan, action, scheduler)
+            writes = _simulate(state, plan, action, scheduler)
             scheduler.complete(action)
-        header = dataclasses.replace(header, scheduler=scheduler.state, action_counts=tuple(counts))
-        state.write_header(header)
-    if not args.keep_state:
+            state.commit(
+                dataclasses.replace(header, scheduler=scheduler.state, action_counts=tuple(counts)),
+                writes,
+            )
+            header = state.header
+    deleted = header.delete_when_done and not args.keep_state
+    if deleted:
         os.unlink(args.state)
+    counts = list(header.action_counts)
+    counts[Action.STEP_DONE] += 1
     summary = {
         "model": config.name,
         "preset": config.preset,
@@ -350,9 +510,10 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "actions": {a.name: n for a, n in zip(Action, counts, strict=True)},
         "groups": [[g.start, g.end, g.total_kernels] for g in plan.groups],
         "checkpoint": {"policy": ckpt.policy, "n_checkpointed": ckpt.n_checkpointed},
+        "state_file": None if deleted else args.state,
         "pid": os.getpid(),
     }
-    print(json.dumps(summary), flush=True)
+    print(json.dumps(summary, allow_nan=False), flush=True)
     return 0
 
 

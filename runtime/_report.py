@@ -17,8 +17,9 @@ from ._model import (
     total_model_bytes,
 )
 from ._plan import BudgetTracker, PipelinePlan, effective_headroom
+from ._scheduler import simulated_restarts
 from ._statefile import state_file_bytes
-from .checkpoint import CheckpointPlan, checkpoint_plan
+from .checkpoint import PARAMETRIC, CheckpointPlan, checkpoint_plan, default_interval
 
 __all__ = ["plan_report", "render_plan"]
 
@@ -28,6 +29,7 @@ def plan_report(plan: PipelinePlan, checkpoint: CheckpointPlan) -> dict:
     config = plan.config
     d = config.dims
     acts = layer_activation_bytes(d)
+    restarts = simulated_restarts(config, 1)
     return {
         "model": config.name,
         "preset": config.preset,
@@ -45,6 +47,11 @@ def plan_report(plan: PipelinePlan, checkpoint: CheckpointPlan) -> dict:
         "max_layers_per_compile": plan.max_layers_per_compile,
         "groups": [[g.start, g.end, g.total_kernels] for g in plan.groups],
         "total_exec_restarts": plan.total_exec_restarts,
+        "simulated_exec_restarts": {
+            "per_step": restarts,
+            "passes_per_step": config.compile.accum_steps,
+            "per_pass": restarts / config.compile.accum_steps,
+        },
         "memory": {
             "layer_weight_bytes": layer_weight_bytes(d),
             "layer_adam_bytes": layer_adam_bytes(d),
@@ -61,10 +68,15 @@ def plan_report(plan: PipelinePlan, checkpoint: CheckpointPlan) -> dict:
 
 def policy_table(plan: PipelinePlan) -> list[dict]:
     """Every policy with its default parameter for ``plan``'s model: name, interval,
-    ``n_checkpointed``, the executor's peak activations live and the recompute overhead."""
+    ``n_checkpointed``, the executor's peak activations live and the recompute overhead.
+
+    The parameters are the policies' own defaults (:func:`default_interval`), never
+    ``DEVMEM_CKPT_INTERVAL``: one value does not fit every policy (13 segments for 12 layers)."""
     rows = []
+    n = plan.config.dims.n_layers
     for name in POLICY_NAMES:
-        ckpt = checkpoint_plan(name, plan.config.dims.n_layers, group_starts=plan.group_starts)
+        interval = default_interval(name, n) if name in PARAMETRIC else None
+        ckpt = checkpoint_plan(name, n, interval=interval, group_starts=plan.group_starts)
         rows.append(
             {
                 "policy": name,
@@ -80,6 +92,7 @@ def policy_table(plan: PipelinePlan) -> list[dict]:
 def render_plan(report: dict, policies: list[dict]) -> str:
     """The text of ``plan`` (without ``--json``)."""
     d, c, m, f, ck = (report[k] for k in ("dims", "compile", "memory", "flops", "checkpoint"))
+    sim = report["simulated_exec_restarts"]
     n = d["n_layers"]
     lines = [
         f"=== Pipeline plan: {report['model']} ===",
@@ -100,7 +113,10 @@ def render_plan(report: dict, policies: list[dict]) -> str:
             f" ({layers * kpl} weight + {layers * spl} static)"
         )
     lines += [
-        f"  exec() restarts per forward+backward pass (estimate): {report['total_exec_restarts']}",
+        f"  exec() restarts per forward+backward pass: {sim['per_pass']:g} simulated"
+        f" ({sim['per_step']} in a step of {sim['passes_per_step']} passes)",
+        f"    (the seed's estimate, 2 x groups = {report['total_exec_restarts']}, counts every"
+        " compile as a restart)",
         f"  budget tracker threshold: {report['budget_tracker']['threshold']} kernels per process",
         "",
         "=== Memory (float32) ===",
@@ -124,9 +140,11 @@ def render_plan(report: dict, policies: list[dict]) -> str:
         lines.append(f"  segment inputs kept: {' '.join(map(str, ck['boundary_layers']))}")
     act_all = n * m["layer_activation_bytes"]
     lines += [
-        f"  activation memory: {human_bytes(ck['saved_activation_bytes'])} saved of"
-        f" {human_bytes(act_all)}; {human_bytes(ck['memory_saved_bytes'])} avoided"
+        f"  activation memory at its peak: {ck['peak_activations']} of {n} activations live,"
+        f" {human_bytes(ck['peak_activation_bytes'])} of {human_bytes(act_all)};"
+        f" {human_bytes(ck['memory_saved_bytes'])} avoided"
         f" ({100 * ck['memory_saved_bytes'] / act_all:.0f}%)",
+        f"  checkpointed activations: {human_bytes(ck['saved_activation_bytes'])}",
         f"  recompute overhead: {100 * ck['recompute_overhead']:.0f}% extra forward FLOPs",
         "",
         "=== Policies compared (default parameters; peak: activations live at once when run) ===",

@@ -23,7 +23,7 @@ import enum
 from ._model import ModelConfig, check_int
 from ._plan import BudgetTracker, PipelinePlan, plan_pipeline
 
-__all__ = ["Action", "Phase", "Scheduler", "SchedulerState", "simulate"]
+__all__ = ["Action", "Phase", "Scheduler", "SchedulerState", "simulate", "simulated_restarts"]
 
 
 class Phase(enum.IntEnum):
@@ -206,3 +206,29 @@ def simulate(config: ModelConfig, total_steps: int) -> list[Action]:
         scheduler.complete(action)
     actions.append(Action.STEP_DONE)
     return actions
+
+
+def simulated_restarts(config: ModelConfig, total_steps: int = 1) -> int:
+    """The ``EXEC_RESTART`` actions of a run of ``total_steps`` steps: the count of
+    :func:`simulate`, without building the action list (``O(steps * accum_steps * groups)``).
+
+    A pass compiles each group forward (first to last) and backward (last to first); a compile
+    that does not fit what the process has left restarts it first, and the budget carries over
+    between passes and steps.
+
+    Raises:
+        TypeError, ValueError: as :class:`Scheduler`.
+    """
+    steps = check_int("total_steps", total_steps, 0)
+    plan = plan_pipeline(config)
+    threshold = BudgetTracker.for_config(config.compile).threshold
+    costs = [g.total_kernels for g in plan.groups]
+    sequence = costs + costs[::-1]
+    restarts = used = 0
+    for _ in range(steps * config.compile.accum_steps):
+        for cost in sequence:
+            if used + cost > threshold:
+                restarts += 1
+                used = 0
+            used += cost
+    return restarts

@@ -1,27 +1,59 @@
-"""The state file that survives ``exec()`` restarts (the seed's ``MmapState``).
+"""The state file that survives ``exec()`` restarts and crashes (the seed's ``MmapState``).
 
-Layout: a header padded to :data:`HEADER_BYTES` (4096), then the tensors region-major: every
-layer's weights, then every layer's Adam state, every layer's gradients, every layer's
+Layout (version 2): a :data:`HEADER_BYTES` (4096) header page, then the tensors region-major:
+every layer's weights, then every layer's Adam state, every layer's gradients, every layer's
 activations, then the global region (final RMSNorm and embeddings with their Adam states and
-gradients). Float32 throughout; the file is memory-mapped, so a process that ``exec()``s
-itself finds its tensors where it left them. Created sparse (``truncate``): a LLaMA-7B file is
-about 100 GiB long but holds only what was written.
+gradients), then an undo journal (:func:`journal_bytes`). Float32 throughout; the file is
+memory-mapped, so a process that ``exec()``\\ s itself finds its tensors where it left them.
 
-The header (little-endian) carries the sentinel ``0x414E4550`` ("ANEP"), version 1, the model's
-shape and compile config, the checkpoint policy, the scheduler state, restart and action
-counters, each region's byte offset and the total size, and a CRC-32 of all of that. Opening
-checks, in order: the file is smaller than the header; bad sentinel or version (both values
-said); ``total_size`` larger than the file (truncated: expected and actual sizes said); then the
-checksum and every field. Each failure is a :class:`StateFileError` naming the file.
+The header page holds a fixed prefix (the sentinel ``0x414E4550`` "ANEP" and the version, written
+once) and two header *slots* (bytes 512 and 2048). Each slot carries a generation number, the
+model's shape and compile config, the checkpoint policy, the scheduler state, restart and
+action counters, each region's byte offset, the total size, and a CRC-32 of all of that.
+
+**Crash safety.** Every change is a *commit* (:meth:`StateFile.commit`) that moves the file from
+generation ``g`` to ``g + 1``:
+
+1. the original bytes of every range the change writes go to the journal, stamped with ``g``
+   and a CRC-32, and are flushed (``msync``);
+2. the new bytes are written in place and flushed;
+3. the new header goes to the slot the current one is *not* in, stamped ``g + 1``, and is flushed:
+   this write is the commit point.
+
+Opening picks the valid slot with the highest generation; if the journal is valid and stamped
+with that generation, a change was under way when the writer died, and opening read-write copies
+the original bytes back (idempotent, so a crash during recovery is harmless). A kill at any
+point thus leaves either the state before the change or the state after it, never a mix; a
+torn slot falls back to the other one, whose journal undoes what it must. Creation goes through
+a temporary file in the same directory, ``fsync`` and ``os.replace`` (or ``os.link``, which
+refuses an existing file), with the space reserved first (``posix_fallocate``) unless the caller
+asks for a sparse file. Writes made through the accessors outside :meth:`StateFile.commit` are
+not journaled.
+
+Opening checks, in order: the file is smaller than the header; the sentinel (not a pipeline
+state file) and the version (field and value said); both slots (checksum, every field, the
+layout), naming the field at fault; the file is shorter than the header's ``total_size``
+(truncated: expected and actual sizes said); the journal. Each failure is a
+:class:`StateFileError` naming the file.
+
+Test knob: ``DEVMEM_PIPELINE_KILL_AT=GEN:POINT`` SIGKILLs the process at ``POINT`` of the commit
+that makes generation ``GEN`` (``create``, then one of :data:`KILL_POINTS`), read once per
+process; the suites use it to kill the writer everywhere and compare resumed runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import math
 import mmap
 import os
+import signal
 import struct
+import sys
+import tempfile
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,34 +73,55 @@ from ._scheduler import Action, Phase, SchedulerState
 
 __all__ = [
     "HEADER_BYTES",
+    "INT32_MAX",
+    "KILL_POINTS",
     "SENTINEL",
+    "SLOT_OFFSETS",
     "VERSION",
     "StateFile",
     "StateFileError",
     "StateHeader",
+    "check_header_fields",
+    "journal_bytes",
     "state_file_bytes",
 ]
 
 SENTINEL = 0x414E4550
 """The first four bytes of a state file, ``"ANEP"`` read as a little-endian integer's hex."""
-VERSION = 1
+VERSION = 2
+"""The file format this build reads and writes (1: one header, no journal; not readable)."""
 HEADER_BYTES = 4096
-"""The header region's size: the header struct padded to one page."""
+"""The header page's size: the prefix and both header slots."""
+SLOT_OFFSETS = (512, 2048)
+"""Byte offsets of the two header slots (in different 512-byte sectors)."""
+INT32_MAX = 2**31 - 1
+"""The largest value of the header's integer fields (signed 32-bit)."""
+KILL_POINTS = ("journal", "journaled", "write", "written", "header", "committed")
+"""Where ``DEVMEM_PIPELINE_KILL_AT`` can kill a commit: half the journal written, the journal
+flushed, the first new bytes written, all of them flushed, half the header slot written, the
+header flushed. ``create`` kills a creation before its ``os.replace``."""
 
+_PREFIX = struct.Struct("<II")  # sentinel, version
 _NAME_BYTES = 32
-_STRUCT = struct.Struct(
-    "<II"  # sentinel, version
+_POLICY_BYTES = 16
+_SLOT = struct.Struct(
+    "<QI"  # generation, flags
     f"{_NAME_BYTES}s"  # model name, UTF-8, NUL padded
     "7i"  # dims: n_layers dim hidden_dim n_heads n_kv_heads vocab_size seq_len
     "4id"  # compile: budget kernels_per_layer static_per_layer accum_steps headroom_pct
-    "16s i"  # checkpoint policy name, interval (0: the policy's default)
+    f"{_POLICY_BYTES}s i"  # checkpoint policy name, interval (0: the policy's default)
     "5i2d"  # scheduler: phase group step accum_step total_steps learning_rate last_loss
     "i6I"  # restarts, one counter per Action
-    "6Q"  # offsets: weights adam grads acts global, total_size
+    "7Q"  # offsets: weights adam grads acts global journal, total_size
 )
 _CRC = struct.Struct("<I")
-assert _STRUCT.size + _CRC.size <= HEADER_BYTES
+assert _SLOT.size + _CRC.size <= SLOT_OFFSETS[1] - SLOT_OFFSETS[0]
+assert SLOT_OFFSETS[1] + _SLOT.size + _CRC.size <= HEADER_BYTES
+_FLAG_DELETE_WHEN_DONE = 1
 
+_JOURNAL_MAGIC = 0x4C4E524A  # "JRNL"
+_JOURNAL = struct.Struct("<IQII")  # magic, generation, records, payload bytes; then the CRC
+_RECORD = struct.Struct("<QQ")  # offset, length; then the bytes, padded to 8
 
 _REGIONS = {
     "layer_weights": ("layer_weights", layer_weight_bytes),
@@ -83,6 +136,15 @@ class StateFileError(ValueError):
     """A state file that cannot be used: too small, not ours, truncated or corrupt."""
 
 
+def journal_bytes(dims: ModelDims) -> int:
+    """The journal's size for ``dims``: one page plus 64 bytes per layer, rounded up to a page.
+
+    That holds the original bytes of two small ranges per layer (what the dry run's weight
+    update writes); :meth:`StateFile.commit` refuses a change whose originals do not fit.
+    """
+    return -(-(4096 + 64 * dims.n_layers) // 4096) * 4096
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Byte offsets of a state file's regions for one model (all from the file's start)."""
@@ -92,6 +154,7 @@ class Layout:
     layer_grads: int
     layer_acts: int
     global_: int
+    journal: int
     total_size: int
 
     @classmethod
@@ -103,17 +166,68 @@ class Layout:
         grads = adam + n * layer_adam_bytes(dims)
         acts = grads + n * layer_gradient_bytes(dims)
         global_ = acts + n * layer_activation_bytes(dims)
-        return cls(weights, adam, grads, acts, global_, global_ + global_bytes(dims))
+        journal = global_ + global_bytes(dims)
+        return cls(weights, adam, grads, acts, global_, journal, journal + journal_bytes(dims))
 
 
 def state_file_bytes(config: ModelConfig) -> int:
-    """The size of ``config``'s state file: the header plus ``total_model_bytes``."""
+    """The size of ``config``'s state file: the header, ``total_model_bytes`` and the journal."""
     return Layout.for_dims(config.dims).total_size
+
+
+def check_header_fields(
+    config: ModelConfig,
+    *,
+    checkpoint_policy: str = "all",
+    checkpoint_interval: int = 0,
+    scheduler: SchedulerState | None = None,
+) -> None:
+    """Check that every value fits its header field, before anything touches the disk.
+
+    Integer fields are signed 32-bit (``0 .. 2**31 - 1``), floats must be finite, the model's
+    name at most 32 UTF-8 bytes and the policy's 16, the file size below 2**64 bytes.
+
+    Raises:
+        ValueError: a value that does not fit; the message names the field and its range.
+    """
+    d, c = config.dims, config.compile
+    s = scheduler or SchedulerState()
+    ints = {
+        **{f"dims.{f.name}": getattr(d, f.name) for f in dataclasses.fields(d)},
+        "compile_budget": c.compile_budget,
+        "kernels_per_layer": c.kernels_per_layer,
+        "static_per_layer": c.static_per_layer,
+        "accum_steps": c.accum_steps,
+        "checkpoint_interval": checkpoint_interval,
+        "step": s.step,
+        "total_steps": s.total_steps,
+        "group": s.group,
+        "accum_step": s.accum_step,
+    }
+    for name, value in ints.items():
+        if not 0 <= value <= INT32_MAX:
+            raise ValueError(f"{name}={value}: the state file holds 0 .. {INT32_MAX}")
+    for name, value in (
+        ("headroom_pct", c.headroom_pct),
+        ("learning_rate", s.learning_rate),
+        ("last_loss", s.last_loss),
+    ):
+        if not math.isfinite(value):
+            raise ValueError(f"{name}={value}: the state file holds finite numbers only")
+    for name, text, limit in (
+        ("model name", config.name, _NAME_BYTES),
+        ("checkpoint policy", checkpoint_policy, _POLICY_BYTES),
+    ):
+        if len(text.encode()) > limit:
+            raise ValueError(f"{name} {text!r}: the state file holds at most {limit} UTF-8 bytes")
+    size = Layout.for_dims(d).total_size
+    if size >= 2**64:
+        raise ValueError(f"state file size {size} bytes: the header holds less than 2**64")
 
 
 @dataclasses.dataclass(frozen=True)
 class StateHeader:
-    """A state file's header, decoded.
+    """A state file's header (one slot), decoded.
 
     Attributes:
         config: the model (name, shape, compile config); ``config.preset`` is ``""``.
@@ -121,8 +235,10 @@ class StateHeader:
         checkpoint_interval: its parameter, 0 for the policy's default.
         scheduler: the :class:`SchedulerState` to resume from.
         restarts: ``exec()`` restarts so far.
-        action_counts: how often each :class:`Action` was taken, indexed by its value.
+        action_counts: how often each :class:`Action` was committed, indexed by its value.
         layout: the regions' byte offsets and the total size.
+        generation: commits so far (0 for a new file); :meth:`StateFile.commit` sets it.
+        delete_when_done: the run that created the file deletes it when it ends.
     """
 
     config: ModelConfig
@@ -132,15 +248,38 @@ class StateHeader:
     restarts: int = 0
     action_counts: tuple[int, ...] = (0,) * len(Action)
     layout: Layout | None = None
+    generation: int = 0
+    delete_when_done: bool = False
 
     def pack(self) -> bytes:
-        """The header region's bytes (:data:`HEADER_BYTES` long, checksum included)."""
+        """The slot's bytes (checksum included).
+
+        Raises:
+            ValueError: a value does not fit its field (see :func:`check_header_fields`).
+        """
         c, d, s = self.config.compile, self.config.dims, self.scheduler
+        check_header_fields(
+            self.config,
+            checkpoint_policy=self.checkpoint_policy,
+            checkpoint_interval=self.checkpoint_interval,
+            scheduler=s,
+        )
+        if not 0 <= self.restarts <= INT32_MAX:
+            raise ValueError(f"restarts={self.restarts}: the state file holds 0 .. {INT32_MAX}")
+        if len(self.action_counts) != len(Action):
+            raise ValueError(f"action_counts: expected {len(Action)} counts, one per Action")
+        for action, count in zip(Action, self.action_counts, strict=True):
+            if not 0 <= count < 2**32:
+                raise ValueError(
+                    f"action_counts[{action.name}]={count}: the state file holds 0 .. {2**32 - 1}"
+                )
+        if not 0 <= self.generation < 2**64:
+            raise ValueError(f"generation={self.generation}: the state file holds 0 .. 2**64-1")
         layout = self.layout or Layout.for_dims(d)
-        fields = _STRUCT.pack(
-            SENTINEL,
-            VERSION,
-            self.config.name.encode()[:_NAME_BYTES],
+        fields = _SLOT.pack(
+            self.generation,
+            _FLAG_DELETE_WHEN_DONE if self.delete_when_done else 0,
+            self.config.name.encode(),
             d.n_layers,
             d.dim,
             d.hidden_dim,
@@ -166,16 +305,16 @@ class StateHeader:
             *self.action_counts,
             *dataclasses.astuple(layout),
         )
-        packed = fields + _CRC.pack(zlib.crc32(fields))
-        return packed + bytes(HEADER_BYTES - len(packed))
+        return fields + _CRC.pack(zlib.crc32(fields))
 
     def to_dict(self) -> dict:
-        """Plain data for ``state show --json``."""
+        """Plain data for ``state show --json`` (finite numbers only: valid JSON)."""
         d, c, s = self.config.dims, self.config.compile, self.scheduler
         layout = self.layout or Layout.for_dims(d)
         return {
             "sentinel": f"0x{SENTINEL:08X}",
             "version": VERSION,
+            "generation": self.generation,
             "model": self.config.name,
             "dims": dataclasses.asdict(d),
             "compile": dataclasses.asdict(c),
@@ -191,29 +330,32 @@ class StateHeader:
             },
             "restarts": self.restarts,
             "actions": {a.name: n for a, n in zip(Action, self.action_counts, strict=True)},
+            "delete_when_done": self.delete_when_done,
             "offsets": {
                 "layer_weights": layout.layer_weights,
                 "layer_adam": layout.layer_adam,
                 "layer_grads": layout.layer_grads,
                 "layer_acts": layout.layer_acts,
                 "global": layout.global_,
+                "journal": layout.journal,
             },
             "total_size": layout.total_size,
         }
 
 
-def _decode(path: str, raw: bytes) -> StateHeader:
-    """Decode and validate a header whose sentinel, version and size were checked."""
-    fields = raw[: _STRUCT.size]
-    (stored_crc,) = _CRC.unpack_from(raw, _STRUCT.size)
+_LAYOUT_FIELDS = tuple(f.name.rstrip("_") for f in dataclasses.fields(Layout))
+
+
+def _decode_slot(raw: bytes) -> StateHeader:
+    """Decode and validate one slot; ``ValueError`` naming the field at fault."""
+    fields = raw[: _SLOT.size]
+    (stored_crc,) = _CRC.unpack_from(raw, _SLOT.size)
     computed = zlib.crc32(fields)
     if stored_crc != computed:
-        raise StateFileError(
-            f"state file {path}: header checksum mismatch (stored 0x{stored_crc:08X}, computed"
-            f" 0x{computed:08X}): the header is corrupt"
+        raise ValueError(
+            f"checksum mismatch (stored 0x{stored_crc:08X}, computed 0x{computed:08X})"
         )
-    values = list(_STRUCT.unpack(fields))
-    (_, _, name, *rest) = values
+    generation, flags, name, *rest = _SLOT.unpack(fields)
     dims_v, rest = rest[:7], rest[7:]
     compile_v, rest = rest[:5], rest[5:]
     (policy, interval, phase, group, step, accum, total, lr, loss, restarts), rest = (
@@ -222,38 +364,117 @@ def _decode(path: str, raw: bytes) -> StateHeader:
     )
     counts, offsets = rest[: len(Action)], rest[len(Action) :]
     try:
-        text_name = name.rstrip(b"\0").decode(errors="replace")
-        text_policy = policy.rstrip(b"\0").decode(errors="replace")
-        n_layers, dim, hidden, heads, kv_heads, vocab, seq = dims_v
-        dims = ModelDims(dim, hidden, heads, kv_heads, n_layers, vocab, seq)
-        budget, kernels, static, accum_steps, headroom = compile_v
-        compile_ = CompileConfig(budget, kernels, static, accum_steps, float(headroom))
-        scheduler = SchedulerState(Phase(phase), group, step, accum, total, lr, loss)
-        for field, value in (("interval", interval), ("restarts", restarts)):
-            if value < 0:
-                raise ValueError(f"{field}={value}: expected >= 0")
-        if not 0 <= step <= total or not 0 <= accum < accum_steps:
-            raise ValueError(f"step={step}/{total} accum_step={accum}/{accum_steps} out of range")
-        n_groups = plan_pipeline(ModelConfig(text_name, dims, compile_)).n_groups
-        if not 0 <= group < n_groups:
-            raise ValueError(f"group={group}: expected 0 <= group < {n_groups}")
-    except (ValueError, TypeError) as exc:
-        raise StateFileError(f"state file {path}: corrupt header: {exc}") from None
+        text_name = name.rstrip(b"\0").decode()
+        text_policy = policy.rstrip(b"\0").decode()
+    except UnicodeDecodeError:
+        raise ValueError("the model or policy name is not UTF-8") from None
+    if flags & ~_FLAG_DELETE_WHEN_DONE:
+        raise ValueError(f"flags=0x{flags:X}: unknown flags")
+    n_layers, dim, hidden, heads, kv_heads, vocab, seq = dims_v
+    dims = ModelDims(dim, hidden, heads, kv_heads, n_layers, vocab, seq)
+    budget, kernels, static, accum_steps, headroom = compile_v
+    compile_ = CompileConfig(budget, kernels, static, accum_steps, float(headroom))
+    try:
+        phase_ = Phase(phase)
+    except ValueError:
+        raise ValueError(f"phase={phase}: expected one of {[int(p) for p in Phase]}") from None
+    scheduler = SchedulerState(phase_, group, step, accum, total, lr, loss)
+    config = ModelConfig(text_name, dims, compile_)
+    for field, value in (("interval", interval), ("restarts", restarts)):
+        if value < 0:
+            raise ValueError(f"{field}={value}: expected >= 0")
+    if not 0 <= step <= total or not 0 <= accum < accum_steps:
+        raise ValueError(f"step={step}/{total} accum_step={accum}/{accum_steps} out of range")
+    check_header_fields(
+        config, checkpoint_policy=text_policy, checkpoint_interval=interval, scheduler=scheduler
+    )
+    n_groups = plan_pipeline(config).n_groups
+    if not 0 <= group < n_groups:
+        raise ValueError(f"group={group}: expected 0 <= group < {n_groups}")
     layout = Layout.for_dims(dims)
-    if tuple(offsets) != dataclasses.astuple(layout):
-        raise StateFileError(
-            f"state file {path}: corrupt header: region offsets {tuple(offsets)} do not match"
-            f" the layout of its model {dataclasses.astuple(layout)}"
-        )
+    for field, stored, expected in zip(
+        _LAYOUT_FIELDS, offsets, dataclasses.astuple(layout), strict=True
+    ):
+        if stored != expected:
+            raise ValueError(
+                f"field {field}={stored} does not match the layout of its model ({expected})"
+            )
     return StateHeader(
-        config=ModelConfig(text_name, dims, compile_),
+        config=config,
         checkpoint_policy=text_policy,
         checkpoint_interval=interval,
         scheduler=scheduler,
         restarts=restarts,
         action_counts=tuple(counts),
         layout=layout,
+        generation=generation,
+        delete_when_done=bool(flags & _FLAG_DELETE_WHEN_DONE),
     )
+
+
+def _read_header(path: str, raw: bytes) -> tuple[StateHeader, int]:
+    """The newest valid slot of a header page whose prefix was checked, and its index."""
+    decoded: list[tuple[StateHeader, int]] = []
+    errors = []
+    for index, offset in enumerate(SLOT_OFFSETS):
+        try:
+            decoded.append((_decode_slot(raw[offset : offset + _SLOT.size + _CRC.size]), index))
+        except (ValueError, TypeError) as exc:
+            errors.append(f"slot {index}: {exc}")
+    if not decoded:
+        raise StateFileError(f"state file {path}: corrupt header: {'; '.join(errors)}")
+    return max(decoded, key=lambda pair: pair[0].generation)
+
+
+def _kill_at() -> tuple[int, str] | None:
+    raw = os.environ.get("DEVMEM_PIPELINE_KILL_AT", "")
+    if not raw:
+        return None
+    generation, _, point = raw.partition(":")
+    if not generation.isdigit() or point not in ("create", *KILL_POINTS):
+        print(
+            f"devmem: ignoring DEVMEM_PIPELINE_KILL_AT={raw!r}: expected GEN:POINT with POINT"
+            f" one of create, {', '.join(KILL_POINTS)}; not killing",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    return int(generation), point
+
+
+_UNREAD = ("unread",)
+_kill_spec: object = _UNREAD
+
+
+def _kill_point(generation: int, point: str) -> None:
+    """The test knob: SIGKILL this process here if ``DEVMEM_PIPELINE_KILL_AT`` names it (read
+    at the first call in a process; a forked child reads its own)."""
+    global _kill_spec
+    if _kill_spec is _UNREAD:
+        _kill_spec = _kill_at()
+    if (generation, point) == _kill_spec:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _forget_kill_spec() -> None:
+    global _kill_spec
+    _kill_spec = _UNREAD
+
+
+os.register_at_fork(after_in_child=_forget_kill_spec)
+
+
+def _page_span(offset: int, length: int) -> tuple[int, int]:
+    start = offset - offset % mmap.PAGESIZE
+    return start, offset + length - start
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class StateFile:
@@ -262,14 +483,29 @@ class StateFile:
 
     Attributes:
         path: the file's path.
-        header: the decoded :class:`StateHeader` (:meth:`write_header` replaces it).
+        header: the decoded :class:`StateHeader` (:meth:`commit` replaces it).
+        readonly: opened with ``readonly=True`` (the accessors' arrays are read-only).
+        rolled_back: bytes the opening restored from the journal (a change was interrupted);
+            for a read-only open, the bytes a read-write open would restore.
     """
 
-    def __init__(self, path: str, fd: int, mapping: mmap.mmap, header: StateHeader) -> None:
+    def __init__(
+        self,
+        path: str,
+        fd: int,
+        mapping: mmap.mmap,
+        header: StateHeader,
+        slot: int,
+        *,
+        readonly: bool = False,
+    ) -> None:
         self.path = path
         self._fd = fd
         self._map: mmap.mmap | None = mapping
+        self._slot = slot
         self.header = header
+        self.readonly = readonly
+        self.rolled_back = 0
 
     @classmethod
     def create(
@@ -280,43 +516,106 @@ class StateFile:
         checkpoint_policy: str = "all",
         checkpoint_interval: int = 0,
         scheduler: SchedulerState | None = None,
+        overwrite: bool = False,
+        sparse: bool = False,
+        delete_when_done: bool = False,
     ) -> StateFile:
-        """Create (or truncate) ``path`` as a sparse state file for ``config``.
+        """Create ``path`` as a state file for ``config`` (generation 0), atomically.
+
+        The file is built as a temporary file in the same directory (space reserved with
+        ``posix_fallocate`` unless ``sparse``), flushed, and moved into place: an existing
+        ``path`` is never truncated, and a failure or a kill leaves it as it was (a kill may
+        leave the temporary ``.NAME.*.tmp`` file behind; a failure removes it).
+
+        Args:
+            overwrite: replace an existing ``path`` (``os.replace``); else refuse it.
+            sparse: do not reserve the space: creation is instant and takes no disk, but a
+                write that finds the disk full kills the process with ``SIGBUS``.
+            delete_when_done: recorded in the header for the run that owns the file.
 
         Raises:
-            OSError: the file cannot be created, sized or mapped.
+            ValueError: a value does not fit the header (see :func:`check_header_fields`).
+            FileExistsError: ``path`` exists and not ``overwrite``.
+            OSError: the file cannot be created, its space reserved (the message names the path
+                and the bytes needed), or mapped.
         """
         path = os.fspath(path)
+        scheduler = scheduler or SchedulerState()
+        check_header_fields(
+            config,
+            checkpoint_policy=checkpoint_policy,
+            checkpoint_interval=checkpoint_interval,
+            scheduler=scheduler,
+        )
+        layout = Layout.for_dims(config.dims)
         header = StateHeader(
             config=config,
             checkpoint_policy=checkpoint_policy,
             checkpoint_interval=checkpoint_interval,
-            scheduler=scheduler or SchedulerState(),
-            layout=Layout.for_dims(config.dims),
+            scheduler=scheduler,
+            layout=layout,
+            delete_when_done=delete_when_done,
         )
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        if not overwrite and os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, f"state file {path} exists", path)
+        directory = os.path.dirname(path) or "."
+        name = os.path.basename(path)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        placed = False
         try:
-            os.ftruncate(fd, header.layout.total_size)  # type: ignore[union-attr]
-            mapping = mmap.mmap(fd, header.layout.total_size)  # type: ignore[union-attr]
+            os.fchmod(fd, 0o644)
+            try:
+                if sparse:
+                    os.ftruncate(fd, layout.total_size)
+                else:  # reserves every block now, so no write into the mapping can fail
+                    os.posix_fallocate(fd, 0, layout.total_size)
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"cannot {'size' if sparse else 'reserve'} {layout.total_size:,} bytes for"
+                    f" state file {path}: {exc.strerror or exc}",
+                    path,
+                ) from None
+            os.pwrite(fd, _PREFIX.pack(SENTINEL, VERSION), 0)
+            os.pwrite(fd, header.pack(), SLOT_OFFSETS[0])
+            os.fsync(fd)
+            _kill_point(0, "create")
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)  # fails if path exists, unlike rename
+                except FileExistsError:
+                    raise FileExistsError(errno.EEXIST, f"state file {path} exists", path) from None
+                except OSError:  # no hard links here (e.g. FAT): checked above
+                    os.replace(tmp, path)
+                else:
+                    os.unlink(tmp)
+            placed = True
+            _fsync_dir(directory)
+            mapping = mmap.mmap(fd, layout.total_size)
         except BaseException:
+            if not placed:
+                os.unlink(tmp)
             os.close(fd)
             raise
-        state = cls(path, fd, mapping, header)
-        state.write_header(header)
-        return state
+        return cls(path, fd, mapping, header, 0)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> StateFile:
-        """Open an existing state file (after an ``exec()`` restart).
+    def open(cls, path: str | os.PathLike[str], *, readonly: bool = False) -> StateFile:
+        """Open an existing state file (after an ``exec()`` restart or a crash).
+
+        A read-write open undoes a change that a killed writer left half-done (see the module
+        docstring); ``readonly`` opens with ``O_RDONLY`` and changes nothing.
 
         Raises:
             StateFileError: the file is smaller than the header, its sentinel or version is
-                wrong, it is truncated, or its header is corrupt; the message says which, with
-                the values.
+                wrong, both header slots are corrupt, it is truncated, or its journal is
+                corrupt; the message says which, with the values.
             OSError: it cannot be opened or mapped (e.g. ``FileNotFoundError``).
         """
         path = os.fspath(path)
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_BYTES:
@@ -325,23 +624,36 @@ class StateFile:
                     " header"
                 )
             raw = os.pread(fd, HEADER_BYTES, 0)
-            sentinel, version = struct.unpack_from("<II", raw)
-            if sentinel != SENTINEL or version != VERSION:
+            sentinel, version = _PREFIX.unpack_from(raw)
+            if sentinel != SENTINEL:
                 raise StateFileError(
                     f"state file {path} is not a pipeline state file: sentinel 0x{sentinel:08X}"
-                    f" (expected 0x{SENTINEL:08X} 'ANEP'), version {version} (expected {VERSION})"
+                    f" (expected 0x{SENTINEL:08X} 'ANEP')"
                 )
-            (total,) = struct.unpack_from("<Q", raw, _STRUCT.size - 8)
+            if version != VERSION:
+                raise StateFileError(
+                    f"state file {path}: field 'version' is {version}, this build reads version"
+                    f" {VERSION} only" + (" (recreate the file)" if version < VERSION else "")
+                )
+            header, slot = _read_header(path, raw)
+            total = header.layout.total_size  # type: ignore[union-attr]
             if total > size:
                 raise StateFileError(
                     f"state file {path} is truncated: expected {total} bytes, got {size}"
                 )
-            header = _decode(path, raw)
-            mapping = mmap.mmap(fd, header.layout.total_size)  # type: ignore[union-attr]
+            access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
+            mapping = mmap.mmap(fd, total, access=access)
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, mapping, header)
+        state = cls(path, fd, mapping, header, slot, readonly=readonly)
+        try:
+            state.rolled_back = state._recover()
+        except BaseException:
+            mapping.close()
+            os.close(fd)
+            raise
+        return state
 
     def __enter__(self) -> StateFile:
         return self
@@ -354,37 +666,166 @@ class StateFile:
             raise ValueError(f"state file {self.path} is closed")
         return self._map
 
-    def write_header(self, header: StateHeader) -> None:
-        """Replace the header (same model and layout) and flush it to the file.
+    # -- the journal -------------------------------------------------------------------------
+
+    def _journal_records(self) -> list[tuple[int, bytes]] | None:
+        """The journal's records if it is valid and stamped with the header's generation."""
+        layout = self.header.layout
+        assert layout is not None
+        mapping = self._mapping()
+        start = layout.journal
+        magic, generation, count, payload = _JOURNAL.unpack_from(mapping, start)
+        if magic != _JOURNAL_MAGIC or generation != self.header.generation:
+            return None
+        body_start = start + _JOURNAL.size + _CRC.size
+        if body_start + payload > layout.total_size:
+            return None
+        (stored,) = _CRC.unpack_from(mapping, start + _JOURNAL.size)
+        body = mapping[body_start : body_start + payload]
+        if zlib.crc32(body, zlib.crc32(mapping[start : start + _JOURNAL.size])) != stored:
+            return None  # torn: the change had not started
+        records, at = [], 0
+        for _ in range(count):
+            if at + _RECORD.size > payload:
+                raise StateFileError(f"state file {self.path}: corrupt journal (record overrun)")
+            offset, length = _RECORD.unpack_from(body, at)
+            at += _RECORD.size
+            if not layout.layer_weights <= offset <= offset + length <= layout.journal:
+                raise StateFileError(
+                    f"state file {self.path}: corrupt journal: record at {offset} ({length}"
+                    " bytes) is outside the tensors"
+                )
+            records.append((offset, bytes(body[at : at + length])))
+            at += -(-length // 8) * 8
+        return records
+
+    def _recover(self) -> int:
+        records = self._journal_records()
+        if not records:
+            return 0
+        restored = sum(len(data) for _, data in records)
+        if self.readonly:
+            return restored
+        mapping = self._mapping()
+        for offset, data in records:
+            mapping[offset : offset + len(data)] = data
+        self._flush_ranges([(offset, len(data)) for offset, data in records])
+        return restored
+
+    def _flush_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
+        mapping = self._mapping()
+        for offset, length in ranges:
+            if length:
+                mapping.flush(*_page_span(offset, length))
+
+    # -- commits -----------------------------------------------------------------------------
+
+    def offset(self, what: str, layer: int, index: int = 0) -> int:
+        """The byte offset of float32 element ``index`` of ``what(layer)`` (``what`` names a
+        per-layer accessor, e.g. ``"layer_grads"``), for :meth:`commit`.
 
         Raises:
-            ValueError: the file is closed, or ``header`` describes another model's layout.
+            KeyError: an unknown ``what``; IndexError, TypeError: as the accessors.
         """
-        layout = Layout.for_dims(header.config.dims)
-        if self.header.layout != layout:
-            raise ValueError(
-                f"write_header: the header's model needs layout {layout}, the file has"
-                f" {self.header.layout}"
-            )
-        header = dataclasses.replace(header, layout=layout)
+        offset_field, layer_bytes = _REGIONS[what]
+        self._check_layer(what, layer)
+        per_layer = layer_bytes(self.header.config.dims)
+        if not 0 <= index < per_layer // FLOAT32_BYTES:
+            raise IndexError(f"{what}({layer})[{index}]: out of range")
+        return getattr(self.header.layout, offset_field) + layer * per_layer + 4 * index
+
+    def commit(self, header: StateHeader, writes: Sequence[tuple[int, bytes]] = ()) -> None:
+        """Write ``writes`` (``(byte offset, new bytes)`` pairs inside the tensors) and
+        ``header`` as one crash-safe change: generation ``g`` becomes ``g + 1``, and a kill at
+        any point leaves one or the other (see the module docstring).
+
+        ``header``'s generation and layout are set here.
+
+        Raises:
+            ValueError: the file is closed or read-only, ``header`` is another model's, a value
+                does not fit the header, a write is outside the tensors, or the originals of the
+                writes do not fit the journal. Nothing is written then.
+        """
+        if self.readonly:
+            raise ValueError(f"state file {self.path} is open read-only")
         mapping = self._mapping()
-        mapping[:HEADER_BYTES] = header.pack()
+        layout = self.header.layout
+        assert layout is not None
+        if Layout.for_dims(header.config.dims) != layout:
+            raise ValueError(
+                f"commit: the header's model needs layout {Layout.for_dims(header.config.dims)},"
+                f" the file has {layout}"
+            )
+        generation = self.header.generation + 1
+        header = dataclasses.replace(header, layout=layout, generation=generation)
+        slot_bytes = header.pack()  # raises before anything is written
+        body = bytearray()
+        for offset, data in writes:
+            if not layout.layer_weights <= offset <= offset + len(data) <= layout.journal:
+                raise ValueError(
+                    f"commit: a write at {offset} ({len(data)} bytes) is outside the tensors"
+                    f" [{layout.layer_weights}, {layout.journal})"
+                )
+            body += _RECORD.pack(offset, len(data))
+            body += mapping[offset : offset + len(data)]
+            body += bytes(-len(data) % 8)
+        capacity = layout.total_size - layout.journal - _JOURNAL.size - _CRC.size
+        if len(body) > capacity:
+            raise ValueError(
+                f"commit: the originals of {len(writes)} writes take {len(body)} journal bytes,"
+                f" the journal holds {capacity}"
+            )
+        if writes:
+            journal = _JOURNAL.pack(_JOURNAL_MAGIC, generation - 1, len(writes), len(body))
+            crc = zlib.crc32(bytes(body), zlib.crc32(journal))
+            start = layout.journal
+            blob = journal + _CRC.pack(crc) + bytes(body)
+            half = len(blob) // 2
+            mapping[start : start + half] = blob[:half]
+            _kill_point(generation, "journal")
+            mapping[start + half : start + len(blob)] = blob[half:]
+            mapping.flush(*_page_span(start, len(blob)))
+            _kill_point(generation, "journaled")
+            for i, (offset, data) in enumerate(writes):
+                mapping[offset : offset + len(data)] = data
+                if i == 0:
+                    _kill_point(generation, "write")
+            self._flush_ranges([(offset, len(data)) for offset, data in writes])
+            _kill_point(generation, "written")
+        slot = 1 - self._slot
+        start = SLOT_OFFSETS[slot]
+        half = len(slot_bytes) // 2
+        mapping[start : start + half] = slot_bytes[:half]
+        _kill_point(generation, "header")
+        mapping[start + half : start + len(slot_bytes)] = slot_bytes[half:]
         mapping.flush(0, HEADER_BYTES)
+        _kill_point(generation, "committed")
+        self._slot = slot
         self.header = header
 
-    def _region(self, what: str, layer: int) -> np.ndarray:
+    def write_header(self, header: StateHeader) -> None:
+        """Commit ``header`` alone (:meth:`commit` with no writes). Raises as :meth:`commit`."""
+        self.commit(header)
+
+    # -- accessors ---------------------------------------------------------------------------
+
+    def _check_layer(self, what: str, layer: int) -> None:
         n_layers = self.header.config.dims.n_layers
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise TypeError(f"layer must be an int, got {type(layer).__name__} {layer!r}")
         if not 0 <= layer < n_layers:
             raise IndexError(f"{what}({layer}): expected a layer in 0 .. {n_layers - 1}")
+
+    def _region(self, what: str, layer: int) -> np.ndarray:
+        self._check_layer(what, layer)
         offset_field, layer_bytes = _REGIONS[what]
         per_layer = layer_bytes(self.header.config.dims)
         start = getattr(self.header.layout, offset_field) + layer * per_layer
         return np.frombuffer(self._mapping(), np.float32, per_layer // FLOAT32_BYTES, offset=start)
 
     def layer_weights(self, layer: int) -> np.ndarray:
-        """Layer ``layer``'s weights as a writable float32 view of the file.
+        """Layer ``layer``'s weights as a float32 view of the file (writable unless the file
+        was opened read-only; writes through it are not journaled).
 
         Raises:
             IndexError: ``layer`` is not in ``0 .. n_layers-1``.
@@ -412,10 +853,11 @@ class StateFile:
             ValueError: the file is closed.
         """
         layout = self.header.layout
+        assert layout is not None
         return np.frombuffer(
             self._mapping(),
             np.float32,
-            (layout.total_size - layout.global_) // FLOAT32_BYTES,
+            (layout.journal - layout.global_) // FLOAT32_BYTES,
             offset=layout.global_,
         )
 
@@ -429,7 +871,8 @@ class StateFile:
         if self._map is None:
             return
         mapping = self._map
-        mapping.flush()
+        if not self.readonly:
+            mapping.flush()
         try:
             mapping.close()
         except BufferError:

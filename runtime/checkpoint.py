@@ -19,9 +19,13 @@ Policies over layers ``0 .. N-1`` (``N >= 1``):
   layers are recomputed and whose inputs are kept, then a last segment that runs without
   checkpointing (its layers are the saved ones). Default ``segments``: ``floor(sqrtf(N))``.
 - ``revolve``: Griewank and Walther's binomial schedule with ``interval`` snapshots (default
-  ``floor(sqrtf(N))``): the fewest forward calls for that memory, ``N + r*N - beta(s+1, r-1)``.
-  Its snapshots are restart states; only the last layer's activation goes straight from the
-  forward pass to its backward, so its ``n_checkpointed`` is 1.
+  ``floor(sqrtf(N))``): ``N + t(N, s)`` forward calls, ``t = r*N - beta(s+1, r-1)``, at most
+  ``s + 1`` activations live. ``t`` is the minimum in *their* model, where a snapshot is a state
+  that its own step recomputes from; it is not the minimum here, where a kept activation also
+  serves its own layer's backward (:func:`runtime._revolve.min_forward_calls`, checked against
+  an exhaustive search: 64 calls for 32 layers at 6 activations, where ``revolve`` with 5
+  snapshots takes 100). Its snapshots are restart states; only the last layer's activation
+  goes straight from the forward pass to its backward, so its ``n_checkpointed`` is 1.
 
 The executor (:func:`run_checkpointed`) runs a chain of ``N`` layers under a plan on an
 :class:`allocator.Allocator` and reports the forward calls per layer and the peak live bytes from
@@ -37,11 +41,17 @@ import numbers
 
 import numpy as np
 
-from ._chain import INPUT, Op, chen_peak_buffers, chen_schedule, replay
+from ._chain import INPUT, Op, chen_peaks, chen_schedule, replay
 from ._executor import ChainRun, chain_result, run_checkpointed
 from ._knobs import POLICY_NAMES, CheckpointKnobs, knobs
 from ._model import FLOAT32_BYTES, check_int
-from ._revolve import beta, repetition_number, revolve_forward_count, revolve_schedule
+from ._revolve import (
+    beta,
+    repetition_number,
+    revolve_forward_calls,
+    revolve_forward_count,
+    revolve_schedule,
+)
 
 __all__ = [
     "INPUT",
@@ -53,6 +63,7 @@ __all__ = [
     "beta",
     "chain_result",
     "checkpoint_plan",
+    "default_interval",
     "knobs",
     "repetition_number",
     "revolve_forward_count",
@@ -86,8 +97,27 @@ def scaled_elems(layer_activation_bytes: int, scale: int = DEFAULT_SCALE) -> int
 
 
 def sqrt_interval(n_layers: int) -> int:
-    """``floor(sqrtf(n_layers))`` computed in float32 as the seed's C, at least 1."""
+    """``floor(sqrtf(n_layers))`` computed in float32 as the seed's C, at least 1 (equal to
+    ``math.isqrt(n_layers)`` below 2**22, perfect squares included: 4 for 16, 8 for 64)."""
     return max(1, int(np.sqrt(np.float32(n_layers))))
+
+
+def default_interval(policy: str, n_layers: int) -> int | None:
+    """The parameter ``policy`` takes when none is given and no knob is set: ``every_n`` 4,
+    ``sequential`` and ``revolve`` ``floor(sqrtf(N))``, ``sqrt`` its ``k``; ``None`` for the
+    policies without one.
+
+    Raises:
+        ValueError: an unknown policy. TypeError, ValueError: a bad ``n_layers``.
+    """
+    n = check_int("n_layers", n_layers, 1)
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"policy={policy!r}: expected one of {', '.join(POLICY_NAMES)}")
+    if policy == "every_n":
+        return EVERY_N_DEFAULT
+    if policy in ("sqrt", "sequential", "revolve"):
+        return sqrt_interval(n)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,11 +214,30 @@ class CheckpointPlan:
         return self.n_checkpointed * check_int("layer_activation_bytes", layer_activation_bytes, 0)
 
     def avoided_bytes(self, layer_activation_bytes: int) -> int:
-        """Activation memory not kept, against saving every layer:
-        ``(n_layers - n_checkpointed) * layer_activation_bytes`` (the seed's
-        ``checkpoint_memory_saved``)."""
+        """The seed's ``checkpoint_memory_saved``: ``(n_layers - n_checkpointed) *
+        layer_activation_bytes``. It counts unsaved layers, not memory a run saves (``none``
+        "avoids" 31 of 32 while all 32 are live at once during its backward): report
+        :meth:`peak_avoided_bytes` instead."""
         n = check_int("layer_activation_bytes", layer_activation_bytes, 0)
         return (self.n_layers - self.n_checkpointed) * n
+
+    def peak_activation_bytes(self, layer_activation_bytes: int) -> int:
+        """The most activation memory live at once when the plan runs:
+        ``predict().peak_activations * layer_activation_bytes``.
+
+        Raises:
+            TypeError, ValueError: ``layer_activation_bytes`` is not an int >= 0.
+        """
+        n = check_int("layer_activation_bytes", layer_activation_bytes, 0)
+        return self.predict().peak_activations * n
+
+    def peak_avoided_bytes(self, layer_activation_bytes: int) -> int:
+        """Activation memory the plan's peak avoids against keeping every layer (``all``, whose
+        peak is ``n_layers``): ``(n_layers - predict().peak_activations) *
+        layer_activation_bytes``; 0 for ``all`` and ``none``. Raises as
+        :meth:`peak_activation_bytes`."""
+        n = check_int("layer_activation_bytes", layer_activation_bytes, 0)
+        return (self.n_layers - self.predict().peak_activations) * n
 
     @property
     def recompute_overhead(self) -> float:
@@ -206,47 +255,61 @@ class CheckpointPlan:
     def _replay(self):
         return replay(self.n_layers, self.schedule())
 
+    @functools.cached_property
+    def _prediction(self) -> Prediction:
+        n = self.n_layers
+        if self.policy == "revolve":
+            s = self.interval
+            assert s is not None
+            calls = revolve_forward_calls(n, s)
+            if sum(calls) != n + revolve_forward_count(n, s):  # pragma: no cover - a bug
+                raise AssertionError(f"revolve schedule for {n} layers, {s} snapshots: {calls}")
+            return Prediction(calls, sum(calls) - n, 3 + min(n, s + 1), min(n, s + 1))
+        per_layer = [2] * n
+        for i in self.saved:
+            per_layer[i] = 1
+        calls = tuple(per_layer)
+        buffers, activations = chen_peaks(n, self.saved, self.boundaries)
+        return Prediction(calls, sum(calls) - n, buffers, activations)
+
     @property
     def _origins(self) -> tuple[int, ...]:
         return self._replay.origins
 
     def predict(self) -> Prediction:
-        """Forward calls per layer and the executor's peak, from closed forms.
+        """Forward calls per layer and the executor's peak, from closed forms, without building
+        the schedule (``O(N)``; computed once per plan).
 
         Segment policies: every unsaved layer is recomputed once, so layer ``i`` runs
-        ``1 + needs_recompute(i)`` times, and the peak is :func:`runtime._chain.chen_peak_buffers`.
+        ``1 + needs_recompute(i)`` times, and the peaks are :func:`runtime._chain.chen_peaks`.
         ``revolve``: ``N + t(N, s)`` forward calls with ``t`` from
-        :func:`revolve_forward_count`, and ``3 + min(N, s+1)`` buffers (``min(N, s+1)``
-        activations); the per-layer split of the calls comes from the schedule.
-        ``peak_activations`` is counted on the schedule for every policy.
+        :func:`revolve_forward_count`, split per layer by
+        :func:`runtime._revolve.revolve_forward_calls`, and ``3 + min(N, s+1)`` buffers
+        (``min(N, s+1)`` activations).
         """
-        n = self.n_layers
-        if self.policy == "revolve":
-            s = self.interval
-            assert s is not None
-            calls = self._replay.forward_calls
-            if sum(calls) != n + revolve_forward_count(n, s):  # pragma: no cover - a bug
-                raise AssertionError(f"revolve schedule for {n} layers, {s} snapshots: {calls}")
-            return Prediction(calls, sum(calls) - n, 3 + min(n, s + 1), min(n, s + 1))
-        calls = tuple(1 if i in self._saved_set else 2 for i in range(n))
-        peak = chen_peak_buffers(n, self.saved, self.boundaries)
-        return Prediction(calls, sum(calls) - n, peak, self._replay.peak_activations)
+        return self._prediction
 
     def to_dict(self, layer_activation_bytes: int | None = None) -> dict:
         """Plain data: ``policy``, ``interval``, ``saved_layers``, ``n_checkpointed``,
-        ``recompute_overhead`` and, given the model's per-layer activation bytes,
-        ``memory_saved_bytes`` (the avoided bytes) and ``saved_activation_bytes``."""
+        ``peak_activations``, ``recompute_overhead`` and, given the model's per-layer activation
+        bytes, ``peak_activation_bytes``, ``memory_saved_bytes`` (:meth:`peak_avoided_bytes`:
+        what the peak avoids against ``all``), ``saved_activation_bytes`` (the checkpointed
+        layers' activations) and ``seed_memory_saved_bytes`` (the seed's count,
+        :meth:`avoided_bytes`)."""
         out: dict = {
             "policy": self.policy,
             "interval": self.interval,
             "saved_layers": list(self.saved),
             "n_checkpointed": self.n_checkpointed,
+            "peak_activations": self.predict().peak_activations,
         }
         if self.boundaries:
             out["boundary_layers"] = list(self.boundaries)
         if layer_activation_bytes is not None:
-            out["memory_saved_bytes"] = self.avoided_bytes(layer_activation_bytes)
+            out["peak_activation_bytes"] = self.peak_activation_bytes(layer_activation_bytes)
+            out["memory_saved_bytes"] = self.peak_avoided_bytes(layer_activation_bytes)
             out["saved_activation_bytes"] = self.saved_bytes(layer_activation_bytes)
+            out["seed_memory_saved_bytes"] = self.avoided_bytes(layer_activation_bytes)
         out["recompute_overhead"] = self.recompute_overhead
         return out
 

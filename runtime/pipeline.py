@@ -9,7 +9,8 @@ file that survives the restarts.
 - :data:`PRESETS`, :class:`ModelConfig` and the memory and FLOP estimates;
 - :func:`plan_pipeline` and :class:`BudgetTracker`, which share :func:`usable_budget`;
 - :class:`Scheduler` (the state machine) and :func:`simulate`;
-- :class:`StateFile` (create, open with checks, per-layer accessors);
+- :class:`StateFile` (atomic create, open with checks and crash recovery, commits, per-layer
+  accessors);
 - the CLI, :func:`main` (``python -m runtime.pipeline plan | state | train``).
 
 Activation checkpointing lives in :mod:`runtime.checkpoint`.
@@ -47,22 +48,30 @@ from ._plan import (
     usable_budget,
 )
 from ._report import plan_report
-from ._scheduler import Action, Phase, Scheduler, SchedulerState, simulate
+from ._scheduler import Action, Phase, Scheduler, SchedulerState, simulate, simulated_restarts
 from ._statefile import (
     HEADER_BYTES,
+    INT32_MAX,
+    KILL_POINTS,
     SENTINEL,
+    SLOT_OFFSETS,
     VERSION,
     StateFile,
     StateFileError,
     StateHeader,
+    check_header_fields,
+    journal_bytes,
     state_file_bytes,
 )
 
 __all__ = [
     "FLOAT32_BYTES",
     "HEADER_BYTES",
+    "INT32_MAX",
+    "KILL_POINTS",
     "PRESETS",
     "SENTINEL",
+    "SLOT_OFFSETS",
     "VERSION",
     "Action",
     "BudgetTracker",
@@ -78,9 +87,11 @@ __all__ = [
     "StateFileError",
     "StateHeader",
     "ane_flops_per_step",
+    "check_header_fields",
     "effective_headroom",
     "flops_per_step",
     "global_bytes",
+    "journal_bytes",
     "layer_activation_bytes",
     "layer_adam_bytes",
     "layer_gradient_bytes",
@@ -92,6 +103,7 @@ __all__ = [
     "preset",
     "restart_argv",
     "simulate",
+    "simulated_restarts",
     "state_file_bytes",
     "total_model_bytes",
     "usable_budget",

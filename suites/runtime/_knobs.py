@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from suites.allocator._knobs import pinned_env as pinned_allocator_env
 
-RUNTIME_KNOBS = ("DEVMEM_CKPT_POLICY", "DEVMEM_CKPT_INTERVAL", "DEVMEM_COMPILE_HEADROOM")
+RUNTIME_KNOBS = (
+    "DEVMEM_CKPT_POLICY",
+    "DEVMEM_CKPT_INTERVAL",
+    "DEVMEM_COMPILE_HEADROOM",
+    "DEVMEM_PIPELINE_KILL_AT",  # a test knob: a stray one would kill children
+)
 
 
 def pinned_env(backend: str, **knobs: str | None) -> dict[str, str | None]:

@@ -7,13 +7,14 @@ its own check catches it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
 
-from runtime import _cli
+from runtime import _cli, _statefile, checkpoint
 from runtime.checkpoint import CheckpointPlan, sqrt_interval
-from runtime.pipeline import BudgetTracker, CompileConfig, effective_headroom
+from runtime.pipeline import BudgetTracker, CompileConfig, StateFile, effective_headroom
 
 
 def _seed_count(plan: CheckpointPlan) -> int:
@@ -42,12 +43,54 @@ def _restart_drops_argv(argv):
     return _ORIGINAL_RESTART(["train", "--state", path, "--resume"])
 
 
+def _sqrt_float64_minus_epsilon(n_layers: int) -> int:
+    """``floor(sqrt(N) - 1e-9)`` in float64: right everywhere but at the perfect squares."""
+    return max(1, int(np.sqrt(np.float64(n_layers)) - 1e-9))
+
+
 _ORIGINAL_RESTART = _cli.restart_argv
+_ORIGINAL_COMMIT = StateFile.commit
+
+
+def _header_at_restart_only(self, header, writes=()):
+    """main at 6c47d36: tensors written in place at once, the header only at an
+    ``EXEC_RESTART`` and at the end of the run."""
+    mapping = self._mapping()
+    for offset, data in writes:
+        mapping[offset : offset + len(data)] = data
+    restart = header.restarts != self.header.restarts
+    done = header.scheduler.step == header.scheduler.total_steps
+    if restart or done:
+        _ORIGINAL_COMMIT(self, header)
+    else:
+        self.header = dataclasses.replace(header, generation=self.header.generation + 1)
+
+
+def _commit_without_journal(self, header, writes=()):
+    """Tensors written in place before a header-only commit: nothing can undo half a change."""
+    mapping = self._mapping()
+    for i, (offset, data) in enumerate(writes):
+        mapping[offset : offset + len(data)] = data
+        if i == 0:
+            _statefile._kill_point(self.header.generation + 1, "write")
+    _statefile._kill_point(self.header.generation + 1, "written")
+    _ORIGINAL_COMMIT(self, header)
+
+
+def _header_in_place(self, header, writes=()):
+    """One header, rewritten in place: a torn write leaves no valid header."""
+    self._slot = 1 - self._slot  # commit() writes to the slot it is not in
+    _ORIGINAL_COMMIT(self, header, writes)
+
 
 PATCHES: dict[str, tuple[object, str, Callable]] = {
     "arithmetic_count": (CheckpointPlan, "n_checkpointed", property(_seed_count)),
     "seed_tracker_formula": (BudgetTracker, "for_config", classmethod(_seed_tracker)),
     "restart_drops_argv": (_cli, "restart_argv", _restart_drops_argv),
+    "sqrt_float64_minus_epsilon": (checkpoint, "sqrt_interval", _sqrt_float64_minus_epsilon),
+    "header_at_restart_only": (StateFile, "commit", _header_at_restart_only),
+    "commit_without_journal": (StateFile, "commit", _commit_without_journal),
+    "header_in_place": (StateFile, "commit", _header_in_place),
 }
 
 

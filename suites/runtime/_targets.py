@@ -124,3 +124,16 @@ def executor_under_gc() -> dict:
             leaks.append(policy)
         alloc.empty_cache()
     return {"mismatches": mismatches, "leaks": leaks, "collections": len(collections) > 100}
+
+
+def main_with_file_size_limit(limit: int, argv: list) -> None:
+    """``python -m runtime.pipeline argv`` with files limited to ``limit`` bytes
+    (``RLIMIT_FSIZE``, ``SIGXFSZ`` ignored): the kernel then refuses to grow a file past it with
+    ``EFBIG``, as a full disk refuses with ``ENOSPC``, without filling a shared disk."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    raise SystemExit(pipeline.main(argv))

@@ -6,6 +6,7 @@ PyTorch's documented counts; ``revolve`` reaches Griewank and Walther's minimum 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from functools import cache
 
@@ -298,3 +299,69 @@ def test_bytes_and_overhead():
     assert (plan.saved_bytes(100), plan.avoided_bytes(100)) == (400, 600)
     assert plan.recompute_overhead == 0.6
     assert math.isclose(checkpoint_plan("revolve", 32, interval=5).recompute_overhead, 68 / 32)
+
+
+# -- closed forms instead of schedules (issue 21 item 11) --------------------------------------
+
+
+def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
+    from runtime._chain import chen_peaks
+
+    for n in range(1, 11):
+        for mask in range(1 << n):
+            saved = [i for i in range(n) if mask >> i & 1]
+            replayed = replay(n, chen_schedule(n, saved))
+            assert chen_peaks(n, saved) == (replayed.peak_buffers, replayed.peak_activations), (
+                n,
+                saved,
+            )
+
+
+def test_chen_peaks_equal_the_replay_for_every_policy_plan_up_to_40_layers():
+    from runtime._chain import chen_peaks
+
+    for n in range(1, 41):
+        plans = [checkpoint_plan("sequential", n, interval=k) for k in range(1, n + 1)]
+        plans += [checkpoint_plan("every_n", n, interval=k) for k in range(1, n + 1)]
+        plans += [checkpoint_plan(p, n, group_starts=range(0, n, 17)) for p in ("boundary",)]
+        plans += [checkpoint_plan(p, n) for p in ("all", "none", "sqrt")]
+        for plan in plans:
+            replayed = replay(n, chen_schedule(n, plan.saved, plan.boundaries))
+            assert chen_peaks(n, plan.saved, plan.boundaries) == (
+                replayed.peak_buffers,
+                replayed.peak_activations,
+            ), (plan.policy, n, plan.interval)
+
+
+def test_revolve_forward_calls_equal_the_replay():
+    from runtime._revolve import revolve_forward_calls, revolve_schedule
+
+    for n in range(1, 65):
+        for s in range(1, 13):
+            assert revolve_forward_calls(n, s) == replay(n, revolve_schedule(n, s)).forward_calls
+
+
+def test_plan_builds_no_schedule(monkeypatch, capsys):
+    """``plan`` predicts from closed forms: a schedule of 100,000 layers is never built (main
+    at 6c47d36 replayed every policy's schedule and rescanned the kept layers per layer:
+    quadratic, over 120 s). Timing is bench/checkpoint.py's; this checks the structure."""
+    from runtime import _chain, _revolve, checkpoint
+    from runtime.pipeline import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("plan built a schedule")
+
+    for module, name in (
+        (checkpoint, "replay"),
+        (checkpoint, "chen_schedule"),
+        (checkpoint, "revolve_schedule"),
+        (_chain, "replay"),
+        (_revolve, "revolve_schedule"),
+    ):
+        monkeypatch.setattr(module, name, refuse)
+    for policy in ("all", "boundary", "sqrt", "every_n", "none", "sequential", "revolve"):
+        assert main(["plan", "--layers", "100000", "--checkpoint", policy, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["checkpoint"]["policy"] == policy
+    assert main(["plan", "--layers", "3000", "--checkpoint", "revolve", "--interval", "1"]) == 0
+    assert "recompute overhead: 149950% extra forward FLOPs" in capsys.readouterr().out

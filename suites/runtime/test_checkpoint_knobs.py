@@ -107,3 +107,55 @@ def test_an_explicit_interval_wins_and_is_checked():
     assert plan.saved == (0, 3, 6, 9)
     with pytest.raises(ValueError, match=r"interval=3: policy 'sqrt' takes none"):
         checkpoint_plan("sqrt", 10, interval=3)
+
+
+# -- the policy table takes the policies' defaults, not the knob (issue 21 item 9) -------------
+
+
+def test_the_policy_table_ignores_the_interval_knob(monkeypatch, capsys):
+    from runtime import _knobs
+    from runtime.pipeline import main
+
+    assert main(["plan", "--model", "stories110m", "--checkpoint", "sqrt", "--json"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["plan", "--model", "stories110m", "--checkpoint", "sqrt"]) == 0
+    table = capsys.readouterr().out.split("=== Policies compared")[1]
+    # 13 segments for 12 layers: main at 6c47d36 took the knob for `sequential` and crashed
+    monkeypatch.setattr(_knobs, "_cached", CheckpointKnobs(interval=13))
+    assert main(["plan", "--model", "stories110m", "--checkpoint", "sqrt", "--json"]) == 0
+    assert capsys.readouterr().out == plain
+    assert main(["plan", "--model", "stories110m", "--checkpoint", "sqrt"]) == 0
+    assert capsys.readouterr().out.split("=== Policies compared")[1] == table
+    assert "  sequential         3              4" in table
+    assert "  every_n            4              4" in table
+
+
+# -- sqrt at perfect squares ------------------------------------------------------------------
+
+
+def check_sqrt_interval() -> None:
+    """``floor(sqrtf(N))`` is ``isqrt(N)`` below 2**22, at and around every perfect square,
+    and the plans at 16 and 64 layers save every 4th and every 8th layer."""
+    import math
+
+    from runtime import checkpoint
+
+    for k in range(1, 2048):
+        for n in (k * k - 1, k * k, k * k + 1):
+            if n >= 1:
+                assert checkpoint.sqrt_interval(n) == math.isqrt(n), f"sqrt_interval({n})"
+    assert checkpoint_plan("sqrt", 16).saved == (0, 4, 8, 12, 15)
+    assert checkpoint_plan("sqrt", 64).saved == (*range(0, 64, 8), 63)
+    assert checkpoint_plan("sqrt", 64).interval == 8
+
+
+def test_sqrt_at_perfect_squares():
+    check_sqrt_interval()
+
+
+def test_teeth_a_float64_sqrt_minus_epsilon_is_caught(monkeypatch):
+    from . import _mutants
+
+    _mutants.patch("sqrt_float64_minus_epsilon", monkeypatch)
+    with pytest.raises(AssertionError, match=r"sqrt_interval\(1\)|sqrt_interval\(4\)"):
+        check_sqrt_interval()

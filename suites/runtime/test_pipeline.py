@@ -7,6 +7,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runtime.pipeline import (
     PRESETS,
@@ -48,7 +50,8 @@ def test_memory_and_flops_follow_the_issues_formulas(name):
     assert layer_activation_bytes(d) == a
     assert global_bytes(d) == 16 * D * (V + 1)
     assert total_model_bytes(config) == N * (w + 2 * w + w + a) + 16 * D * (V + 1)
-    assert state_file_bytes(config) == 4096 + total_model_bytes(config)
+    journal = -(-(4096 + 64 * config.dims.n_layers) // 4096) * 4096
+    assert state_file_bytes(config) == 4096 + total_model_bytes(config) + journal
     fwd = N * (8 * D * D * S + 6 * D * H * S)
     sdpa = N * 2 * d.n_heads * 5 * S * S * (D // d.n_heads)
     assert flops_per_step(config) == 3 * fwd + sdpa + 6 * V * D * S
@@ -287,7 +290,10 @@ def test_plan_json_has_the_issues_keys(capsys):
     ck = report["checkpoint"]
     assert (ck["policy"], ck["interval"], ck["n_checkpointed"]) == ("sqrt", 5, 8)
     assert ck["saved_layers"] == [0, 5, 10, 15, 20, 25, 30, 31]
-    assert ck["memory_saved_bytes"] == 24 * report["memory"]["layer_activation_bytes"]
+    acts = report["memory"]["layer_activation_bytes"]
+    assert ck["peak_activations"] == 10 and ck["peak_activation_bytes"] == 10 * acts
+    assert ck["memory_saved_bytes"] == 22 * acts  # main at 6c47d36: 24, unsaved layers counted
+    assert ck["seed_memory_saved_bytes"] == 24 * acts
     assert ck["recompute_overhead"] == 0.75
     assert report["budget_tracker"] == {"threshold": 107}
 
@@ -305,7 +311,7 @@ def test_plan_text(capsys):
     ("argv", "match"),
     [
         (["--model", "gpt2"], "invalid choice: 'gpt2'"),
-        (["--layers", "0"], "expected a positive integer, got '0'"),
+        (["--layers", "0"], "argument --layers: expected an integer in 1 .. 1,000,000, got '0'"),
         (["--checkpoint", "sqrtt"], "invalid choice: 'sqrtt'"),
         (["--checkpoint", "sqrt", "--interval", "3"], "interval=3: policy 'sqrt' takes none"),
         (["--budget", "5"], "leaves 4 usable kernels, fewer than one layer's 6"),
@@ -338,3 +344,81 @@ def test_public_surface(module):
         value = getattr(mod, name)
         if callable(value):
             assert value.__doc__, f"{module}.{name} has no docstring"
+
+
+@pytest.mark.parametrize(
+    "policy", ["all", "boundary", "sqrt", "every_n", "none", "sequential", "revolve"]
+)
+def test_memory_avoided_is_what_the_peak_avoids_for_every_policy(capsys, make_alloc, policy):
+    from runtime.checkpoint import checkpoint_plan, run_checkpointed
+
+    assert main(["plan", "--model", "llama7b", "--checkpoint", policy, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ck, n = report["checkpoint"], 32
+    acts = report["memory"]["layer_activation_bytes"]
+    # the oracle: the activations the executor really holds at its peak, on the allocator
+    plan = checkpoint_plan(policy, n, group_starts=[0, 17])
+    live = run_checkpointed(make_alloc(), plan, elems=1).peak_activations
+    assert ck["peak_activations"] == live
+    assert ck["memory_saved_bytes"] == (n - live) * acts
+    assert main(["plan", "--model", "llama7b", "--checkpoint", policy]) == 0
+    text = capsys.readouterr().out
+    assert f"activation memory at its peak: {live} of 32 activations live" in text
+    if policy in ("all", "none"):  # main at 6c47d36 said "4.4 GiB avoided (97%)" for none
+        assert "0 B avoided (0%)" in text
+
+
+# -- restarts: the simulated figure beside the seed's estimate (issue 21 item 8) ---------------
+
+
+@pytest.mark.parametrize(
+    ("model", "per_step", "passes", "estimate"),
+    [
+        ("stories42m", 9, 10, 2),
+        ("stories110m", 19, 10, 2),
+        ("llama1b", 11, 4, 4),
+        ("llama7b", 7, 2, 4),
+    ],
+)
+def test_plan_prints_the_simulated_restarts_beside_the_estimate(
+    capsys, model, per_step, passes, estimate
+):
+
+    config = PRESETS[model]
+    assert simulate(config, 1).count(Action.EXEC_RESTART) == per_step  # the oracle
+    assert main(["plan", "--model", model, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total_exec_restarts"] == estimate
+    assert report["simulated_exec_restarts"] == {
+        "per_step": per_step, "passes_per_step": passes, "per_pass": per_step / passes,
+    }  # fmt: skip
+    assert main(["plan", "--model", model]) == 0
+    text = capsys.readouterr().out
+    assert (
+        f"exec() restarts per forward+backward pass: {per_step / passes:g} simulated"
+        f" ({per_step} in a step of {passes} passes)\n    (the seed's estimate, 2 x groups ="
+        f" {estimate}, counts every compile as a restart)"
+    ) in text
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    layers=st.integers(1, 40),
+    budget=st.integers(6, 200),
+    accum=st.integers(1, 6),
+    steps=st.integers(0, 3),
+)
+def test_simulated_restarts_is_simulates_count(layers, budget, accum, steps):
+    from runtime.pipeline import simulated_restarts
+
+    config = PRESETS["stories42m"].with_overrides(n_layers=layers, compile_budget=budget)
+    config = dataclasses.replace(
+        config, compile=dataclasses.replace(config.compile, accum_steps=accum)
+    )
+    try:
+        expected = simulate(config, steps).count(Action.EXEC_RESTART)
+    except ValueError:  # not even one layer fits
+        with pytest.raises(ValueError):
+            simulated_restarts(config, steps)
+        return
+    assert simulated_restarts(config, steps) == expected

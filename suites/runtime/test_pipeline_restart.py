@@ -27,7 +27,17 @@ from runtime.pipeline import (
 from . import _targets
 from ._knobs import pinned_env
 
-ARGV = ["train", "--model", "llama7b", "--checkpoint", "sqrt", "--steps", "1", "--dry-run"]
+ARGV = [
+    "train",
+    "--model",
+    "llama7b",
+    "--checkpoint",
+    "sqrt",
+    "--steps",
+    "1",
+    "--dry-run",
+    "--sparse",
+]
 
 
 def check_resumed(outcome: Outcome) -> dict:
@@ -83,7 +93,7 @@ def test_restart_argv_is_the_full_argv_plus_resume():
 
 def test_a_resume_of_another_models_file_is_refused(tmp_path, capsys):
     path = tmp_path / "s"
-    StateFile.create(path, PRESETS["llama7b"], checkpoint_policy="sqrt").close()
+    StateFile.create(path, PRESETS["llama7b"], checkpoint_policy="sqrt", sparse=True).close()
     argv = ["train", "--steps", "1", "--state", str(path), "--dry-run", "--resume"]
     assert main(argv) == 1  # the seed's resume: Stories110M, the default model
     err = capsys.readouterr().err
@@ -108,6 +118,7 @@ def test_a_resume_with_other_settings_is_refused(tmp_path, capsys, extra, match)
         checkpoint_policy="sqrt",
         checkpoint_interval=5,
         scheduler=scheduler,
+        sparse=True,
     ).close()
     argv = ["train", "--model", "llama7b", "--steps", "1", *extra]
     assert main([*argv, "--state", str(path), "--dry-run", "--resume"]) == 1

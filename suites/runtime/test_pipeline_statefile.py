@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from runtime.pipeline import (
     HEADER_BYTES,
     PRESETS,
+    SLOT_OFFSETS,
     Action,
     CompileConfig,
     ModelConfig,
@@ -27,6 +28,7 @@ from runtime.pipeline import (
     StateFile,
     StateFileError,
     StateHeader,
+    journal_bytes,
     layer_activation_bytes,
     layer_weight_bytes,
     main,
@@ -77,7 +79,8 @@ def test_region_major_layout(tiny_file):
     assert layout.layer_grads == layout.layer_adam + 3 * 2 * w
     assert layout.layer_acts == layout.layer_grads + 3 * w
     assert layout.global_ == layout.layer_acts + 3 * a
-    assert layout.total_size == layout.global_ + 16 * 8 * (32 + 1)
+    assert layout.journal == layout.global_ + 16 * 8 * (32 + 1)
+    assert layout.total_size == layout.journal + journal_bytes(TINY.dims) == layout.journal + 8192
 
 
 def test_accessors_reject_a_layer_out_of_range(tiny_file):
@@ -134,15 +137,20 @@ def test_bad_sentinel_says_both_values(tiny_file):
     _rewrite(tiny_file, 0, struct.pack("<I", 0xDEADBEEF))
     with pytest.raises(
         StateFileError,
-        match=r"sentinel 0xDEADBEEF \(expected 0x414E4550 'ANEP'\), version 1 \(expected 1\)",
+        match=r"is not a pipeline state file: sentinel 0xDEADBEEF \(expected 0x414E4550 'ANEP'\)",
     ):
         StateFile.open(tiny_file)
 
 
-def test_bad_version_says_both_values(tiny_file):
-    _rewrite(tiny_file, 4, struct.pack("<I", 2))
-    with pytest.raises(StateFileError, match=r"sentinel 0x414E4550 .*, version 2 \(expected 1\)"):
+@pytest.mark.parametrize(("version", "hint"), [(1, " (recreate the file)"), (3, "")])
+def test_another_version_names_the_field_and_the_version(tiny_file, version, hint):
+    _rewrite(tiny_file, 4, struct.pack("<I", version))
+    with pytest.raises(StateFileError) as info:
         StateFile.open(tiny_file)
+    assert str(info.value) == (
+        f"state file {tiny_file}: field 'version' is {version}, this build reads version 2"
+        f" only{hint}"
+    )  # the old message called it "not a pipeline state file"
 
 
 def test_truncated_says_expected_and_actual_sizes(tiny_file):
@@ -155,16 +163,32 @@ def test_truncated_says_expected_and_actual_sizes(tiny_file):
 
 
 def test_a_flipped_header_byte_fails_the_checksum(tiny_file):
-    _rewrite(tiny_file, 8, b"T")  # the model's name
-    with pytest.raises(StateFileError, match=r"header checksum mismatch \(stored 0x[0-9A-F]{8}"):
+    _rewrite(tiny_file, SLOT_OFFSETS[0] + 12, b"T")  # the model's name
+    with pytest.raises(
+        StateFileError,
+        match=r"corrupt header: slot 0: checksum mismatch \(stored 0x[0-9A-F]{8}, computed"
+        r" 0x[0-9A-F]{8}\); slot 1: checksum mismatch",
+    ):
         StateFile.open(tiny_file)
 
 
 def test_a_consistent_but_impossible_header_is_rejected(tiny_file):
     bad = StateHeader(TINY, "sqrt", 0, dataclasses.replace(_state(), group=3))
-    _rewrite(tiny_file, 0, bad.pack())
-    with pytest.raises(StateFileError, match=r"corrupt header: group=3: expected 0 <= group < 1"):
+    _rewrite(tiny_file, SLOT_OFFSETS[0], bad.pack())
+    with pytest.raises(StateFileError, match=r"slot 0: group=3: expected 0 <= group < 1"):
         StateFile.open(tiny_file)
+
+
+def test_a_wrong_size_field_is_named_not_called_truncated(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        header = state.header
+    layout = dataclasses.replace(header.layout, total_size=header.layout.total_size + 4096)
+    _rewrite(tiny_file, SLOT_OFFSETS[0], dataclasses.replace(header, layout=layout).pack())
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    message = str(info.value)
+    assert "slot 0: field total_size=" in message and "does not match the layout" in message
+    assert "truncated" not in message
 
 
 @settings(
@@ -210,14 +234,14 @@ def test_a_missing_file_is_a_plain_os_error(tmp_path):
 
 def test_state_create_and_show(tmp_path, capsys):
     path = str(tmp_path / "s")
-    assert main(["state", "create", path, "--model", "llama7b"]) == 0
+    assert main(["state", "create", path, "--model", "llama7b", "--sparse"]) == 0
     out = capsys.readouterr().out
     size = state_file_bytes(PRESETS["llama7b"])
     assert out == f"created {path}: LLaMA-7B (32 layers, dim 4096), {size:,} bytes (sparse)\n"
     assert os.stat(path).st_size == size and os.stat(path).st_blocks * 512 < 1 << 20
     assert main(["state", "show", path, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert (info["sentinel"], info["version"], info["model"]) == ("0x414E4550", 1, "LLaMA-7B")
+    assert (info["sentinel"], info["version"], info["model"]) == ("0x414E4550", 2, "LLaMA-7B")
     assert info["offsets"]["layer_weights"] == 4096 and info["total_size"] == size
     assert main(["state", "show", path]) == 0
     text = capsys.readouterr().out
@@ -232,3 +256,48 @@ def test_state_show_of_a_corrupt_file_exits_1(tmp_path, capsys):
     assert "error: state file" in err and "smaller than its 4096-byte header" in err
     assert main(["state", "show", str(tmp_path / "absent")]) == 1
     assert "cannot open state file" in capsys.readouterr().err
+
+
+# -- commits ----------------------------------------------------------------------------------
+
+
+def test_commit_writes_tensors_and_header_together(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        header = state.header
+        offset = state.offset("layer_grads", 1, 3)
+        new = dataclasses.replace(header, restarts=7)
+        state.commit(new, [(offset, np.float32(2.5).tobytes())])
+        assert (state.header.generation, state.header.restarts) == (header.generation + 1, 7)
+    with StateFile.open(tiny_file) as state:
+        assert state.layer_grads(1)[3] == 2.5 and state.header.restarts == 7
+        assert state.rolled_back == 0
+
+
+def test_commit_refuses_before_writing_anything(tiny_file):
+    before = tiny_file.read_bytes()
+    with StateFile.open(tiny_file) as state:
+        header, layout = state.header, state.header.layout
+        with pytest.raises(ValueError, match=r"a write at 0 \(4 bytes\) is outside the tensors"):
+            state.commit(header, [(0, b"abcd")])
+        with pytest.raises(ValueError, match=r"is outside the tensors"):
+            state.commit(header, [(layout.journal - 2, b"abcd")])
+        too_many = [(layout.layer_weights, b"x" * 4)] * 400  # 400 x 16 bytes > 8 KiB journal
+        with pytest.raises(ValueError, match=r"the originals of 400 writes take 9600 journal"):
+            state.commit(header, too_many)
+        other = dataclasses.replace(header, config=PRESETS["stories110m"])
+        with pytest.raises(ValueError, match="commit: the header's model needs layout"):
+            state.commit(other)
+        with pytest.raises(ValueError, match=r"restarts=2147483648: the state file holds 0 \.\."):
+            state.commit(dataclasses.replace(header, restarts=2**31))
+        counts = (0, 0, 0, 2**32, 0, 0)
+        with pytest.raises(ValueError, match=r"action_counts\[EXEC_RESTART\]=4294967296"):
+            state.commit(dataclasses.replace(header, action_counts=counts))
+        with pytest.raises(KeyError):
+            state.offset("layer_nothing", 0)
+        with pytest.raises(IndexError, match=r"layer_grads\(0\)\[99999\]: out of range"):
+            state.offset("layer_grads", 0, 99999)
+    assert tiny_file.read_bytes() == before
+    with StateFile.open(tiny_file, readonly=True) as state:
+        with pytest.raises(ValueError, match="is open read-only"):
+            state.commit(state.header)
+        assert not state.layer_grads(0).flags.writeable

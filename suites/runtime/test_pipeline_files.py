@@ -1,0 +1,323 @@
+"""The state file's owner rules and input checks (issue 21 items 2-5 and 10): a user's file is
+never truncated, replaced without ``--force`` or deleted; a full disk is an error naming the
+path and the bytes, with nothing left behind; every value is checked against its header field
+before the disk is touched; ``state show`` opens read-only; JSON holds no NaN; an ``exec()``
+restart keeps the interpreter's options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runtime import _cli
+from runtime.pipeline import (
+    INT32_MAX,
+    PRESETS,
+    CompileConfig,
+    ModelConfig,
+    ModelDims,
+    SchedulerState,
+    StateFile,
+    check_header_fields,
+    main,
+    restart_argv,
+    state_file_bytes,
+)
+
+from . import _targets
+from ._knobs import pinned_env
+
+SMALL = ["--layers", "1", "--budget", "1000"]
+TRAIN = ["train", *SMALL, "--steps", "1", "--dry-run", "--sparse"]
+
+
+def _exits_2(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def _names(directory) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+# -- item 2: never truncate, replace or delete a file the run did not create -------------------
+
+
+def _fingerprint(path) -> tuple:
+    """What any write, truncation or replacement of ``path`` changes (reading a 520 MB file
+    whole in every test would be slow): inode, size, blocks, mtime, the header page."""
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        return st.st_ino, st.st_size, st.st_blocks, st.st_mtime_ns, f.read(8192)
+
+
+@pytest.fixture
+def users_file(tmp_path):
+    """A state file the user made with ``state create``, and its fingerprint."""
+    path = tmp_path / "run.state"
+    assert main(["state", "create", str(path), *SMALL, "--sparse"]) == 0
+    return path, _fingerprint(path)
+
+
+def test_train_refuses_an_existing_file_without_resume_or_force(users_file, capsys):
+    path, before = users_file
+    capsys.readouterr()
+    assert main([*TRAIN, "--state", str(path)]) == 1
+    assert capsys.readouterr().err.endswith(
+        f"error: state file {path} exists: pass --resume to continue the run it holds, or"
+        " --force to replace it\n"
+    )
+    assert _fingerprint(path) == before  # main at 6c47d36 truncated it, then deleted it
+
+
+def test_state_create_refuses_an_existing_file(users_file, capsys):
+    path, before = users_file
+    assert main(["state", "create", str(path), "--model", "llama7b", "--sparse"]) == 1
+    assert "exists: pass --resume" in capsys.readouterr().err
+    assert _fingerprint(path) == before
+
+
+def test_force_replaces_the_file_and_the_run_keeps_what_it_did_not_create(users_file, capsys):
+    path, _ = users_file
+    assert main([*TRAIN, "--state", str(path), "--force", "--keep-state"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["state_file"] == str(path) and summary["steps_done"] == 1
+    with StateFile.open(path) as state:
+        assert state.header.scheduler.step == 1 and not state.header.delete_when_done
+    assert _names(path.parent) == ["run.state"]  # no temporary file left
+
+
+def test_a_resumed_run_deletes_only_a_file_its_run_created(tmp_path, capsys):
+    kept, scratch = tmp_path / "kept", tmp_path / "scratch"
+    # created with --keep-state: a later --resume without it still keeps the file
+    for path, keep in ((kept, ["--keep-state"]), (scratch, [])):
+        with StateFile.create(
+            path,
+            PRESETS["stories110m"].with_overrides(n_layers=1, compile_budget=1000),
+            scheduler=SchedulerState(total_steps=1),
+            sparse=True,
+            delete_when_done=not keep,
+        ):
+            pass
+        assert main([*TRAIN, "--state", str(path), "--resume"]) == 0
+        summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert summary["state_file"] == (str(path) if keep else None)
+    assert _names(tmp_path) == ["kept"]
+
+
+def test_a_kill_inside_state_create_force_leaves_the_old_file_whole(death, users_file):
+    path, before = users_file
+    env = {**pinned_env("cpu"), "DEVMEM_PIPELINE_KILL_AT": "0:create"}
+    argv = ["state", "create", str(path), "--model", "llama7b", "--sparse", "--force"]
+    death.run(_targets.train, argv, env=env, style="fork").assert_died(signal="SIGKILL")
+    assert _fingerprint(path) == before  # main at 6c47d36 had truncated it to 0 bytes here
+    leftovers = [n for n in _names(path.parent) if n != "run.state"]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".run.state.")  # the temp file
+
+
+# -- item 3: a full disk ----------------------------------------------------------------------
+
+
+def test_a_file_size_limit_is_an_error_naming_path_and_bytes_with_nothing_left(death, tmp_path):
+    path = tmp_path / "run.state"
+    size = state_file_bytes(PRESETS["stories110m"].with_overrides(n_layers=1))
+    outcome = death.run(
+        _targets.main_with_file_size_limit,
+        1 << 20,
+        ["state", "create", str(path), "--layers", "1"],
+        env=pinned_env("cpu"),
+        style="fork",
+    )
+    outcome.assert_exited(
+        1, match=rf"cannot reserve {size:,} bytes for state file {path}: File too large"
+    )
+    assert _names(tmp_path) == []  # main at 6c47d36 left a 0-byte file
+
+
+def test_no_space_is_an_error_naming_path_and_bytes_with_nothing_left(
+    tmp_path, monkeypatch, capsys
+):
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = tmp_path / "run.state"
+    assert main([*TRAIN[:-1], "--state", str(path)]) == 1
+    size = state_file_bytes(PRESETS["stories110m"].with_overrides(n_layers=1))
+    assert (
+        f"cannot create state file {path}: cannot reserve {size:,} bytes for state file {path}:"
+        " No space left on device" in capsys.readouterr().err
+    )
+    assert _names(tmp_path) == []
+
+
+def test_the_space_is_reserved_unless_sparse(tmp_path):
+    config = PRESETS["stories110m"].with_overrides(n_layers=1)
+    StateFile.create(tmp_path / "reserved", config).close()
+    StateFile.create(tmp_path / "sparse", config, sparse=True).close()
+    size = state_file_bytes(config)
+    assert os.stat(tmp_path / "reserved").st_blocks * 512 >= size
+    assert os.stat(tmp_path / "sparse").st_blocks * 512 < 1 << 20
+
+
+# -- item 4: every value against its field, before the disk ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--budget", "3000000000"],
+            "argument --budget: expected an integer in 1 .. 2,147,483,647",
+        ),
+        (["--steps", "3000000000"], "argument --steps: expected an integer in 1 .. 2,147,483,647"),
+        (["--budget", "1e40"], "argument --budget: expected an integer in 1 .. 2,147,483,647"),
+        (["--interval", "2147483648"], "argument --interval: expected an integer in 1 .."),
+        (["--layers", "1000001"], "argument --layers: expected an integer in 1 .. 1,000,000"),
+        (["--lr", "1e400"], "argument --lr: expected a finite number, got '1e400'"),
+        (["--lr", "nan"], "argument --lr: expected a finite number, got 'nan'"),
+        (["--lr", "1e300"], "argument --lr: expected a number within float32's range"),
+        (["--headroom=-inf"], "argument --headroom: expected a finite number, got '-inf'"),
+    ],
+)
+def test_an_out_of_range_value_is_one_line_and_touches_nothing(users_file, capsys, argv, message):
+    path, before = users_file
+    base = ["train", "--steps", "1", "--dry-run", "--state", str(path), "--force"]
+    err = _exits_2([*base, *argv], capsys)
+    assert message in err and "Traceback" not in err
+    assert _fingerprint(path) == before  # main at 6c47d36: struct.error after truncating it
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"compile_budget": INT32_MAX + 1}, "compile_budget=2147483648: the state file holds 0 .."),
+        ({"accum_steps": 2**40}, "accum_steps=1099511627776"),
+        ({"headroom_pct": float("nan")}, "headroom_pct=nan: the state file holds finite"),
+    ],
+)
+def test_create_checks_the_fields_before_the_disk(tmp_path, change, field):
+    base = PRESETS["stories110m"].with_overrides(n_layers=1)
+    config = ModelConfig(base.name, base.dims, CompileConfig(**{**vars(base.compile), **change}))
+    with pytest.raises(ValueError, match=field):
+        StateFile.create(tmp_path / "s", config, sparse=True)
+    assert _names(tmp_path) == []
+
+
+def test_check_header_fields_names_the_field():
+    dims, compile_ = ModelDims(8, 16, 2, 2, 1, 32, 4), CompileConfig()
+    with pytest.raises(ValueError, match=r"model name 'x+': the state file holds at most 32"):
+        check_header_fields(ModelConfig("x" * 33, dims, compile_))
+    small = ModelConfig("x", dims, compile_)
+    with pytest.raises(ValueError, match=r"checkpoint policy 'p+': .* at most 16"):
+        check_header_fields(small, checkpoint_policy="p" * 17)
+    with pytest.raises(ValueError, match="learning_rate=inf"):
+        check_header_fields(small, scheduler=SchedulerState(learning_rate=float("inf")))
+    with pytest.raises(ValueError, match="total_steps=2147483648"):
+        check_header_fields(small, scheduler=SchedulerState(total_steps=INT32_MAX + 1))
+
+
+# -- item 5: read-only show, JSON without NaN --------------------------------------------------
+
+
+def test_state_show_opens_read_only(users_file, monkeypatch, capsys):
+    path, before = users_file
+    flags = []
+    real_open = os.open
+
+    def spy(name, flag, *args, **kwargs):
+        if os.fspath(name) == str(path):
+            flags.append(flag)
+        return real_open(name, flag, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", spy)
+    assert main(["state", "show", str(path), "--json"]) == 0
+    assert flags == [os.O_RDONLY]  # main at 6c47d36: O_RDWR, refused on a read-only file
+    assert json.loads(capsys.readouterr().out)["generation"] == 0
+    assert _fingerprint(path) == before
+
+
+def _strict(text: str):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_non_finite_headroom_is_refused_not_printed_as_nan(capsys, value):
+    err = _exits_2(["plan", f"--headroom={value}", "--json"], capsys)
+    assert f"argument --headroom: expected a finite number, got '{value}'" in err
+
+
+def test_a_huge_headroom_falls_back_without_an_overflow_warning(capsys):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # `python -W error`: numpy's overflow warning raised
+        assert main(["plan", "--headroom", "1e40", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: --headroom 1e+40 is not in (0, 1); using 0.1" in captured.err
+    assert _strict(captured.out)["compile"]["effective_headroom"] == pytest.approx(0.1)
+
+
+def test_the_json_outputs_are_strict_json(tmp_path, capsys):
+    assert main(["plan", "--json", "--headroom", "5"]) == 0  # out of (0, 1): 0.1, warned
+    assert _strict(capsys.readouterr().out)["compile"]["headroom_pct"] == 5.0
+    path = str(tmp_path / "s")
+    assert main([*TRAIN, "--state", path, "--keep-state"]) == 0
+    _strict(capsys.readouterr().out.splitlines()[-1])
+    assert main(["state", "show", path, "--json"]) == 0
+    _strict(capsys.readouterr().out)
+
+
+# -- item 10: interpreter options survive the restart ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("orig", "options"),
+    [
+        (["py", "-m", "runtime.pipeline", "train"], []),
+        (
+            ["py", "-X", "dev", "-W", "error", "-O", "-m", "runtime.pipeline"],
+            ["-X", "dev", "-W", "error", "-O"],
+        ),
+        (["py", "-Wdefault", "-OO", "-Xdev", "-mrunner"], ["-Wdefault", "-OO", "-Xdev"]),
+        (["py", "-bW", "error", "-I", "script.py", "-X", "no"], ["-bW", "error", "-I"]),
+        (["py", "-Em", "mod"], ["-E"]),
+        (["py", "-c", "code", "-O"], []),
+        (["py", "--check-hash-based-pycs", "always", "-"], ["--check-hash-based-pycs", "always"]),
+    ],
+)
+def test_interpreter_options_are_read_from_orig_argv(orig, options):
+    assert _cli.interpreter_options(orig) == options
+
+
+def test_restart_argv_keeps_the_interpreter_options(monkeypatch):
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-X", "dev", "-O", "-m", "x", "a"])
+    assert restart_argv(["train", "--state", "s"]) == [
+        sys.executable, "-X", "dev", "-O", "-m", "runtime.pipeline", "train", "--state", "s",
+        "--resume",
+    ]  # fmt: skip
+
+
+def test_an_exec_restart_runs_under_the_same_interpreter_options(tmp_path):
+    # one layer, seven compiles per process: two restarts; -X importtime prints its table
+    # header once per process image, so three headers mean the option survived both restarts
+    argv = ["train", "--layers", "1", "--budget", "50", "--steps", "1", "--dry-run", "--sparse"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVMEM_")}
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "runtime.pipeline", *argv, "--state",
+         str(tmp_path / "s")],
+        capture_output=True, text=True, env={**env, "DEVMEM_BACKEND": "cpu"}, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1])["restarts"] == 2
+    assert run.stderr.count("import time: self [us] | cumulative | imported package") == 3
