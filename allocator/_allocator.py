@@ -550,7 +550,7 @@ class Allocator:
         if self._pending:
             self._arenas.drain()
         if not enabled:
-            self._history.stop()
+            self._history.stop(self._arenas, self._cache)
             return
         self._history.start(
             self,

@@ -11,6 +11,7 @@ listed; the snapshot has them all).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from pathlib import Path
 
@@ -55,7 +56,13 @@ class MemoryHistory:
 
     def stop(self) -> None:
         """Put each allocator's recording back as it was (off, unless ``DEVMEM_HISTORY`` or
-        the test had it on); the histories are kept for :meth:`report`."""
+        the test had it on); the histories are kept for :meth:`report`. The collector runs and
+        each allocator frees the blocks its finalizers queued first, so that a buffer the test
+        left in a reference cycle is freed while recording (``make_alloc``'s leak check, which
+        collects too, runs after this)."""
+        gc.collect()
+        for alloc in self.allocators:
+            alloc.stats()  # drains the finalizers' queue
         self._recordings.close()
 
     def snapshot_path(self, index: int) -> Path:

@@ -7,6 +7,7 @@ allocated them; a passing test shows nothing and dumps nothing.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import re
@@ -151,3 +152,22 @@ def test_a_snapshot_that_cannot_be_written_is_reported_so(tmp_path):
     assert "snapshot not written ([Errno 2] No such file or directory" in report
     assert "1 live blocks, 16 B:" in report and history.report() is report
     alloc.release(keep)
+
+
+def test_stopping_collects_first_so_a_cycles_buffer_is_freed_while_recording(tmp_path):
+    alloc = Allocator(AllocatorConfig(backend="sim"))
+    history = MemoryHistory(tmp_path / "test_x0")
+    history.watch(alloc)
+    gc.disable()  # no collection before stop's own
+    try:
+        cycle: list = [alloc.full(4, 1.0)]
+        cycle.append(cycle)
+        del cycle
+        history.stop()
+    finally:
+        gc.enable()
+    snapshot = alloc.snapshot()
+    actions = [event["action"] for event in snapshot["device_traces"][0]]
+    assert actions == ["segment_alloc", "alloc", "free_requested", "free_completed"]
+    assert snapshot["devmem"]["reconciled"] == 0  # nothing happened after the stop
+    assert alloc.live_blocks() == []
