@@ -25,17 +25,36 @@ import os
 from collections import defaultdict
 
 __all__ = [
+    "ACTIONS",
     "BEFORE_TRACE",
     "NO_STACK",
     "Marker",
     "Site",
     "Timeline",
+    "check_snapshot",
     "device_of",
     "format_bytes",
     "site_of",
     "sites",
     "timeline",
 ]
+
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+    "user_defined",
+)
+"""Every trace action PyTorch 2.13's caching allocator writes (``TraceEntry::Action``)."""
+
+_NO_ADDRESS = ("oom", "snapshot", "user_defined")  # the others need an int ``addr``
+_NO_SIZE = ("snapshot", "user_defined")  # the others need an int ``size``
 
 BEFORE_TRACE = "<live before the trace>"
 NO_STACK = "<no stack recorded>"
@@ -50,6 +69,116 @@ def format_bytes(nbytes: float) -> str:
         if abs(nbytes) < 1024 or unit == "TiB":
             return f"{nbytes:.2f} {unit}"
     raise AssertionError("unreachable")
+
+
+_MISSING = object()
+
+
+def _need(ok: bool, where: str, field: str, value: object, expected: str) -> None:
+    if not ok:
+        if value is _MISSING:
+            found = "missing"
+        elif value is None:
+            found = "None"
+        else:
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            found = f"{type(value).__name__} {shown}"
+        raise ValueError(f"{where}{field} is {found}, expected {expected}")
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # not bool
+
+
+def _check_frames(frames: object, where: str) -> None:
+    _need(isinstance(frames, list), where, ".frames", frames, "a list of frames")
+    for i, frame in enumerate(frames):
+        at = f"{where}.frames[{i}]"
+        _need(isinstance(frame, dict), at, "", frame, "a dict {filename, line, name}")
+        for field, kind in (("filename", str), ("name", str)):
+            if field in frame:
+                _need(isinstance(frame[field], kind), at, f".{field}", frame[field], "a str")
+        if "line" in frame:
+            _need(_is_int(frame["line"]), at, ".line", frame["line"], "an int")
+
+
+def check_snapshot(snapshot: object) -> dict:
+    """``snapshot`` if it has the structure the readers here rely on, else a ``ValueError``
+    naming the first field that is wrong (``device_traces[0][3].size is str '12', expected an
+    int``).
+
+    Required: a dict with a ``segments`` list; each segment a dict with an int ``total_size``
+    (bytes) and a ``blocks`` list of dicts with an int ``size`` and a str ``state``;
+    ``device_traces``, if present, a list (one per device) of lists of event dicts, each with an
+    ``action`` of :data:`ACTIONS`, an int ``size`` (all but ``snapshot`` and ``user_defined``)
+    and an int ``addr`` (all but those and ``oom``). Optional, but typed when present: ``device``
+    and ``stream`` ints (a stream may be a handle, any int), ``time_us`` a number, ``frames`` a
+    list of frame dicts (``filename`` and ``name`` str, ``line`` int), ``compile_context`` and
+    ``user_metadata`` str, ``devmem`` a dict whose ``annotations`` is a list of dicts.
+
+    Raises:
+        ValueError: the first field that breaks the structure, by its path.
+    """
+    _need(isinstance(snapshot, dict), "", "the snapshot", snapshot, "a dict")
+    segments = snapshot.get("segments", _MISSING)
+    _need(isinstance(segments, list), "", "segments", segments, "a list of segments")
+    for i, segment in enumerate(segments):
+        where = f"segments[{i}]"
+        _need(isinstance(segment, dict), where, "", segment, "a dict")
+        for field in ("device", "address", "total_size", "stream"):
+            if field in segment or field == "total_size":
+                value = segment.get(field, _MISSING)
+                _need(_is_int(value), where, f".{field}", value, "an int")
+        blocks = segment.get("blocks", _MISSING)
+        _need(isinstance(blocks, list), where, ".blocks", blocks, "a list of blocks")
+        for j, block in enumerate(blocks):
+            at = f"{where}.blocks[{j}]"
+            _need(isinstance(block, dict), at, "", block, "a dict")
+            size, state = block.get("size", _MISSING), block.get("state", _MISSING)
+            _need(_is_int(size), at, ".size", size, "an int")
+            _need(isinstance(state, str), at, ".state", state, "a str")
+            if "frames" in block:
+                _check_frames(block["frames"], at)
+        if "frames" in segment:
+            _check_frames(segment["frames"], where)
+    traces = snapshot.get("device_traces", [])
+    _need(isinstance(traces, list), "", "device_traces", traces, "a list of lists of events")
+    for device, trace in enumerate(traces):
+        where = f"device_traces[{device}]"
+        _need(isinstance(trace, list), where, "", trace, "a list of events")
+        for i, event in enumerate(trace):
+            _check_event(event, f"{where}[{i}]")
+    devmem = snapshot.get("devmem", {})
+    _need(isinstance(devmem, dict), "", "devmem", devmem, "a dict")
+    notes = devmem.get("annotations", [])
+    _need(isinstance(notes, list), "devmem", ".annotations", notes, "a list")
+    for i, note in enumerate(notes):
+        _need(isinstance(note, dict), f"devmem.annotations[{i}]", "", note, "a dict")
+    return snapshot
+
+
+def _check_event(event: object, where: str) -> None:
+    _need(isinstance(event, dict), where, "", event, "a dict")
+    action = event.get("action", _MISSING)
+    _need(action in ACTIONS, where, ".action", action, f"one of {', '.join(ACTIONS)}")
+    if action not in _NO_SIZE:
+        size = event.get("size", _MISSING)
+        _need(_is_int(size), where, ".size", size, "an int")
+    if action not in _NO_ADDRESS:
+        address = event.get("addr", _MISSING)
+        _need(_is_int(address), where, ".addr", address, "an int")
+    for field in ("stream", "device_free"):
+        if field in event:
+            _need(_is_int(event[field]), where, f".{field}", event[field], "an int")
+    if "time_us" in event:
+        value = event["time_us"]
+        _need(_is_int(value) or type(value) is float, where, ".time_us", value, "a number")
+    if "frames" in event:
+        _check_frames(event["frames"], where)
+    for field in ("compile_context", "user_metadata"):
+        if field in event:
+            _need(isinstance(event[field], str), where, f".{field}", event[field], "a str")
 
 
 def _frame_text(frame: dict, short: bool) -> str:

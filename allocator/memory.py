@@ -10,8 +10,11 @@
 (the same format). ``plot`` draws the live bytes, stacked by allocation site (the largest sites
 by peak get their own band, labelled by their allocating frame), the cached bytes on top, and
 marks arena exits, releases, cap evictions and OOMs. ``summary`` prints the levels and the top
-allocation sites by peak live bytes, as text. A snapshot is a pickle: open only files you
-trust, as with any pickle.
+allocation sites by peak live bytes, as text. A snapshot is a pickle, read here with a
+restricted unpickler that builds only builtin types (dicts, lists, tuples, strings, numbers,
+booleans, None) and looks up no global, so a malicious file cannot run code (PyTorch's own
+reader, ``torch.cuda._memory_viz``, would run it: open only files you trust there). A file that
+is not a snapshot is one ``error:`` line naming the field that is wrong, exit status 1.
 
 The picture needs matplotlib (``pip install 'devmem-harness[plot]'``); without it ``plot``
 says so and exits with status 1. Nothing else here needs it.
@@ -25,7 +28,7 @@ import pickle
 import sys
 from pathlib import Path
 
-from ._timeline import BEFORE_TRACE, Timeline, format_bytes, sites, timeline
+from ._timeline import BEFORE_TRACE, Timeline, check_snapshot, format_bytes, sites, timeline
 
 __all__ = ["PLOT_EXTRA_HINT", "load", "main", "plot", "summary"]
 
@@ -36,18 +39,36 @@ _OTHER_COLOR, _BEFORE_COLOR, _CACHED_COLOR = "#9c9c9c", "#c7c7c7", "#d6e6f5"
 _MAX_LABELLED_EXITS = 12
 
 
+class _SnapshotUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what a snapshot holds: dicts, lists, tuples, str, bytes,
+    int, float, bool and None (sets too, which need no global). Every global (a class, a
+    function: what a malicious pickle calls to run code) and every persistent id is refused."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(
+            f"it names the global {module}.{name}; a snapshot holds only dicts, lists, tuples,"
+            " strings, numbers, booleans and None, so nothing is ever imported or called"
+        )
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("it holds a persistent id; a snapshot has none")
+
+
 def load(path: str | os.PathLike) -> dict:
-    """The snapshot pickled at ``path``.
+    """The snapshot pickled at ``path``, read with a restricted unpickler (no global is ever
+    looked up, so loading runs no code from the file) and checked by
+    :func:`~allocator._timeline.check_snapshot`.
 
     A bare list is taken as a list of segments (as PyTorch's own reader does).
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not a pickled snapshot (a dict with ``segments``).
+        ValueError: it is not a pickle of builtin types, or not a snapshot; the message names
+            the path and the first field that is wrong.
     """
     with open(path, "rb") as f:
         try:
-            data = pickle.load(f)
+            data = _SnapshotUnpickler(f).load()
         except Exception as exc:  # a pickle can fail in many ways; all mean "not a snapshot"
             raise ValueError(f"{path}: not a pickled memory snapshot ({exc})") from None
     if isinstance(data, list):
@@ -58,7 +79,10 @@ def load(path: str | os.PathLike) -> dict:
             f"{path}: not a memory snapshot: expected a dict with 'segments' and 'device_traces'"
             f" (the format of torch.cuda.memory._snapshot()), got {got}"
         )
-    return data
+    try:
+        return check_snapshot(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a memory snapshot: {exc}") from None
 
 
 def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
@@ -83,7 +107,9 @@ def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
     notes = {kind: sum(m.kind == kind for m in line.markers) for kind in _MARKER_STYLE}
     devmem = snapshot.get("devmem") or {}
     # the ring holds device 0's events and the annotations
+    # (less the events a snapshot added for what changed after recording stopped)
     kept = len((snapshot.get("device_traces") or [[]])[0]) + len(devmem.get("annotations", ()))
+    kept -= devmem.get("reconciled", 0)
     full = devmem.get("max_entries") and kept >= devmem["max_entries"]
     lines = [
         f"backend {line.backend}: {line.events} events"

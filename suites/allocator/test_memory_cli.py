@@ -7,6 +7,7 @@ no ``devmem`` key) and traces that start late are read too.
 
 from __future__ import annotations
 
+import copy
 import pickle
 import re
 import subprocess
@@ -334,6 +335,22 @@ BY_HAND = {
 }
 
 
+def well_formed(snapshot: dict) -> dict:
+    """``snapshot`` with every field that ``load`` requires and that BY_HAND leaves out (to test
+    the defaults of the readers given a dict) set to what the readers default it to: 0."""
+    out = copy.deepcopy(snapshot)
+    for segment in out["segments"]:
+        segment.setdefault("total_size", 0)
+        for block in segment.setdefault("blocks", []):
+            block.setdefault("size", 0)
+    for trace in out["device_traces"]:
+        for event in trace:
+            event.setdefault("size", 0)
+            if event["action"] != "oom":
+                event.setdefault("addr", 0)
+    return out
+
+
 def test_the_timeline_of_a_snapshot_written_by_hand():
     load, build = "model.py:5 in load", "model.py:7 in <listcomp> < build"
     assert timeline(BY_HAND) == Timeline(
@@ -521,8 +538,9 @@ def test_plot_units_and_time_axes():
 
 def test_load_takes_a_bare_list_of_segments(tmp_path):
     path = tmp_path / "segments.pickle"
-    path.write_bytes(pickle.dumps(BY_HAND["segments"]))
-    assert memory.load(path) == {"segments": BY_HAND["segments"], "device_traces": []}
+    segments = well_formed(BY_HAND)["segments"]
+    path.write_bytes(pickle.dumps(segments))
+    assert memory.load(path) == {"segments": segments, "device_traces": []}
     path.write_bytes(pickle.dumps({"device_traces": [], 3: None}))
     with pytest.raises(ValueError, match=re.escape("got keys ['3', 'device_traces']")):
         memory.load(path)
@@ -588,7 +606,7 @@ def test_counts_on_the_command_line_say_what_they_expect(argv, message, capsys):
 
 def test_summary_on_the_command_line_reads_the_device_and_top(tmp_path, capsys):
     path = tmp_path / "s.pickle"
-    path.write_bytes(pickle.dumps(BY_HAND))
+    path.write_bytes(pickle.dumps(well_formed(BY_HAND)))
     assert memory.main(["summary", str(path), "--device", "1", "--top", "1"]) == 0
     assert capsys.readouterr().out == memory.summary(BY_HAND, device=1, top=1)
     assert memory.main(["summary", str(path), "--top", "1"]) == 0  # 1 is a count it takes
@@ -869,7 +887,7 @@ def test_annotations_mark_device_0_only():
 
 def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypatch, capsys):
     path = tmp_path / "s.pickle"
-    path.write_bytes(pickle.dumps(BY_HAND))  # annotations index device 0's: not drawn on 1
+    path.write_bytes(pickle.dumps(well_formed(BY_HAND)))  # annotations index device 0's
     monkeypatch.chdir(tmp_path)
     argv = ["plot", str(path), "--device", "1", "--top", "1", "--time", "--title", "T"]
     assert memory.main(argv) == 0
@@ -959,3 +977,120 @@ def test_the_picture_colors_six_sites_and_bands_the_others(drawn, tmp_path):
         ]  # by peak: f7 first; then the other sites (f1, f0), then the cache
         assert bands[0][0] == "peak 1.00 KiB: model.py:7 in f7"
         assert bands[6][0] == "other sites"
+
+
+# -- untrusted files (issue 22, item 4) ----------------------------------------------------------
+
+
+class _Opens:
+    """Pickles as a call of ``open(path, "w")``: loading it creates ``path`` if anything calls
+    what a pickle names."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("command", ["summary", "plot"])
+def test_a_malicious_pickle_runs_nothing_and_is_one_error_line(tmp_path, capsys, command):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]], "x": _Opens(marker)}))
+    picture = tmp_path / "t.png"
+    assert memory.main([command, str(path), *(["-o", str(picture)] * (command == "plot"))]) == 1
+    assert not marker.exists() and not picture.exists()
+    err = capsys.readouterr().err
+    assert err == (
+        f"python -m allocator.memory {command}: error: {path}: not a pickled memory snapshot (it"
+        " names the global io.open; a snapshot holds only dicts, lists, tuples, strings,"
+        " numbers, booleans and None, so nothing is ever imported or called)\n"
+    )
+
+
+def test_the_unpickler_refuses_every_global_and_persistent_id(tmp_path):
+    import collections
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(collections.OrderedDict(segments=[])))
+    with pytest.raises(ValueError, match=r"names the global collections\.OrderedDict;"):
+        memory.load(path)
+    path.write_bytes(b"\x80\x04P0\n.")  # PERSID "0"
+    with pytest.raises(ValueError, match=r"it holds a persistent id; a snapshot has none"):
+        memory.load(path)
+
+
+def _event(**fields) -> dict:
+    return {"action": "alloc", "addr": 0, "size": 8, **fields}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], "segments[0] is int 1, expected a dict"),
+        ({"segments": [], "device_traces": "abc"}, "device_traces is str 'abc', expected a list"),
+        ({"segments": [], "device_traces": ["abc"]}, "device_traces[0] is str 'abc', expected"),
+        ({"segments": [], "device_traces": [[3]]}, "device_traces[0][0] is int 3, expected a dict"),
+        ({"segments": [], "device_traces": [[_event(size="12")]]}, "[0][0].size is str '12'"),
+        ({"segments": [], "device_traces": [[_event(size=True)]]}, "[0][0].size is bool True"),
+        ({"segments": [], "device_traces": [[_event(frames=None)]]}, "[0][0].frames is None,"),
+        ({"segments": [], "device_traces": [[_event(frames=[3])]]}, "[0][0].frames[0] is int 3"),
+        (
+            {"segments": [], "device_traces": [[_event(frames=[{"line": "7"}])]]},
+            "device_traces[0][0].frames[0].line is str '7', expected an int",
+        ),
+        ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0}]]}, "size is missing"),
+        ({"segments": [], "device_traces": [[{"action": "free_requested", "size": 4}]]}, ".addr"),
+        ({"segments": [], "device_traces": [[_event(action="allocate")]]}, "action is str"),
+        ({"segments": [], "device_traces": [[{"size": 4}]]}, "[0][0].action is missing"),
+        ({"segments": [], "device_traces": [[_event(stream="s")]]}, "[0][0].stream is str 's'"),
+        ({"segments": [], "device_traces": [[_event(time_us="1")]]}, "time_us is str '1'"),
+        ({"segments": [], "device_traces": [[_event(user_metadata=1)]]}, "user_metadata is int"),
+        ({"segments": [{"blocks": []}]}, "segments[0].total_size is missing, expected an int"),
+        ({"segments": [{"total_size": 8}]}, "segments[0].blocks is missing, expected a list"),
+        ({"segments": [{"total_size": 8, "blocks": [{"size": 8}]}]}, "blocks[0].state is missing"),
+        ({"segments": [{"total_size": 8, "blocks": [{"state": "inactive"}]}]}, "[0].size is"),
+        ({"segments": [{"total_size": 8, "blocks": [], "device": "0"}]}, "[0].device is str"),
+        ({"segments": [], "devmem": []}, "devmem is list [], expected a dict"),
+        ({"segments": [], "devmem": {"annotations": [1]}}, "devmem.annotations[0] is int 1"),
+    ],
+)
+def test_a_file_that_is_not_a_snapshot_is_one_error_line_naming_the_field(
+    tmp_path, capsys, data, message
+):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data))
+    for command in ("summary", "plot"):
+        assert (
+            memory.main(
+                [command, str(path), *(["-o", str(tmp_path / "t.png")] * (command == "plot"))]
+            )
+            == 1
+        )
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m allocator.memory {command}: error: {path}: not a memory")
+        assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_every_pytorch_action_and_field_is_accepted(tmp_path):
+    from allocator._timeline import ACTIONS
+
+    trace = [{"action": action, "addr": 0, "size": 0, "stream": 0} for action in ACTIONS]
+    trace[0].update(compile_context="fwd", user_metadata="step 1", time_us=1.5, frames=[])
+    snapshot = {"segments": [], "device_traces": [trace, []]}
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert memory.load(path) == snapshot
+
+
+@pytest.mark.backends("sim")
+def test_events_added_after_the_stop_do_not_make_the_ring_full(make_alloc):
+    alloc = make_alloc()
+    with alloc.history(max_entries=4):
+        buf = alloc.full(4, 1.0)  # segment_alloc, alloc: 2 of 4
+    alloc.release(buf)  # after the stop: the snapshot adds free_requested, free_completed
+    snapshot = alloc.snapshot()
+    assert snapshot["devmem"]["reconciled"] == 2 and len(snapshot["device_traces"][0]) == 4
+    assert memory.summary(snapshot).splitlines()[0] == "backend sim: 4 events"
