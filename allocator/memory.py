@@ -177,7 +177,9 @@ def plot(
         output: the picture's path.
         top: allocation sites with a band of their own (the rest is one ``other sites`` band).
         device: the device to draw (default: the first with events).
-        use_time: x is the events' time (``time_us``) instead of their index.
+        use_time: x is the events' time (``time_us``); by default, and when the clock never
+            moved (``sim`` with no kernel), x counts the allocations and frees (each free
+            one step, as in memory_viz; the axis label says which).
         title: the title; default says the backend, the events and the peak.
 
     Returns:
@@ -250,14 +252,28 @@ def plot(
     return path
 
 
+EVENT_AXIS = "allocations and frees (a free is one step, as in memory_viz)"
+STILL_CLOCK_AXIS = EVENT_AXIS + "; --time: the clock never moved"
+
+
 def _x_axis(line: Timeline, use_time: bool, snapshot: dict) -> tuple[list[float], str]:
-    if not use_time:
-        return list(range(len(line.live))), "event"
-    start = line.time_us[0]
-    clock = (snapshot.get("devmem") or {}).get("clock", "host")
-    if clock == "sim":
-        return [t - start for t in line.time_us], "time (us of the simulated clock)"
-    return [(t - start) / 1e6 for t in line.time_us], "time (s since the first event)"
+    """x of each point, and the axis label. The event axis counts the events that change a
+    level (an allocation, a free's request, a segment's malloc or free), so a free is one step
+    (its ``free_completed`` takes none) and bookkeeping events take no width. A time axis on a
+    clock that never moved falls back to it, saying so."""
+    if use_time and line.time_us[-1] != line.time_us[0]:
+        start = line.time_us[0]
+        clock = (snapshot.get("devmem") or {}).get("clock", "host")
+        if clock == "sim":
+            return [t - start for t in line.time_us], "time (us of the simulated clock)"
+        return [(t - start) / 1e6 for t in line.time_us], "time (s since the first event)"
+    x, step = [0], 0
+    live, reserved = line.live, line.reserved
+    for i in range(1, len(live)):
+        if live[i] != live[i - 1] or reserved[i] != reserved[i - 1]:
+            step += 1
+        x.append(step)
+    return x, STILL_CLOCK_AXIS if use_time and len(live) > 1 else EVENT_AXIS
 
 
 def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
@@ -286,13 +302,15 @@ def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
                 ha="right",
                 color=color,
             )
-    for kind, y, shape in (("release", 0.0, "|"), ("cap_evict", top * 1.06, "v")):
+    for kind, shape in (("release", "v"), ("cap_evict", "v")):
         found = by_kind[kind]
         if found:
             color, name = _MARKER_STYLE[kind]
+            # a release on the live bytes it left, a cap eviction above the plot
+            ys = [line.live[m.index] / scale if kind == "release" else top * 1.06 for m in found]
             ax.plot(
                 [x[m.index] for m in found],
-                [y] * len(found),
+                ys,
                 ls="none",
                 marker=shape,
                 ms=7,
@@ -333,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         "--top", type=_count, default=6, help="allocation sites drawn in their own band (default 6)"
     )
     draw.add_argument(
-        "--time", action="store_true", help="x is the events' time_us instead of their index"
+        "--time",
+        action="store_true",
+        help="x is the events' time_us (default: allocations and frees, each free one step;"
+        " also when the clock never moved)",
     )
     draw.add_argument("--title", help="the picture's title")
     text = commands.add_parser("summary", help="print the top allocation sites by peak bytes")

@@ -18,7 +18,7 @@ from pathlib import Path
 import _pytest
 import pluggy
 
-from allocator import Allocator, LiveBlock
+from allocator import Allocator, AllocatorStats, LiveBlock
 from allocator._timeline import format_bytes
 
 __all__ = ["MAX_LISTED", "MemoryHistory"]
@@ -77,6 +77,13 @@ class MemoryHistory:
                 "open a snapshot with: python -m allocator.memory summary|plot SNAPSHOT, or drop"
                 " it on https://pytorch.org/memory_viz"
             ]
+            unwatched = _unwatched(self.allocators)
+            if unwatched:
+                parts.append(
+                    f"{unwatched} other allocators are alive and not watched (built without"
+                    " make_alloc, e.g. allocator.Allocator(...), or the default allocator): pass"
+                    " them to memory_history.watch(alloc) to record them"
+                )
             for i, alloc in enumerate(self.allocators):
                 path = self.snapshot_path(i)
                 try:
@@ -99,10 +106,31 @@ def _own_frames(block: LiveBlock) -> int:
     return len(block.frames)
 
 
+def _unwatched(watched: list[Allocator]) -> int:
+    """How many allocators other than ``watched`` are alive (a walk of the collector's
+    objects; a report is written only when a test failed)."""
+    return sum(
+        1
+        for obj in gc.get_objects()
+        if isinstance(obj, Allocator) and all(obj is not alloc for alloc in watched)
+    )
+
+
+def _stats_line(stats: AllocatorStats) -> str:
+    """:meth:`AllocatorStats.format`'s fields with each byte count in the unit that shows it
+    (``live=64 B``, not ``live=0.00MiB``)."""
+    cap = format_bytes(stats.cache_cap_bytes) if stats.cache_cap_bytes else "unbounded"
+    return (
+        f"backend={stats.backend} live={format_bytes(stats.live_bytes)}"
+        f" peak={format_bytes(stats.peak_bytes)} allocs={stats.alloc_count}"
+        f" frees={stats.free_count} cache={format_bytes(stats.cache_bytes)} cache_cap={cap}"
+    )
+
+
 def _describe(number: int, alloc: Allocator, path: Path | str, live: list[LiveBlock]) -> str:
     stats = alloc.stats()
     lines = [
-        f"allocator {number} ({stats.format()}): snapshot {path}",
+        f"allocator {number} ({_stats_line(stats)}): snapshot {path}",
         f"  {len(live)} live blocks, {format_bytes(sum(block.size for block in live))}"
         + (":" if live else ""),
     ]

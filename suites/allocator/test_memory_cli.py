@@ -8,6 +8,7 @@ no ``devmem`` key) and traces that start late are read too.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 import re
 import subprocess
@@ -525,7 +526,12 @@ def test_plot_units_and_time_axes():
     ]
     assert [memory._unit((2 << shift) - 1)[1] for shift in (20, 30)] == ["KiB", "MiB"]
     line = timeline(BY_HAND)
-    assert memory._x_axis(line, False, BY_HAND) == (list(range(10)), "event")
+    # the oom at 6 and 8 changes no level: no step of their own (nor would a free_completed)
+    steps = [0, 1, 2, 3, 4, 5, 6, 6, 7, 7]
+    assert memory._x_axis(line, False, BY_HAND) == (steps, memory.EVENT_AXIS)
+    still = dataclasses.replace(line, time_us=[5] * 10)  # a clock that never moved: events
+    assert memory._x_axis(still, True, BY_HAND) == (steps, memory.STILL_CLOCK_AXIS)
+    assert memory.STILL_CLOCK_AXIS.endswith("; --time: the clock never moved")
     seconds, label = memory._x_axis(line, True, BY_HAND)  # no clock named: the host's
     assert label == "time (s since the first event)"
     assert seconds == [(t - 100) / 1e6 for t in line.time_us]  # exactly: 1e6 us a second
@@ -556,7 +562,8 @@ def test_the_command_line_help_says_what_each_option_does(capsys, monkeypatch):
                 "-o OUTPUT, --output OUTPUT  the picture: .png, .svg or .pdf"
                 " (default timeline.png)",
                 "--top TOP   allocation sites drawn in their own band (default 6)",
-                "--time      x is the events' time_us instead of their index",
+                "--time      x is the events' time_us (default: allocations and frees, each"
+                " free one step; also when the clock never moved)",
                 "--title TITLE  the picture's title",
                 "--device DEVICE  the device to read (default: the first with events)",
             ],
@@ -723,9 +730,9 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
     assert describe(drawn[-1]) == {
         "figure": [[11.0, 5.2], 100, "ConstrainedLayoutEngine"],
         "axes": [
-            [0.0, 9.0],
+            [0.0, 7.0],  # 9 events, 7 of them change a level (the OOMs do not)
             [0.0, 7.84],  # 7 KiB and 12 % above it
-            "event",
+            memory.EVENT_AXIS,
             "KiB",
             "devmem memory timeline (torch): 9 events, peak live 1.06 KiB",
             11.0,
@@ -748,7 +755,7 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
                 6.0,
                 True,
                 "steps-post",
-                [float(i) for i in range(10)],
+                [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 6.0, 7.0, 7.0],
                 [0.0635, 0.0635, 1.04, 1.0635, 0.0869, 0.5752, 0.5127, 0.5127, 0.5127, 0.5127],
             ],
             [
@@ -764,16 +771,16 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
                 [0.0, 1.0],
             ],
             [
-                "release (2)",
+                "release (2)",  # on the live bytes each left
                 "#7b3294",
                 "None",
                 1.5,
-                "|",
+                "v",
                 7.0,
                 False,
                 "default",
                 [0.0, 4.0],
-                [0.0, 0.0],
+                [0.0635, 0.0869],
             ],
             [
                 "cap eviction (2)",
@@ -784,16 +791,16 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
                 7.0,
                 False,
                 "default",
-                [7.0, 8.0],
+                [6.0, 7.0],
                 [7.42, 7.42],
             ],
             ["OOM (2)", "#d7191c", "-", 1.4, "None", 6.0, True, "default", [6.0, 6.0], [0.0, 1.0]],
-            [None, "#d7191c", "-", 1.4, "None", 6.0, True, "default", [8.0, 8.0], [0.0, 1.0]],
+            [None, "#d7191c", "-", 1.4, "None", 6.0, True, "default", [7.0, 7.0], [0.0, 1.0]],
         ],
         "texts": [
             ["exit d0: 3 buffers ", [2.0, 7.7], 90.0, 6.5, "top", "right", "#555555"],
             ["OOM 2.00 KiB ", [6.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
-            ["OOM 0 B ", [8.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
+            ["OOM 0 B ", [7.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
             ["peak live 1.06 KiB", [14.0, -24.0], 0.0, 8.0, "baseline", "left", "#000000"],
         ],
         "arrows": [[[3.0, 1.0635], "offset points", {"arrowstyle": "->", "lw": 0.8}]],
@@ -870,7 +877,7 @@ def test_the_picture_on_the_simulated_clock_with_long_names_and_many_exits(drawn
     memory.plot(snapshot, tmp_path / "t.png", top=1)  # 13 exits: no labels; one site
     seen = describe(drawn[-1])
     assert seen["axes"][2:5] == [
-        "event",
+        memory.EVENT_AXIS,
         "MiB",
         "devmem memory timeline (sim): 3 events, peak live 3.00 MiB",
     ]
@@ -902,7 +909,7 @@ def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypat
     ]
     assert memory.main(["plot", str(path)]) == 0  # the defaults: device 0, 6 sites, events
     seen = describe(drawn[-1])
-    assert seen["axes"][2] == "event" and len(seen["bands"]) == 4
+    assert seen["axes"][2] == memory.EVENT_AXIS and len(seen["bands"]) == 4
 
 
 def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
@@ -915,7 +922,7 @@ def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
     assert describe(drawn[-1])["axes"][:4] == [
         [0.0, 1.0],
         [0.0, 1.12],
-        "time (s since the first event)",
+        memory.EVENT_AXIS,  # no event: no time to show
         "bytes",
     ]
     # nothing held, one OOM: the levels floor at 1 byte, the OOM's label just below it
@@ -925,7 +932,7 @@ def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
         [[0.0, 1.0], [0.0, 1.12]],
         ["OOM 0 B ", [0.0, 0.95]],
     )
-    # a clock that never moved: one unit wide; live bytes above reserved ones set the top
+    # a clock that never moved: the event axis, saying so; live above reserved sets the top
     held = {"segments": [{"blocks": [{"size": 4096, "state": "active_allocated"}]}]}
     trace = [
         {"action": "alloc", "addr": 1, "size": 4096, "time_us": 5},
@@ -933,8 +940,8 @@ def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
     ]
     memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
     seen = describe(drawn[-1])
-    assert seen["axes"][:2] == [[0.0, 1.0], [0.0, 4.48]]  # KiB: 4 KiB live, 12 % above
-    assert seen["texts"][0][:2] == ["OOM 0 B ", [0.0, 3.8]]  # 0.95 of 4 KiB
+    assert seen["axes"][:3] == [[0.0, 1.0], [0.0, 4.48], memory.STILL_CLOCK_AXIS]  # KiB
+    assert seen["texts"][0][:2] == ["OOM 0 B ", [1.0, 3.8]]  # 0.95 of 4 KiB, after the alloc
     # the clock moved at the last event only
     trace += [{"action": "segment_alloc", "size": 8192, "time_us": 9}]
     memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
@@ -1094,3 +1101,24 @@ def test_events_added_after_the_stop_do_not_make_the_ring_full(make_alloc):
     snapshot = alloc.snapshot()
     assert snapshot["devmem"]["reconciled"] == 2 and len(snapshot["device_traces"][0]) == 4
     assert memory.summary(snapshot).splitlines()[0] == "backend sim: 4 events"
+
+
+@pytest.mark.backends("sim")
+def test_each_free_of_an_arena_exit_is_one_step_of_the_event_axis(make_alloc):
+    alloc = make_alloc()
+    with alloc.history(), alloc.arena():
+        bufs = [alloc.full(4, 1.0) for _ in range(4)]
+    del bufs  # freed by the exit already
+    snapshot = alloc.snapshot()
+    actions = [event["action"] for event in snapshot["device_traces"][0]]
+    assert (
+        actions == ["segment_alloc", "alloc"] * 4 + ["free_requested"] * 4 + ["free_completed"] * 4
+    )
+    line = timeline(snapshot)
+    x, label = memory._x_axis(line, False, snapshot)
+    assert label == memory.EVENT_AXIS
+    # 8 allocation steps, then 4 frees of one step each (free_completed takes none)
+    assert x[:9] == list(range(9))
+    assert x[8:] == [8, 9, 10, 11, 12, 12, 12, 12, 12]
+    assert line.live[8:] == [64, 48, 32, 16, 0, 0, 0, 0, 0]
+    alloc.empty_cache()
