@@ -7,7 +7,8 @@ Definitions, per device trace, after each event:
 
 - live bytes: allocated and not yet freed (``alloc`` adds, ``free_requested`` subtracts), the
   allocator's ``live_bytes``;
-- reserved bytes: held from the device (``segment_alloc`` adds, ``segment_free`` subtracts);
+- reserved bytes: held from the device (``segment_alloc`` and an expandable segment's
+  ``segment_map`` add, ``segment_free`` and ``segment_unmap`` subtract);
   cached bytes are reserved minus live (the reuse cache, blocks awaiting events included);
 - an allocation site: the innermost frame of an ``alloc`` (for a comprehension or a lambda,
   with the function around it), where the allocator's own frames are already left out.
@@ -49,12 +50,13 @@ ACTIONS = (
     "segment_unmap",
     "snapshot",
     "oom",
-    "user_defined",
 )
-"""Every trace action PyTorch 2.13's caching allocator writes (``TraceEntry::Action``)."""
+"""Every trace action PyTorch 2.13 writes (``TraceEntry::Action``, as
+``torch/csrc/cuda/memory_snapshot.cpp`` names them). ``segment_map`` and ``segment_unmap`` map
+and unmap part of an expandable segment (``is_expandable``); ``snapshot`` marks when a snapshot
+was taken."""
 
-_NO_ADDRESS = ("oom", "snapshot", "user_defined")  # the others need an int ``addr``
-_NO_SIZE = ("snapshot", "user_defined")  # the others need an int ``size``
+_NO_ADDRESS = ("oom",)  # it has ``device_free`` instead; every other event has an int ``addr``
 
 BEFORE_TRACE = "<live before the trace>"
 NO_STACK = "<no stack recorded>"
@@ -111,8 +113,8 @@ def check_snapshot(snapshot: object) -> dict:
     Required: a dict with a ``segments`` list; each segment a dict with an int ``total_size``
     (bytes) and a ``blocks`` list of dicts with an int ``size`` and a str ``state``;
     ``device_traces``, if present, a list (one per device) of lists of event dicts, each with an
-    ``action`` of :data:`ACTIONS`, an int ``size`` (all but ``snapshot`` and ``user_defined``)
-    and an int ``addr`` (all but those and ``oom``). Optional, but typed when present: ``device``
+    ``action`` of :data:`ACTIONS`, an int ``size`` and an int ``addr`` (but ``oom``), as PyTorch
+    writes every event. Optional, but typed when present: ``device``
     and ``stream`` ints (a stream may be a handle, any int), ``time_us`` a number, ``frames`` a
     list of frame dicts (``filename`` and ``name`` str, ``line`` int), ``compile_context`` and
     ``user_metadata`` str, ``devmem`` a dict whose ``annotations`` is a list of dicts.
@@ -162,9 +164,8 @@ def _check_event(event: object, where: str) -> None:
     _need(isinstance(event, dict), where, "", event, "a dict")
     action = event.get("action", _MISSING)
     _need(action in ACTIONS, where, ".action", action, f"one of {', '.join(ACTIONS)}")
-    if action not in _NO_SIZE:
-        size = event.get("size", _MISSING)
-        _need(_is_int(size), where, ".size", size, "an int")
+    size = event.get("size", _MISSING)
+    _need(_is_int(size), where, ".size", size, "an int")
     if action not in _NO_ADDRESS:
         address = event.get("addr", _MISSING)
         _need(_is_int(address), where, ".addr", address, "an int")
@@ -235,7 +236,8 @@ class Marker:
 
     Attributes:
         index: the number of trace events before it.
-        kind: ``arena_exit``, ``release``, ``cap_evict`` or ``oom``.
+        kind: ``arena_exit``, ``release``, ``cap_evict``, ``oom`` or ``snapshot`` (PyTorch's
+            mark of a snapshot taken while recording).
         label: a few words (``exit d0: 64 buffers``, ``release_param``, ``OOM 2.00 MiB``).
     """
 
@@ -320,6 +322,10 @@ def _end_levels(snapshot: dict, device: int) -> tuple[int, int]:
     return live, reserved
 
 
+_RESERVES = ("segment_alloc", "segment_map")  # an expandable segment maps more of itself
+_RELEASES = ("segment_free", "segment_unmap")
+
+
 def _walk(trace: list[dict], short: bool):
     """Yield ``(event, site, delta_live, delta_reserved)``; the site of a free is the site of
     the allocation it frees (``None`` when that was before the trace)."""
@@ -332,9 +338,9 @@ def _walk(trace: list[dict], short: bool):
             yield event, site, size, 0
         elif action == "free_requested":
             yield event, site_at.pop(event.get("addr"), None), -size, 0
-        elif action == "segment_alloc":
+        elif action in _RESERVES:
             yield event, None, 0, size
-        elif action == "segment_free":
+        elif action in _RELEASES:
             yield event, None, 0, -size
         else:
             yield event, None, 0, 0
@@ -386,8 +392,11 @@ def _markers(snapshot: dict, trace: list[dict], device: int) -> list[Marker]:
     annotations."""
     markers = []
     for i, event in enumerate(trace):
-        if event.get("action") == "oom":
+        action = event.get("action")
+        if action == "oom":
             markers.append(Marker(i, "oom", f"OOM {format_bytes(event.get('size', 0))}"))
+        elif action == "snapshot":
+            markers.append(Marker(i, "snapshot", "snapshot"))
     notes = (snapshot.get("devmem") or {}).get("annotations", []) if device == 0 else []
     for note in notes:
         kind, index = note.get("action"), note.get("trace_index", 0)

@@ -9,11 +9,12 @@
 <allocator.Allocator.dump_snapshot>`, or by PyTorch's ``torch.cuda.memory._dump_snapshot()``
 (the same format). ``plot`` draws the live bytes, stacked by allocation site (the largest sites
 by peak get their own band, labelled by their allocating frame), the cached bytes on top, and
-marks arena exits, releases, cap evictions and OOMs. ``summary`` prints the levels and the top
-allocation sites by peak live bytes, as text. A snapshot is a pickle, read here with a
-restricted unpickler that builds only builtin types (dicts, lists, tuples, strings, numbers,
-booleans, None) and looks up no global, so a malicious file cannot run code (PyTorch's own
-reader, ``torch.cuda._memory_viz``, would run it: open only files you trust there). A file that
+marks arena exits, releases, cap evictions, OOMs and the snapshots PyTorch took. ``summary``
+prints the levels and the top allocation sites by peak live bytes, as text. A snapshot is a
+pickle, read here with a restricted unpickler that builds only builtin types (dicts, lists,
+tuples, strings, numbers, booleans, None) and looks up no global, so a malicious file cannot
+run code (PyTorch's own reader, ``torch.cuda._memory_viz``, would run it: open only files you
+trust there). A file that
 is not a snapshot is one ``error:`` line naming the field that is wrong, exit status 1.
 
 The picture needs matplotlib (``pip install 'devmem-harness[plot]'``); without it ``plot``
@@ -143,6 +144,7 @@ _MARKER_STYLE = {
     "release": ("#7b3294", "release"),
     "cap_evict": ("#e66101", "cap eviction"),
     "oom": ("#d7191c", "OOM"),
+    "snapshot": ("#1a9641", "snapshot taken"),
 }
 
 
@@ -318,6 +320,16 @@ def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
                 label=f"{name} ({len(found)})",
                 clip_on=False,
             )
+    found = by_kind["snapshot"]
+    for i, marker in enumerate(found):
+        color, name = _MARKER_STYLE["snapshot"]
+        ax.axvline(
+            x[marker.index],
+            color=color,
+            ls="--",
+            lw=0.8,
+            label=f"{name} ({len(found)})" if i == 0 else None,
+        )
     for i, marker in enumerate(by_kind["oom"]):
         color, name = _MARKER_STYLE["oom"]
         ax.axvline(

@@ -1122,3 +1122,114 @@ def test_each_free_of_an_arena_exit_is_one_step_of_the_event_axis(make_alloc):
     assert x[8:] == [8, 9, 10, 11, 12, 12, 12, 12, 12]
     assert line.live[8:] == [64, 48, 32, 16, 0, 0, 0, 0, 0]
     alloc.empty_cache()
+
+
+# -- PyTorch's own snapshots, every action and field it writes (issue 22, item 3) --------------
+
+MIB = 1 << 20
+HANDLE = 0x5581_2A3C_41F0  # a stream given as its cudaStream_t handle, as PyTorch may write it
+BASE = 0x7F00_0000_0000
+
+
+def torch_event(action: str, addr: int, size: int, t: int, **more) -> dict:
+    """An event as torch 2.13's memory_snapshot.cpp writes it: every key, always."""
+    event = {"action": action, "addr": addr, "size": size, "stream": HANDLE, "time_us": t}
+    event.update(compile_context="", user_metadata="", frames=[])
+    event.update(more)
+    return event
+
+
+def torch_block(address: int, size: int, state: str) -> dict:
+    return {"address": address, "size": size, "requested_size": size, "state": state, "frames": []}
+
+
+# device 1: one expandable segment that maps 2 MiB, grows to 4 MiB, unmaps its second page
+EXPANDABLE = [
+    torch_event("segment_map", BASE, 2 * MIB, 10),
+    torch_event("alloc", BASE, MIB // 2, 11, compile_context="fwd", frames=[LOAD]),
+    torch_event("alloc", BASE + MIB // 2, MIB, 12, user_metadata="step 1", frames=BUILD),
+    torch_event("segment_map", BASE + 2 * MIB, 2 * MIB, 13),
+    torch_event("alloc", BASE + 3 * MIB // 2, 2 * MIB, 14, frames=[OTHER]),
+    torch_event("free_requested", BASE, MIB // 2, 15),
+    torch_event("free_completed", BASE, MIB // 2, 15),
+    torch_event("snapshot", 0, 3 * MIB, 16),
+    torch_event("free_requested", BASE + MIB // 2, MIB, 17),
+    torch_event("free_completed", BASE + MIB // 2, MIB, 17),
+    torch_event("free_requested", BASE + 3 * MIB // 2, 2 * MIB, 18),
+    torch_event("free_completed", BASE + 3 * MIB // 2, 2 * MIB, 18),
+    torch_event("segment_unmap", BASE + 2 * MIB, 2 * MIB, 19),
+    torch_event("alloc", BASE, MIB // 4, 20, frames=[LOAD]),
+]
+TORCH_MADE = {
+    "segments": [
+        {  # device 0: a private pool's segment (a CUDA graph's), one block live
+            "device": 0,
+            "address": 0x1000,
+            "total_size": 2 * MIB,
+            "allocated_size": 4096,
+            "active_size": 4096,
+            "requested_size": 4096,
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (1, 2),
+            "is_expandable": False,
+            "frames": [],
+            "blocks": [
+                torch_block(0x1000, 4096, "active_allocated"),
+                torch_block(0x2000, 2 * MIB - 4096, "inactive"),
+            ],
+        },
+        {  # device 1: the expandable segment's mapped range at the end
+            "device": 1,
+            "address": BASE,
+            "total_size": 2 * MIB,
+            "allocated_size": MIB // 4,
+            "active_size": MIB // 4,
+            "requested_size": MIB // 4,
+            "stream": HANDLE,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": True,
+            "frames": [],
+            "blocks": [
+                torch_block(BASE, MIB // 4, "active_allocated"),
+                torch_block(BASE + MIB // 4, 2 * MIB - MIB // 4, "inactive"),
+            ],
+        },
+    ],
+    "device_traces": [
+        [
+            torch_event("segment_alloc", 0x1000, 2 * MIB, 1, stream=0),
+            torch_event("alloc", 0x1000, 4096, 2, stream=0, frames=[LOAD]),
+        ],
+        EXPANDABLE,
+    ],
+    "allocator_settings": {"expandable_segments": True, "PYTORCH_CUDA_ALLOC_CONF": ""},
+    "external_annotations": [{"device": 1, "time_us": 16, "stage": "forward"}],
+}
+
+
+def test_a_pytorch_snapshot_with_an_expandable_segment_is_read_in_full(tmp_path, capsys):
+    path = tmp_path / "torch.pickle"
+    path.write_bytes(pickle.dumps(TORCH_MADE, protocol=4))
+    assert memory.load(path) == TORCH_MADE
+    line = timeline(TORCH_MADE, device=1)
+    half, quarter = MIB // 2, MIB // 4
+    assert line.reserved == [0, *[2 * MIB] * 3, *[4 * MIB] * 9, *[2 * MIB] * 2]
+    assert line.live == [
+        *[0, 0, half, 3 * half, 3 * half, 7 * half, 3 * MIB],  # the free lowers it at request
+        *[3 * MIB, 3 * MIB, 2 * MIB, 2 * MIB, 0, 0, 0, quarter],
+    ]
+    assert all(live <= reserved for live, reserved in zip(line.live, line.reserved, strict=True))
+    assert [(m.index, m.kind, m.label) for m in line.markers] == [(7, "snapshot", "snapshot")]
+    device_0 = timeline(TORCH_MADE)  # the first device with events
+    assert (device_0.live, device_0.reserved) == ([0, 0, 4096], [0, 2 * MIB, 2 * MIB])
+    assert memory.main(["summary", str(path), "--device", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        "backend torch: 14 events",
+        "peak live 3.50 MiB after event 5; at the end: live 256.00 KiB, cached 1.75 MiB, reserved"
+        " 2.00 MiB",
+    ]
+    assert memory.main(["plot", str(path), "--device", "1", "-o", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 0
