@@ -14,8 +14,8 @@ prints the levels and the top allocation sites by peak live bytes, as text. A sn
 pickle, read here with a restricted unpickler that builds only builtin types (dicts, lists,
 tuples, strings, numbers, booleans, None) and looks up no global, so a malicious file cannot
 run code (PyTorch's own reader, ``torch.cuda._memory_viz``, would run it: open only files you
-trust there). A file that
-is not a snapshot is one ``error:`` line naming the field that is wrong, exit status 1.
+trust there). A file that is not a snapshot is one ``error:`` line naming the field that is
+wrong, exit status 1.
 
 The picture needs matplotlib (``pip install 'devmem-harness[plot]'``); without it ``plot``
 says so and exits with status 1. Nothing else here needs it.
