@@ -309,16 +309,70 @@ class Recorder:
 
     def allocated(self, block: Block) -> None:
         """``alloc`` of ``block`` (handed to a storage), after the frees found completed."""
-        frames = self._frames()
-        address, stream = self._address(block), block_stream(block)
-        with self._lock:
+        frames = _stacks.capture(2) if self.stacks else _NO_FRAMES
+        address = self.addresses.get(block)
+        if address is None:
+            address = self._address(block)
+        stream = block.stream
+        stream = 0 if stream is None else stream.id
+        lock = self._lock
+        lock.acquire()
+        try:
             now = self.device.clock_us()
-            self._complete_ready(now)
-            freed = self.pending.pop(block, None)
-            if freed is not None:  # taken from the cache before a poll saw it ready
-                self.ring.append(("free_completed", *freed[:3], now, freed[3], None))
+            pending = self.pending
+            if pending:
+                self._complete_ready(now)
+                freed = pending.pop(block, None)
+                if freed is not None:  # taken from the cache before a poll saw it ready
+                    self.ring.append(("free_completed", *freed[:3], now, freed[3], None))
             self.ring.append(("alloc", address, block.nbytes, stream, now, frames, None))
-            self.alloc_frames[block] = frames
+            if frames:  # without stacks a block has none to remember
+                self.alloc_frames[block] = frames
+        finally:
+            lock.release()
+
+    def freed(self, block: Block, cause: FreeCause) -> None:
+        """:meth:`free_requested` of one block (a storage's ``release``, ``resize_(0)`` or
+        finalization; an arena exit goes through :meth:`free_requested`), the common case
+        without building lists."""
+        kind = cause.kind
+        if kind == "arena_exit":
+            self.free_requested((block,), cause)
+            return
+        frames = _stacks.capture(2) if self.stacks else _NO_FRAMES
+        if kind == "finalize":
+            frames = (*_stacks.FINALIZED_MARK, *frames)
+        address = self.addresses.get(block)
+        if address is None:
+            address = self._address(block)
+        size, stream = block.nbytes, block.stream
+        stream = 0 if stream is None else stream.id
+        lock = self._lock
+        lock.acquire()
+        try:
+            now = self.device.clock_us()
+            append = self.ring.append
+            append(("free_requested", address, size, stream, now, frames, None))
+            if kind == "release":
+                append(("release", address, size, stream, now, frames, cause))
+            frames_of = self.alloc_frames
+            alloc_frames = frames_of.pop(block, _NO_FRAMES) if frames_of else _NO_FRAMES
+            self.pending[block] = (address, size, stream, frames, alloc_frames)
+        finally:
+            lock.release()
+
+    def returned_one(self, block: Block) -> None:
+        """:meth:`returned` of one block: ``free_completed`` if it is reusable now."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            freed = self.pending.get(block)
+            if freed is not None and self.device.ready(block):
+                del self.pending[block]
+                now = self.device.clock_us()
+                self.ring.append(("free_completed", *freed[:3], now, freed[3], None))
+        finally:
+            lock.release()
 
     def free_requested(self, blocks: Sequence[Block], cause: FreeCause) -> None:
         """``free_requested`` of each of ``blocks`` (freed by a storage because of ``cause``),
@@ -445,9 +499,9 @@ class HistoryLayer:
         """Record the request, hand ``block`` upstream, record its completion if it is
         reusable now."""
         recorder = self._recorder
-        recorder.free_requested((block,), cause)
+        recorder.freed(block, cause)
         self._upstream.deallocate(block, cause)
-        recorder.returned((block,))
+        recorder.returned_one(block)
 
     def deallocate_many(self, blocks: Sequence[Block], cause: FreeCause) -> None:
         """:meth:`deallocate` for every one of ``blocks`` (an arena exit)."""
