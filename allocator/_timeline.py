@@ -30,11 +30,13 @@ __all__ = [
     "BEFORE_TRACE",
     "NO_STACK",
     "Marker",
+    "Overview",
     "Site",
     "Timeline",
     "check_snapshot",
     "device_of",
     "format_bytes",
+    "overview",
     "site_of",
     "sites",
     "timeline",
@@ -146,11 +148,11 @@ def check_snapshot(snapshot: object) -> dict:
             _check_frames(segment["frames"], where)
     traces = snapshot.get("device_traces", [])
     _need(isinstance(traces, list), "", "device_traces", traces, "a list of lists of events")
+    seen: set[tuple] = set()  # frame lists checked already, by their frames' ids
     for device, trace in enumerate(traces):
         where = f"device_traces[{device}]"
         _need(isinstance(trace, list), where, "", trace, "a list of events")
-        for i, event in enumerate(trace):
-            _check_event(event, f"{where}[{i}]")
+        _check_trace(trace, where, seen)
     devmem = snapshot.get("devmem", {})
     _need(isinstance(devmem, dict), "", "devmem", devmem, "a dict")
     notes = devmem.get("annotations", [])
@@ -158,6 +160,41 @@ def check_snapshot(snapshot: object) -> dict:
     for i, note in enumerate(notes):
         _need(isinstance(note, dict), f"devmem.annotations[{i}]", "", note, "a dict")
     return snapshot
+
+
+_ACTION_SET = frozenset(ACTIONS)
+_NONE: tuple = ()
+
+
+def _check_trace(trace: list, where: str, seen: set[tuple]) -> None:
+    """:func:`_check_event` for each event, fast: the fields are read once and a frame list
+    whose frames were all checked before (the same dicts: a pickle shares equal ones) is not
+    checked again; any doubt goes to the slow check, which names the field."""
+    for i, event in enumerate(trace):
+        if type(event) is not dict:
+            _check_event(event, f"{where}[{i}]")
+        get = event.get
+        action = get("action")
+        if (
+            type(action) is not str
+            or action not in _ACTION_SET
+            or type(get("size")) is not int
+            or (action != "oom" and type(get("addr")) is not int)
+            or type(get("stream", 0)) is not int
+            or type(get("device_free", 0)) is not int
+            or type(get("time_us", 0)) not in (int, float)
+            or type(get("compile_context", "")) is not str
+            or type(get("user_metadata", "")) is not str
+        ):
+            _check_event(event, f"{where}[{i}]")
+        frames = get("frames", _NONE)
+        if frames is not _NONE:
+            if type(frames) is not list:
+                _check_event(event, f"{where}[{i}]")
+            key = tuple(map(id, frames))
+            if key not in seen:
+                _check_frames(frames, f"{where}[{i}]")
+                seen.add(key)
 
 
 def _check_event(event: object, where: str) -> None:
@@ -182,33 +219,43 @@ def _check_event(event: object, where: str) -> None:
             _need(isinstance(event[field], str), where, f".{field}", event[field], "a str")
 
 
-def _frame_text(frame: dict, short: bool) -> str:
+def _frame_text(frame: dict, short: bool, files: dict | None = None) -> str:
     filename = frame.get("filename", "?")
-    if short:
-        filename = os.path.basename(filename)
-    else:
-        try:
-            relative = os.path.relpath(filename)
-        except ValueError:  # another drive
-            relative = filename
-        if not relative.startswith(".."):
-            filename = relative
-    return f"{filename}:{frame.get('line', '?')} in {frame.get('name', '?')}"
+    shown = None if files is None else files.get(filename)
+    if shown is None:
+        if short:
+            shown = os.path.basename(filename)
+        else:
+            try:
+                relative = os.path.relpath(filename)
+            except ValueError:  # another drive
+                relative = filename
+            shown = filename if relative.startswith("..") else relative
+        if files is not None:
+            files[filename] = shown
+    return f"{shown}:{frame.get('line', '?')} in {frame.get('name', '?')}"
 
 
-def site_of(frames: list[dict], short: bool = False) -> str:
+def site_of(frames: list[dict], short: bool = False, files: dict | None = None) -> str:
     """The allocation site of ``frames`` (innermost first): the first Python frame, with its
     caller when it is a comprehension or a lambda (``<listcomp>``). :data:`NO_STACK` if none.
 
     Args:
         frames: PyTorch frame dicts.
         short: file names without their directories (for a picture's legend).
+        files: a cache of each file name as shown (relative paths cost a ``getcwd``).
     """
-    python = [frame for frame in frames if str(frame.get("filename", "")).endswith(".py")]
-    chosen = python or list(frames)
+    chosen = []  # the first two Python frames (the caller names a comprehension's site)
+    for frame in frames:
+        if str(frame.get("filename", "")).endswith(".py"):
+            chosen.append(frame)
+            if len(chosen) == 2:
+                break
+    if not chosen:
+        chosen = list(frames[:2])
     if not chosen:
         return NO_STACK
-    text = _frame_text(chosen[0], short)
+    text = _frame_text(chosen[0], short, files)
     if str(chosen[0].get("name", "")).startswith("<") and len(chosen) > 1:
         text += f" < {chosen[1].get('name', '?')}"
     return text
@@ -326,24 +373,77 @@ _RESERVES = ("segment_alloc", "segment_map")  # an expandable segment maps more 
 _RELEASES = ("segment_free", "segment_unmap")
 
 
-def _walk(trace: list[dict], short: bool):
-    """Yield ``(event, site, delta_live, delta_reserved)``; the site of a free is the site of
-    the allocation it frees (``None`` when that was before the trace)."""
-    site_at: dict[int, str] = {}
-    for event in trace:
-        action, size = event.get("action"), event.get("size", 0)
-        if action == "alloc":
-            site = site_of(event.get("frames", []), short)
-            site_at[event.get("addr")] = site
-            yield event, site, size, 0
-        elif action == "free_requested":
-            yield event, site_at.pop(event.get("addr"), None), -size, 0
-        elif action in _RESERVES:
-            yield event, None, 0, size
-        elif action in _RELEASES:
-            yield event, None, 0, -size
-        else:
-            yield event, None, 0, 0
+class _Scan:
+    """One pass over a trace: the level changes, and per allocation site (each distinct frame
+    list named once) its bytes live, their highest level, its allocations and the largest.
+
+    Levels are relative to the trace's start (the bytes live before it are worked out from the
+    segments afterwards). With ``series``, the relative levels after every event, each event's
+    time, and each event's site of a live-bytes change (``None`` for the bytes live before the
+    trace)."""
+
+    def __init__(self, trace: list[dict], short: bool, series: bool) -> None:
+        names: dict[tuple, str] = {}  # a frame list, by its frames' ids -> its site
+        files: dict[str, str] = {}
+        site_at: dict[int, str] = {}  # address -> the site of the block live there
+        live: dict[str | None, int] = defaultdict(int)  # None: live before the trace
+        peak: dict[str | None, int] = defaultdict(int)
+        allocs: dict[str, int] = defaultdict(int)
+        largest: dict[str, int] = defaultdict(int)
+        level = reserved = top = top_at = 0
+        levels, reserves, times, owners = [0], [0], [], []
+        time_us = trace[0].get("time_us", 0) if trace else 0
+        for i, event in enumerate(trace, start=1):
+            action = event.get("action")
+            size = event.get("size", 0)
+            site = None
+            if action == "alloc":
+                frames = event.get("frames", ())
+                key = tuple(map(id, frames))
+                site = names.get(key)
+                if site is None:
+                    site = names[key] = site_of(frames, short, files)
+                site_at[event.get("addr")] = site
+                allocs[site] += 1
+                if size > largest[site]:
+                    largest[site] = size
+                now = live[site] = live[site] + size
+                if now > peak[site]:
+                    peak[site] = now
+                level += size
+                if level > top:
+                    top, top_at = level, i
+            elif action == "free_requested":
+                site = site_at.pop(event.get("addr"), None)
+                live[site] -= size
+                level -= size
+            elif action in _RESERVES:
+                reserved += size
+            elif action in _RELEASES:
+                reserved -= size
+            if series:
+                levels.append(level)
+                reserves.append(reserved)
+                time_us = event.get("time_us", time_us)
+                times.append(time_us)
+                owners.append(site)
+        self.events = len(trace)
+        self.delta_live, self.delta_reserved = level, reserved
+        self.top, self.top_at = top, top_at  # the highest relative level, first reached after
+        self.live, self.peak, self.allocs, self.largest = live, peak, allocs, largest
+        self.levels, self.reserves, self.times, self.owners = levels, reserves, times, owners
+
+    def sites(self, before: int) -> list[Site]:
+        """The sites, given the bytes live before the trace."""
+        out = [
+            Site(name, self.peak[name], self.allocs[name], self.largest[name], self.live[name])
+            for name in self.live
+            if name is not None
+        ]
+        if before > 0:
+            # the bytes live before the trace: their own level starts at ``before``
+            out.append(Site(BEFORE_TRACE, before + self.peak[None], 0, 0, before + self.live[None]))
+        return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
 
 
 def sites(snapshot: dict, device: int | None = None, short: bool = False) -> list[Site]:
@@ -363,28 +463,58 @@ def sites(snapshot: dict, device: int | None = None, short: bool = False) -> lis
         ValueError: ``device`` has no trace.
     """
     device = device_of(snapshot, device)
-    trace = _trace(snapshot, device)
+    scan = _Scan(_trace(snapshot, device), short, series=False)
     end_live, _ = _end_levels(snapshot, device)
-    delta = sum(d for _, _, d, _ in _walk(trace, short))
-    live: dict[str, int] = defaultdict(int)
-    before = end_live - delta
-    live[BEFORE_TRACE] = before
-    peak, allocs, largest = dict(live), defaultdict(int), defaultdict(int)
-    for event, site, d_live, _ in _walk(trace, short):
-        if not d_live:
-            continue
-        site = BEFORE_TRACE if site is None else site
-        live[site] += d_live
-        if d_live > 0:
-            allocs[site] += 1
-            largest[site] = max(largest[site], event.get("size", 0))
-            peak[site] = max(peak.get(site, 0), live[site])
-    out = [
-        Site(name, peak.get(name, 0), allocs[name], largest[name], live[name])
-        for name in live
-        if name != BEFORE_TRACE or before > 0
-    ]
-    return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
+    return scan.sites(end_live - scan.delta_live)
+
+
+@dataclasses.dataclass(frozen=True)
+class Overview:
+    """What ``summary`` prints, from one pass over a device's trace.
+
+    Attributes:
+        events: trace events.
+        peak: ``(bytes, index)`` of the highest live level and the first point reaching it.
+        live, cached, reserved: the levels at the end (bytes).
+        markers: as :attr:`Timeline.markers`.
+        backend: as :attr:`Timeline.backend`.
+        sites: as :func:`sites` (``short=False``).
+    """
+
+    events: int
+    peak: tuple[int, int]
+    live: int
+    cached: int
+    reserved: int
+    markers: list[Marker]
+    backend: str
+    sites: list[Site]
+
+
+def overview(snapshot: dict, device: int | None = None) -> Overview:
+    """The levels, markers and sites of one device's trace in one pass (what :func:`timeline`
+    and :func:`sites` give, without the series).
+
+    Raises:
+        ValueError: ``device`` has no trace.
+    """
+    device = device_of(snapshot, device)
+    trace = _trace(snapshot, device)
+    scan = _Scan(trace, False, series=False)
+    end_live, end_reserved = _end_levels(snapshot, device)
+    before = end_live - scan.delta_live
+    peak = (before + scan.top, scan.top_at) if scan.top > 0 else (before, 0)
+    backend = (snapshot.get("devmem") or {}).get("backend", "torch")
+    return Overview(
+        scan.events,
+        peak,
+        end_live,
+        end_reserved - end_live,
+        end_reserved,
+        _markers(snapshot, trace, device),
+        backend,
+        scan.sites(before),
+    )
 
 
 def _markers(snapshot: dict, trace: list[dict], device: int) -> list[Marker]:
@@ -430,27 +560,25 @@ def timeline(
         raise ValueError(f"top must be >= 0, got {top}")
     device = device_of(snapshot, device)
     trace = _trace(snapshot, device)
-    chosen = [site.name for site in sites(snapshot, device, short)[:top]] if top else []
+    scan = _Scan(trace, short, series=True)
     end_live, end_reserved = _end_levels(snapshot, device)
-    d_live = d_reserved = 0
-    for _, _, a, b in _walk(trace, short):
-        d_live, d_reserved = d_live + a, d_reserved + b
-    live, reserved = [end_live - d_live], [end_reserved - d_reserved]
-    first_time = trace[0].get("time_us", 0) if trace else 0
-    time_us = [first_time]
-    levels = dict.fromkeys(chosen, 0)
-    if BEFORE_TRACE in levels:
-        levels[BEFORE_TRACE] = live[0]
-    by_site = {name: [level] for name, level in levels.items()}
-    for event, site, a, b in _walk(trace, short):
-        live.append(live[-1] + a)
-        reserved.append(reserved[-1] + b)
-        time_us.append(event.get("time_us", time_us[-1]))
-        site = BEFORE_TRACE if site is None and a else site
-        if a and site in levels:
-            levels[site] += a
-        for name, series in by_site.items():
-            series.append(levels[name])
+    before = end_live - scan.delta_live
+    chosen = [site.name for site in scan.sites(before)[:top]] if top else []
+    live = [before + level for level in scan.levels]
+    start_reserved = end_reserved - scan.delta_reserved
+    reserved = [start_reserved + level for level in scan.reserves]
+    time_us = [trace[0].get("time_us", 0) if trace else 0, *scan.times]
+    by_site = {}
+    for name in chosen:
+        owner = None if name == BEFORE_TRACE else name
+        level = before if owner is None else 0
+        series = [level]
+        for event, site in zip(trace, scan.owners, strict=True):
+            if site == owner and event.get("action") in ("alloc", "free_requested"):
+                size = event.get("size", 0)
+                level += size if event.get("action") == "alloc" else -size
+            series.append(level)
+        by_site[name] = series
     backend = (snapshot.get("devmem") or {}).get("backend", "torch")
     markers = _markers(snapshot, trace, device)
     return Timeline(time_us, live, reserved, by_site, markers, backend)

@@ -29,7 +29,14 @@ import pickle
 import sys
 from pathlib import Path
 
-from ._timeline import BEFORE_TRACE, Timeline, check_snapshot, format_bytes, sites, timeline
+from ._timeline import (
+    BEFORE_TRACE,
+    Timeline,
+    check_snapshot,
+    format_bytes,
+    overview,
+    timeline,
+)
 
 __all__ = ["PLOT_EXTRA_HINT", "load", "main", "plot", "summary"]
 
@@ -103,7 +110,7 @@ def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
     """
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
-    line = timeline(snapshot, device, top=0, short=False)
+    line = overview(snapshot, device)
     peak, at = line.peak
     notes = {kind: sum(m.kind == kind for m in line.markers) for kind in _MARKER_STYLE}
     devmem = snapshot.get("devmem") or {}
@@ -116,15 +123,15 @@ def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
         f"backend {line.backend}: {line.events} events"
         + (" (the ring is full: older events were dropped)" if full else ""),
         f"peak live {format_bytes(peak)} after event {at}; at the end: live"
-        f" {format_bytes(line.live[-1])}, cached {format_bytes(line.cached[-1])}, reserved"
-        f" {format_bytes(line.reserved[-1])}",
+        f" {format_bytes(line.live)}, cached {format_bytes(line.cached)}, reserved"
+        f" {format_bytes(line.reserved)}",
         f"arena exits {notes['arena_exit']}, releases {notes['release']}, cap evictions"
         f" {notes['cap_evict']}, OOMs {notes['oom']}",
         "",
         "top allocation sites by peak live bytes:",
         f"{'peak live':>12} {'allocs':>8} {'largest':>12} {'live at end':>12}  site",
     ]
-    found = sites(snapshot, device)
+    found = line.sites
     for site in found[:top]:
         lines.append(
             f"{format_bytes(site.peak_bytes):>12} {site.allocs:>8}"

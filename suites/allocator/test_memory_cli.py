@@ -15,7 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from allocator import memory
 from allocator._timeline import (
@@ -26,6 +28,7 @@ from allocator._timeline import (
     Timeline,
     device_of,
     format_bytes,
+    overview,
     site_of,
     sites,
     timeline,
@@ -1233,3 +1236,123 @@ def test_a_pytorch_snapshot_with_an_expandable_segment_is_read_in_full(tmp_path,
     ]
     assert memory.main(["plot", str(path), "--device", "1", "-o", str(tmp_path / "t.png")]) == 0
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+# -- the one-pass reader against the straightforward one (issue 22, item 5) ----------------------
+
+
+def reference_sites_and_levels(snapshot: dict, short: bool) -> tuple[list, list, list]:
+    """Brute force: replay the trace event by event from the levels worked back from the
+    segments, naming every allocation's site afresh. Returns the sites (as ``sites`` sorts
+    them), and the live and reserved bytes after each event."""
+    from allocator._timeline import Site
+
+    trace = snapshot["device_traces"][0]
+    end_live = sum(
+        b["size"]
+        for seg in snapshot["segments"]
+        for b in seg["blocks"]
+        if b["state"] == "active_allocated"
+    )
+    end_reserved = sum(seg["total_size"] for seg in snapshot["segments"])
+    sign = {"alloc": 1, "free_requested": -1}
+    grow = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    d_live = sum(sign.get(e["action"], 0) * e["size"] for e in trace)
+    d_reserved = sum(grow.get(e["action"], 0) * e["size"] for e in trace)
+    live, reserved = [end_live - d_live], [end_reserved - d_reserved]
+    by_site = {BEFORE_TRACE: [live[0]]}
+    owner, stats = {}, {}
+    for e in trace:
+        live.append(live[-1] + sign.get(e["action"], 0) * e["size"])
+        reserved.append(reserved[-1] + grow.get(e["action"], 0) * e["size"])
+        if e["action"] == "alloc":
+            name = site_of(e["frames"], short)
+            owner[e["addr"]] = name
+            s = stats.setdefault(name, [0, 0, 0])  # allocs, largest, live
+            s[0], s[1] = s[0] + 1, max(s[1], e["size"])
+        elif e["action"] == "free_requested":
+            name = owner.pop(e["addr"], BEFORE_TRACE)
+        else:
+            continue
+        for series in by_site.values():
+            series.append(series[-1])
+        by_site.setdefault(name, [0] * len(live))
+        by_site[name][-1] += sign[e["action"]] * e["size"]
+    out = []
+    for name, series in by_site.items():
+        if name == BEFORE_TRACE and live[0] <= 0:
+            continue
+        allocs, largest = stats.get(name, [0, 0])[:2]
+        out.append(Site(name, max(series), allocs, largest, series[-1]))
+    return sorted(out, key=lambda s: (-s.peak_bytes, s.name)), live, reserved
+
+
+_FILES = ["/src/a.py", "/src/b.py", "lib.cpp", "<devmem history off>"]
+_NAMES = ["f", "g", "<listcomp>", "<lambda>", "h"]
+
+
+@st.composite
+def random_snapshots(draw):
+    frames_pool = [
+        [
+            {
+                "filename": draw(st.sampled_from(_FILES)),
+                "line": i,
+                "name": draw(st.sampled_from(_NAMES)),
+            }
+            for i in range(draw(st.integers(0, 4)))
+        ]
+        for _ in range(draw(st.integers(1, 5)))
+    ]
+    live, trace, segments = {}, [], {}
+    for _ in range(draw(st.integers(0, 40))):
+        address = draw(st.integers(0, 7)) * 64
+        size = draw(st.sampled_from([4, 8, 64]))
+        kind = draw(st.sampled_from(["alloc", "free", "segment", "unsegment", "oom"]))
+        if kind == "alloc" and address not in live:
+            live[address] = size
+            frames = draw(st.sampled_from(frames_pool))
+            trace.append({"action": "alloc", "addr": address, "size": size, "frames": list(frames)})
+        elif kind == "free" and address in live:
+            size = live.pop(address)
+            trace.append({"action": "free_requested", "addr": address, "size": size})
+            trace.append({"action": "free_completed", "addr": address, "size": size})
+        elif kind == "segment":
+            action = draw(st.sampled_from(["segment_alloc", "segment_map"]))
+            segments[address] = segments.get(address, 0) + size
+            trace.append({"action": action, "addr": address, "size": size})
+        elif kind == "unsegment" and segments.get(address, 0) >= size:
+            action = draw(st.sampled_from(["segment_free", "segment_unmap"]))
+            segments[address] -= size
+            trace.append({"action": action, "addr": address, "size": size})
+        elif kind == "oom":
+            trace.append({"action": "oom", "device_free": 0, "size": size})
+    start = draw(st.integers(0, len(trace)))  # the ring dropped the oldest events
+    held = [
+        {"total_size": n, "blocks": [{"size": 0, "state": "inactive"}]} for n in segments.values()
+    ]
+    held += [
+        {"total_size": 0, "blocks": [{"size": n, "state": "active_allocated"}]}
+        for n in live.values()
+    ]
+    return {"segments": held, "device_traces": [trace[start:]]}
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshot=random_snapshots(), short=st.booleans())
+def test_the_one_pass_reader_agrees_with_a_replay_of_every_event(snapshot, short):
+    expected_sites, live, reserved = reference_sites_and_levels(snapshot, short)
+    assert sites(snapshot, short=short) == expected_sites
+    line = timeline(snapshot, top=3, short=short)
+    assert (line.live, line.reserved) == (live, reserved)
+    ours = overview(snapshot)
+    assert ours.sites == sites(snapshot)
+    assert ours.peak == (max(live), live.index(max(live)))
+    assert (ours.live, ours.reserved, ours.events) == (live[-1], reserved[-1], len(live) - 1)
+    for name, series in line.by_site.items():  # each chosen site's own series, replayed
+        assert series[-1] == next(
+            s.live_end_bytes for s in sites(snapshot, short=short) if s.name == name
+        )
+        assert max(series) == next(
+            s.peak_bytes for s in sites(snapshot, short=short) if s.name == name
+        )
