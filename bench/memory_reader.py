@@ -11,7 +11,7 @@ round trips (``alloc``, ``free_requested``, ``free_completed``) of 16 KiB to 4 M
 from 64 allocation sites, each stack 12 frames deep, with a ``segment_alloc`` per new address,
 and one ``release`` annotation per round trip. Each command runs in a child process, ``--repeat``
 times, alternating; the figures are the medians of wall time and of the child's peak resident
-memory (``ru_maxrss``) less that of a child that only imports the reader.
+memory (``VmHWM``) less that of a child that only imports the reader.
 
 Targets (issue 22): ``summary`` at most 0.5x the time of ``_memory_viz trace`` (its output
 thrown away) on the same file, and at most 2x the file's size in memory above the baseline.
@@ -19,6 +19,7 @@ thrown away) on the same file, and at most 2x the file's size in memory above th
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import random
@@ -123,7 +124,7 @@ def _event(action: str, address: int, size: int, t: int, frames: list) -> dict:
 
 
 _CHILD = """
-import resource, sys, time, runpy
+import sys, time, runpy
 start = time.perf_counter()
 sys.argv = {argv!r}
 try:
@@ -131,14 +132,16 @@ try:
 except SystemExit as exc:
     if exc.code not in (0, None):
         raise
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
 sys.stderr.write(f"{{time.perf_counter() - start}} {{rss}}\\n")
 """
 
 
 def run_child(module: str, argv: list[str]) -> tuple[float, int]:
     """Run ``python -m module argv...`` in a child (stdout thrown away); returns its wall time
-    in seconds from just before the module runs, and its peak resident memory in bytes."""
+    in seconds from just before the module runs, and its peak resident memory in bytes
+    (``VmHWM``: ``ru_maxrss`` would report the parent's if that was higher, as Linux keeps it
+    across fork and exec)."""
     code = _CHILD.format(module=module, argv=[module, *argv])
     done = subprocess.run(
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
@@ -151,7 +154,11 @@ def run_child(module: str, argv: list[str]) -> tuple[float, int]:
 
 def baseline_rss(module: str) -> int:
     """Peak resident memory of a child that imports ``module`` only (bytes)."""
-    code = f"import resource, {module}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    code = (
+        f"import {module}\n"
+        "print(next(int(line.split()[1]) for line in open('/proc/self/status')"
+        " if line.startswith('VmHWM')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(done.stdout) * 1024
 
@@ -164,12 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = args.entries or (100_000 if args.quick else 1_000_000)
     env_root = str(_common.ROOT)
     os.environ["PYTHONPATH"] = env_root + os.pathsep + os.environ.get("PYTHONPATH", "")
-    try:
-        import torch  # noqa: F401
-
-        have_torch = True
-    except ImportError:
-        have_torch = False
+    have_torch = importlib.util.find_spec("torch") is not None  # not imported here: see run_child
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "big.pickle"
         file_bytes = make_snapshot(entries, path)
