@@ -23,6 +23,11 @@ of events of ``device_traces[0]`` before it. PyTorch's readers read only ``segme
 ``device_traces`` (torch 2.13's ``torch/cuda/_memory_viz.py`` and ``MemoryViz.js``), which is why
 the annotations live there and not among the events.
 
+A snapshot taken after recording stopped is still self-consistent: the recorder keeps the
+state the trace ends in, and the snapshot appends the events that bring it to the segments'
+state now (:func:`reconcile`, each with the one frame :data:`OFF_FRAME`);
+``devmem["reconciled"]`` counts them (DESIGN 2.10; ``docs/memory-history.md``).
+
 Live blocks are found by walking the collector's objects for this allocator's storages (the
 allocator keeps no list of them, which is what keeps recording off free): blocks allocated
 before recording started are there too, with no frames.
