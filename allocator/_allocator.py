@@ -539,7 +539,11 @@ class Allocator:
 
         Starting a recording that is off begins a fresh history; calling it while recording
         only changes ``max_entries`` (keeping the newest) and ``stacks``. Stopping keeps the
-        history for :meth:`snapshot`. A free done by the finalizer (the last reference to a
+        history for :meth:`snapshot` (one walk of the collector's objects, to keep the state
+        the trace ends in): a snapshot taken later appends, marked ``<devmem history off>``,
+        the frees and allocations made since, so that its trace always ends at its segments.
+        A block's frames belong to the storage it was recorded for: one handed to another
+        storage while off has none. A free done by the finalizer (the last reference to a
         buffer died) is recorded when the next call of this allocator drains the finalizers'
         queue, with that call's stack under a ``<devmem finalizer>`` frame.
         ``DEVMEM_HISTORY=1`` (or ``stacks``) starts it when the allocator is built.
@@ -568,7 +572,7 @@ class Allocator:
         if self._pending:
             self._arenas.drain()
         if not enabled:
-            self._history.stop()
+            self._history.stop(self._arenas, self._cache)
             return
         self._history.start(
             self,

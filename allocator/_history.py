@@ -52,11 +52,13 @@ it is taken.
 from __future__ import annotations
 
 import collections
+import gc
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import _locks, _stacks
+from ._buffer import Storage
 from ._free_cause import FreeCause
 
 if TYPE_CHECKING:
@@ -76,6 +78,8 @@ __all__ = [
     "Recorder",
     "awaiting_free",
     "block_stream",
+    "held",
+    "storages",
 ]
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
@@ -94,6 +98,34 @@ def block_stream(block: Block) -> int:
     """The id of the stream ``block`` was allocated on, PyTorch's ``stream`` field (0 is the
     default stream; a block not yet handed out counts as the default stream's)."""
     return block.stream_id
+
+
+def held(
+    registry: ArenaRegistry, cache: CachingLayer | None, device: Device
+) -> tuple[list[tuple[Storage, Block]], dict[Block, str]]:
+    """What the allocator holds now: ``(storage, block)`` for every live storage (one walk of
+    the collector's objects), and every block held, live or cached, with its snapshot state
+    (``active_allocated``, ``active_pending_free`` or ``inactive``)."""
+    live = []
+    for storage in storages(registry):
+        block = storage.block
+        if block is not None:
+            live.append((storage, block))
+    states = {block: "active_allocated" for _, block in live}
+    for block in [] if cache is None else cache.blocks():
+        if block not in states:
+            states[block] = "active_pending_free" if awaiting_free(device, block) else "inactive"
+    return live, states
+
+
+def storages(registry: ArenaRegistry) -> list[Storage]:
+    """The storages of ``registry`` that still hold a block (a walk of the collector's
+    objects: the allocator keeps no list of them, which is what keeps recording off free)."""
+    return [
+        obj
+        for obj in gc.get_objects()
+        if type(obj) is Storage and obj._home is registry and obj._cell
+    ]
 
 
 def awaiting_free(device: Device, block: Block) -> bool:
@@ -118,7 +150,17 @@ class Recorder:
         ring: the events, oldest first, at most ``ring.maxlen``: tuples ``(action, address,
             size, stream, time_us, frames, extra)``; ``extra`` is ``None``, a dict of an
             annotation's or an ``oom``'s own fields, or a release's :class:`FreeCause`.
-        alloc_frames: the frames each live block recorded while on was allocated with.
+        alloc_frames: the frames each live block recorded while on was allocated with. They
+            belong to the storage that allocation made, not to the block (a cached block is
+            handed to another storage later): exact while recording (a free takes them off);
+            once stopped, ``owners`` says which storage they belong to.
+        at_stop: set by :meth:`stop` (``None`` until then, and while recording): per address
+            held when recording stopped, ``(size, state, stream, storage)``, the state the
+            trace ends in; ``storage`` is a weak reference to the storage of a live block
+            (else ``None``). A snapshot taken later adds what changed since to its trace.
+        owners: set by :meth:`stop`: the storage (a weak reference) that holds each block of
+            ``alloc_frames`` at the stop. A block that another storage holds by now was freed
+            and allocated again while history was off: its frames are not this storage's.
         segment_frames: the frames each device block recorded while on was malloc'd with.
         pending: freed blocks whose ``free_completed`` is not recorded yet: ``(address, size,
             stream, frames, alloc_frames)``, the fields of their ``free_requested`` and the
@@ -131,7 +173,9 @@ class Recorder:
         "_unhook",
         "addresses",
         "alloc_frames",
+        "at_stop",
         "device",
+        "owners",
         "pending",
         "recording",
         "ring",
@@ -148,6 +192,8 @@ class Recorder:
         self.ring: collections.deque = collections.deque(maxlen=DEFAULT_MAX_ENTRIES)
         self.addresses: dict[Block, int] = {}
         self.alloc_frames: dict[Block, tuple] = {}
+        self.owners: dict[Block, weakref.ref] = {}
+        self.at_stop: dict[int, tuple] | None = None
         self.segment_frames: dict[Block, tuple] = {}
         self.pending: dict[Block, tuple] = {}
 
@@ -177,6 +223,15 @@ class Recorder:
             self.ring = collections.deque(maxlen=max_entries)
             self.pending.clear()
             self.addresses.clear()
+            # the frames of blocks freed (and perhaps allocated again) while off are stale
+            owners, frames_of = self.owners, self.alloc_frames
+            for block in list(frames_of):
+                ref = owners.get(block)
+                storage = None if ref is None else ref()
+                if storage is None or storage.block is not block:
+                    del frames_of[block]
+            owners.clear()
+            self.at_stop = None
             self.recording = True
         lower = stats if cache is None else cache
         lower._upstream = DeviceHistoryLayer(device_layer, self)
@@ -185,16 +240,44 @@ class Recorder:
             self._unhook = weakref.finalize(owner, _unhook, registry, stats, lower, device_layer)
             self._unhook.atexit = False
 
-    def stop(self) -> None:
+    def stop(self, registry: ArenaRegistry, cache: CachingLayer | None) -> None:
         """Stop recording: the history layers leave the stack; the ring is kept for snapshots.
-        Freed blocks found reusable by now get their ``free_completed`` first."""
+        Freed blocks found reusable by now get their ``free_completed`` first. Then the state
+        the trace ends in is kept (:attr:`at_stop`, one walk of the collector's objects), and
+        each block of :attr:`alloc_frames` is tied to the storage that holds it
+        (:attr:`owners`). Stopping a recording that is off changes nothing.
+        """
         info = None if self._unhook is None else self._unhook.peek()
         if info is not None:  # the callback stays armed for the next start
             _unhook(*info[2])
         with self._lock:
-            if self.recording:
+            was = self.recording
+            if was:
                 self._complete_ready(self.device.clock_us())
             self.recording = False
+        if not was:
+            return
+        live, states = held(registry, cache, self.device)
+        owner = {block: weakref.ref(storage) for storage, block in live}
+        at_stop = {}
+        for block, state in states.items():
+            ref = owner.get(block)
+            at_stop[block.address] = (block.nbytes, state, block_stream(block), ref)
+        with self._lock:
+            frames_of = self.alloc_frames
+            for block in [block for block in frames_of if block not in owner]:
+                del frames_of[block]
+            self.owners = {block: owner[block] for block in frames_of}
+            self.at_stop = at_stop
+
+    def storage_frames(self, block: Block, storage: Storage) -> tuple | None:
+        """The captured stack ``storage``'s allocation of ``block`` was recorded with (empty
+        without stacks), or ``None`` if it was not recorded (made while history was off)."""
+        frames = self.alloc_frames.get(block)
+        if frames is None or self.recording:
+            return frames
+        ref = self.owners.get(block)
+        return frames if ref is not None and ref() is storage else None
 
     # -- events (called by the layers and the front end) -----------------------------------------
 
@@ -228,16 +311,70 @@ class Recorder:
 
     def allocated(self, block: Block) -> None:
         """``alloc`` of ``block`` (handed to a storage), after the frees found completed."""
-        frames = self._frames()
-        address, stream = self._address(block), block_stream(block)
-        with self._lock:
+        frames = _stacks.capture(2) if self.stacks else _NO_FRAMES
+        address = self.addresses.get(block)
+        if address is None:
+            address = self._address(block)
+        stream = block.stream
+        stream = 0 if stream is None else stream.id
+        lock = self._lock
+        lock.acquire()
+        try:
             now = self.device.clock_us()
-            self._complete_ready(now)
-            freed = self.pending.pop(block, None)
-            if freed is not None:  # taken from the cache before a poll saw it ready
-                self.ring.append(("free_completed", *freed[:3], now, freed[3], None))
+            pending = self.pending
+            if pending:
+                self._complete_ready(now)
+                freed = pending.pop(block, None)
+                if freed is not None:  # taken from the cache before a poll saw it ready
+                    self.ring.append(("free_completed", *freed[:3], now, freed[3], None))
             self.ring.append(("alloc", address, block.nbytes, stream, now, frames, None))
-            self.alloc_frames[block] = frames
+            if frames:  # without stacks a block has none to remember
+                self.alloc_frames[block] = frames
+        finally:
+            lock.release()
+
+    def freed(self, block: Block, cause: FreeCause) -> None:
+        """:meth:`free_requested` of one block (a storage's ``release``, ``resize_(0)`` or
+        finalization; an arena exit goes through :meth:`free_requested`), the common case
+        without building lists."""
+        kind = cause.kind
+        if kind == "arena_exit":
+            self.free_requested((block,), cause)
+            return
+        frames = _stacks.capture(2) if self.stacks else _NO_FRAMES
+        if kind == "finalize":
+            frames = (*_stacks.FINALIZED_MARK, *frames)
+        address = self.addresses.get(block)
+        if address is None:
+            address = self._address(block)
+        size, stream = block.nbytes, block.stream
+        stream = 0 if stream is None else stream.id
+        lock = self._lock
+        lock.acquire()
+        try:
+            now = self.device.clock_us()
+            append = self.ring.append
+            append(("free_requested", address, size, stream, now, frames, None))
+            if kind == "release":
+                append(("release", address, size, stream, now, frames, cause))
+            frames_of = self.alloc_frames
+            alloc_frames = frames_of.pop(block, _NO_FRAMES) if frames_of else _NO_FRAMES
+            self.pending[block] = (address, size, stream, frames, alloc_frames)
+        finally:
+            lock.release()
+
+    def returned_one(self, block: Block) -> None:
+        """:meth:`returned` of one block: ``free_completed`` if it is reusable now."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            freed = self.pending.get(block)
+            if freed is not None and self.device.ready(block):
+                del self.pending[block]
+                now = self.device.clock_us()
+                self.ring.append(("free_completed", *freed[:3], now, freed[3], None))
+        finally:
+            lock.release()
 
     def free_requested(self, blocks: Sequence[Block], cause: FreeCause) -> None:
         """``free_requested`` of each of ``blocks`` (freed by a storage because of ``cause``),
@@ -369,9 +506,9 @@ class HistoryLayer:
         """Record the request, hand ``block`` upstream, record its completion if it is
         reusable now."""
         recorder = self._recorder
-        recorder.free_requested((block,), cause)
+        recorder.freed(block, cause)
         self._upstream.deallocate(block, cause)
-        recorder.returned((block,))
+        recorder.returned_one(block)
 
     def deallocate_many(self, blocks: Sequence[Block], cause: FreeCause) -> None:
         """:meth:`deallocate` for every one of ``blocks`` (an arena exit)."""

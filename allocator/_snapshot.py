@@ -23,6 +23,11 @@ annotations (``arena_exit``, ``release``, ``cap_evict``, ``device_synchronize``)
 only ``segments`` and ``device_traces`` (torch 2.13's ``torch/cuda/_memory_viz.py`` and
 ``MemoryViz.js``), which is why the annotations live there and not among the events.
 
+A snapshot taken after recording stopped is still self-consistent: the recorder keeps the
+state the trace ends in, and the snapshot appends the events that bring it to the segments'
+state now (:func:`reconcile`, each with the one frame :data:`OFF_FRAME`);
+``devmem["reconciled"]`` counts them (DESIGN 2.10; ``docs/memory-history.md``).
+
 Live blocks are found by walking the collector's objects for this allocator's storages (the
 allocator keeps no list of them, which is what keeps recording off free): blocks allocated
 before recording started are there too, with no frames.
@@ -31,21 +36,19 @@ before recording started are there too, with no frames.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import pickle
 from typing import TYPE_CHECKING
 
 from . import _stacks
-from ._buffer import Storage
 from ._free_cause import FreeCause
-from ._history import ACTIONS, Recorder, awaiting_free, block_stream
+from ._history import ACTIONS, Recorder, block_stream, storages
+from ._history import held as _held
 
 if TYPE_CHECKING:
     from ._arena import ArenaRegistry
     from ._cache import CachingLayer
     from ._stats import AllocatorStats
-    from .device.base import Block
 
 __all__ = [
     "BLOCK_STATES",
@@ -123,26 +126,17 @@ class LiveBlock:
         return "\n".join(lines)
 
 
-def _live(registry: ArenaRegistry) -> list[Block]:
-    """The blocks this registry's storages hold now (a walk of the collector's objects)."""
-    blocks = []
-    for obj in gc.get_objects():
-        if type(obj) is Storage and obj._home is registry:
-            block = obj.block
-            if block is not None:
-                blocks.append(block)
-    return blocks
-
-
 def live_blocks(registry: ArenaRegistry, recorder: Recorder) -> list[LiveBlock]:
-    """Every block a storage of ``registry`` holds, by address, with its allocation frames."""
-    with recorder._lock:
-        frames_of = dict(recorder.alloc_frames)
+    """Every block a storage of ``registry`` holds, by address, with the frames of that
+    storage's allocation (none if it was not recorded)."""
     out, cache = [], _stacks.FrameCache()
-    for block in _live(registry):
-        stack = _stacks.frames_of(frames_of.get(block, ()), cache)
-        frames = tuple(StackFrame(*frame) for frame in stack)
-        out.append(LiveBlock(block.address, block.nbytes, block_stream(block), frames))
+    held = [(st, st.block) for st in storages(registry)]
+    with recorder._lock:
+        recorded = [(block, recorder.storage_frames(block, st)) for st, block in held if block]
+    for block, frames in recorded:
+        stack = _stacks.frames_of(frames or (), cache)
+        triples = tuple(StackFrame(*frame) for frame in stack)
+        out.append(LiveBlock(block.address, block.nbytes, block_stream(block), triples))
     return sorted(out, key=lambda block: block.address)
 
 
@@ -175,9 +169,92 @@ def _annotation(entry: tuple, trace_index: int, frames_cache: _stacks.FrameCache
 def _prune(recorder: Recorder, held: dict) -> None:
     """Drop the frames of blocks freed while recording was off (the maps are exact while on)."""
     with recorder._lock:
-        for frames_of in (recorder.alloc_frames, recorder.segment_frames, recorder.addresses):
+        for frames_of in (
+            recorder.alloc_frames,
+            recorder.owners,
+            recorder.segment_frames,
+            recorder.addresses,
+        ):
             for block in [block for block in frames_of if block not in held]:
                 del frames_of[block]
+
+
+OFF_FRAME = {
+    "filename": "<devmem history off>",
+    "line": 0,
+    "name": "happened while history was off; found at the snapshot",
+}
+"""The one frame of the events a snapshot adds at the end of its trace for what changed while
+recording was off (see :func:`reconcile`)."""
+
+
+def reconcile(
+    before: dict[int, tuple], now: dict[int, tuple], reallocated: set[int], time_us: int
+) -> list[dict]:
+    """The events that bring the state ``before`` (where the trace ends: when recording
+    stopped) to the state ``now`` (what changed while recording was off: PyTorch clears its
+    trace when recording stops, we keep ours and add these), each with the one frame
+    :data:`OFF_FRAME`.
+
+    Args:
+        before: per address held when recording stopped, ``(size, state, stream, ...)``;
+            ``state`` one of :data:`BLOCK_STATES`.
+        now: per address held now, the same.
+        reallocated: addresses live both then and now, by different storages (freed and
+            allocated again while off).
+        time_us: the time of the added events (the snapshot's).
+
+    Returns:
+        The events to append, frees first per address (so no level ever goes negative when
+        the trace is replayed from the segments' state), in address order.
+    """
+    out = []
+
+    def add(action: str, address: int, size: int, stream: int) -> None:
+        out.append(
+            {
+                "action": action,
+                "addr": address,
+                "size": size,
+                "stream": stream,
+                "time_us": time_us,
+                "frames": [OFF_FRAME],
+            }
+        )
+
+    for address in sorted(before.keys() | now.keys()):
+        seg, state, stream = before.get(address, (None, None, 0))[:3]
+        size, target, target_stream = now.get(address, (None, None, stream))[:3]
+        if size == seg and target == state and address not in reallocated:
+            continue
+        if size == seg and size is not None:
+            # the same segment: free what the trace left live, then allocate what is live now
+            if state == "active_allocated" and (
+                target != "active_allocated" or address in reallocated
+            ):
+                add("free_requested", address, seg, stream)
+                state = "active_pending_free"
+            if state == "active_pending_free" and target != "active_pending_free":
+                add("free_completed", address, seg, stream)
+                state = "inactive"
+            if state == "inactive" and target != "inactive":
+                add("alloc", address, size, target_stream)
+                if target == "active_pending_free":
+                    add("free_requested", address, size, target_stream)
+            continue
+        if seg is not None:  # the trace's segment went back to the device
+            if state == "active_allocated":
+                add("free_requested", address, seg, stream)
+            if state in ("active_allocated", "active_pending_free"):
+                add("free_completed", address, seg, stream)
+            add("segment_free", address, seg, stream)
+        if size is not None:  # a segment the trace does not know of took its address
+            add("segment_alloc", address, size, target_stream)
+            if target != "inactive":
+                add("alloc", address, size, target_stream)
+            if target == "active_pending_free":
+                add("free_requested", address, size, target_stream)
+    return out
 
 
 def build(
@@ -207,23 +284,26 @@ def build(
             trace.append(_event(entry, frames_cache))
         else:
             annotations.append(_annotation(entry, len(trace), frames_cache))
+    live, held = _held(registry, cache, device)
     with recorder._lock:
-        alloc_frames = dict(recorder.alloc_frames)
+        alloc_frames = {block: recorder.storage_frames(block, st) for st, block in live}
         segment_frames = dict(recorder.segment_frames)
         pending = dict(recorder.pending)
-    held: dict[Block, str] = dict.fromkeys(_live(registry), "active_allocated")
-    for block in [] if cache is None else cache.blocks():
-        if block not in held:
-            pending_free = awaiting_free(device, block)
-            held[block] = "active_pending_free" if pending_free else "inactive"
-    if not recorder.recording:
+        recording = recorder.recording
+        at_stop = None if recording else recorder.at_stop
+    if not recording:
         _prune(recorder, held)
-    segments = []
+    storage_of = {block: st for st, block in live}
+    segments, now, reallocated = [], {}, set()
     for block, state in held.items():
-        address, size = block.address, block.nbytes
+        address, size, stream = block.address, block.nbytes, block_stream(block)
         allocated = size if state == "active_allocated" else 0
+        now[address] = (size, state, stream)
         if state == "active_allocated":
-            frames = alloc_frames.get(block, ())
+            frames = alloc_frames.get(block) or ()
+            then = None if at_stop is None else at_stop.get(address)
+            if then is not None and then[1] == state and then[3]() is not storage_of[block]:
+                reallocated.add(address)
         elif state == "active_pending_free" and block in pending:
             frames = pending[block][4]
         else:
@@ -236,7 +316,7 @@ def build(
                 "allocated_size": allocated,
                 "active_size": 0 if state == "inactive" else size,
                 "requested_size": allocated,
-                "stream": block_stream(block),
+                "stream": stream,
                 "segment_type": "small" if size <= SMALL_SEGMENT_MAX_BYTES else "large",
                 "segment_pool_id": (0, 0),
                 "is_expandable": False,
@@ -253,6 +333,8 @@ def build(
             }
         )
     segments.sort(key=lambda segment: segment["address"])
+    added = [] if at_stop is None else reconcile(at_stop, now, reallocated, device.clock_us())
+    trace.extend(added)
     return {
         "segments": segments,
         "device_traces": [trace],
@@ -260,9 +342,10 @@ def build(
             "format": 1,
             "backend": stats.backend,
             "clock": "sim" if stats.backend == "sim" else "host",
-            "recording": recorder.recording,
+            "recording": recording,
             "stacks": recorder.stacks,
             "max_entries": recorder.ring.maxlen,
+            "reconciled": len(added),
             "stats": dataclasses.asdict(stats),
             "annotations": annotations,
         },

@@ -7,7 +7,8 @@ Definitions, per device trace, after each event:
 
 - live bytes: allocated and not yet freed (``alloc`` adds, ``free_requested`` subtracts), the
   allocator's ``live_bytes``;
-- reserved bytes: held from the device (``segment_alloc`` adds, ``segment_free`` subtracts);
+- reserved bytes: held from the device (``segment_alloc`` and an expandable segment's
+  ``segment_map`` add, ``segment_free`` and ``segment_unmap`` subtract);
   cached bytes are reserved minus live (the reuse cache, blocks awaiting events included);
 - an allocation site: the innermost frame of an ``alloc`` (for a comprehension or a lambda,
   with the function around it), where the allocator's own frames are already left out.
@@ -25,17 +26,39 @@ import os
 from collections import defaultdict
 
 __all__ = [
+    "ACTIONS",
     "BEFORE_TRACE",
     "NO_STACK",
     "Marker",
+    "Overview",
     "Site",
     "Timeline",
+    "check_snapshot",
     "device_of",
     "format_bytes",
+    "overview",
     "site_of",
     "sites",
     "timeline",
 ]
+
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+)
+"""Every trace action PyTorch 2.13 writes (``TraceEntry::Action``, as
+``torch/csrc/cuda/memory_snapshot.cpp`` names them). ``segment_map`` and ``segment_unmap`` map
+and unmap part of an expandable segment (``is_expandable``); ``snapshot`` marks when a snapshot
+was taken."""
+
+_NO_ADDRESS = ("oom",)  # it has ``device_free`` instead; every other event has an int ``addr``
 
 BEFORE_TRACE = "<live before the trace>"
 NO_STACK = "<no stack recorded>"
@@ -52,33 +75,187 @@ def format_bytes(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _frame_text(frame: dict, short: bool) -> str:
+_MISSING = object()
+
+
+def _need(ok: bool, where: str, field: str, value: object, expected: str) -> None:
+    if not ok:
+        if value is _MISSING:
+            found = "missing"
+        elif value is None:
+            found = "None"
+        else:
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            found = f"{type(value).__name__} {shown}"
+        raise ValueError(f"{where}{field} is {found}, expected {expected}")
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # not bool
+
+
+def _check_frames(frames: object, where: str) -> None:
+    _need(isinstance(frames, list), where, ".frames", frames, "a list of frames")
+    for i, frame in enumerate(frames):
+        at = f"{where}.frames[{i}]"
+        _need(isinstance(frame, dict), at, "", frame, "a dict {filename, line, name}")
+        for field, kind in (("filename", str), ("name", str)):
+            if field in frame:
+                _need(isinstance(frame[field], kind), at, f".{field}", frame[field], "a str")
+        if "line" in frame:
+            _need(_is_int(frame["line"]), at, ".line", frame["line"], "an int")
+
+
+def check_snapshot(snapshot: object) -> dict:
+    """``snapshot`` if it has the structure the readers here rely on, else a ``ValueError``
+    naming the first field that is wrong (``device_traces[0][3].size is str '12', expected an
+    int``).
+
+    Required: a dict with a ``segments`` list; each segment a dict with an int ``total_size``
+    (bytes) and a ``blocks`` list of dicts with an int ``size`` and a str ``state``;
+    ``device_traces``, if present, a list (one per device) of lists of event dicts, each with an
+    ``action`` of :data:`ACTIONS`, an int ``size`` and an int ``addr`` (but ``oom``), as PyTorch
+    writes every event. Optional, but typed when present: ``device``
+    and ``stream`` ints (a stream may be a handle, any int), ``time_us`` a number, ``frames`` a
+    list of frame dicts (``filename`` and ``name`` str, ``line`` int), ``compile_context`` and
+    ``user_metadata`` str, ``devmem`` a dict whose ``annotations`` is a list of dicts.
+
+    Raises:
+        ValueError: the first field that breaks the structure, by its path.
+    """
+    _need(isinstance(snapshot, dict), "", "the snapshot", snapshot, "a dict")
+    segments = snapshot.get("segments", _MISSING)
+    _need(isinstance(segments, list), "", "segments", segments, "a list of segments")
+    for i, segment in enumerate(segments):
+        where = f"segments[{i}]"
+        _need(isinstance(segment, dict), where, "", segment, "a dict")
+        for field in ("device", "address", "total_size", "stream"):
+            if field in segment or field == "total_size":
+                value = segment.get(field, _MISSING)
+                _need(_is_int(value), where, f".{field}", value, "an int")
+        blocks = segment.get("blocks", _MISSING)
+        _need(isinstance(blocks, list), where, ".blocks", blocks, "a list of blocks")
+        for j, block in enumerate(blocks):
+            at = f"{where}.blocks[{j}]"
+            _need(isinstance(block, dict), at, "", block, "a dict")
+            size, state = block.get("size", _MISSING), block.get("state", _MISSING)
+            _need(_is_int(size), at, ".size", size, "an int")
+            _need(isinstance(state, str), at, ".state", state, "a str")
+            if "frames" in block:
+                _check_frames(block["frames"], at)
+        if "frames" in segment:
+            _check_frames(segment["frames"], where)
+    traces = snapshot.get("device_traces", [])
+    _need(isinstance(traces, list), "", "device_traces", traces, "a list of lists of events")
+    seen: set[tuple] = set()  # frame lists checked already, by their frames' ids
+    for device, trace in enumerate(traces):
+        where = f"device_traces[{device}]"
+        _need(isinstance(trace, list), where, "", trace, "a list of events")
+        _check_trace(trace, where, seen)
+    devmem = snapshot.get("devmem", {})
+    _need(isinstance(devmem, dict), "", "devmem", devmem, "a dict")
+    notes = devmem.get("annotations", [])
+    _need(isinstance(notes, list), "devmem", ".annotations", notes, "a list")
+    for i, note in enumerate(notes):
+        _need(isinstance(note, dict), f"devmem.annotations[{i}]", "", note, "a dict")
+    return snapshot
+
+
+_ACTION_SET = frozenset(ACTIONS)
+_NONE: tuple = ()
+
+
+def _check_trace(trace: list, where: str, seen: set[tuple]) -> None:
+    """:func:`_check_event` for each event, fast: the fields are read once and a frame list
+    whose frames were all checked before (the same dicts: a pickle shares equal ones) is not
+    checked again; any doubt goes to the slow check, which names the field."""
+    for i, event in enumerate(trace):
+        if type(event) is not dict:
+            _check_event(event, f"{where}[{i}]")
+        get = event.get
+        action = get("action")
+        if (
+            type(action) is not str
+            or action not in _ACTION_SET
+            or type(get("size")) is not int
+            or (action != "oom" and type(get("addr")) is not int)
+            or type(get("stream", 0)) is not int
+            or type(get("device_free", 0)) is not int
+            or type(get("time_us", 0)) not in (int, float)
+            or type(get("compile_context", "")) is not str
+            or type(get("user_metadata", "")) is not str
+        ):
+            _check_event(event, f"{where}[{i}]")
+        frames = get("frames", _NONE)
+        if frames is not _NONE:
+            if type(frames) is not list:
+                _check_event(event, f"{where}[{i}]")
+            key = tuple(map(id, frames))
+            if key not in seen:
+                _check_frames(frames, f"{where}[{i}]")
+                seen.add(key)
+
+
+def _check_event(event: object, where: str) -> None:
+    _need(isinstance(event, dict), where, "", event, "a dict")
+    action = event.get("action", _MISSING)
+    _need(action in ACTIONS, where, ".action", action, f"one of {', '.join(ACTIONS)}")
+    size = event.get("size", _MISSING)
+    _need(_is_int(size), where, ".size", size, "an int")
+    if action not in _NO_ADDRESS:
+        address = event.get("addr", _MISSING)
+        _need(_is_int(address), where, ".addr", address, "an int")
+    for field in ("stream", "device_free"):
+        if field in event:
+            _need(_is_int(event[field]), where, f".{field}", event[field], "an int")
+    if "time_us" in event:
+        value = event["time_us"]
+        _need(_is_int(value) or type(value) is float, where, ".time_us", value, "a number")
+    if "frames" in event:
+        _check_frames(event["frames"], where)
+    for field in ("compile_context", "user_metadata"):
+        if field in event:
+            _need(isinstance(event[field], str), where, f".{field}", event[field], "a str")
+
+
+def _frame_text(frame: dict, short: bool, files: dict | None = None) -> str:
     filename = frame.get("filename", "?")
-    if short:
-        filename = os.path.basename(filename)
-    else:
-        try:
-            relative = os.path.relpath(filename)
-        except ValueError:  # another drive
-            relative = filename
-        if not relative.startswith(".."):
-            filename = relative
-    return f"{filename}:{frame.get('line', '?')} in {frame.get('name', '?')}"
+    shown = None if files is None else files.get(filename)
+    if shown is None:
+        if short:
+            shown = os.path.basename(filename)
+        else:
+            try:
+                relative = os.path.relpath(filename)
+            except ValueError:  # another drive
+                relative = filename
+            shown = filename if relative.startswith("..") else relative
+        if files is not None:
+            files[filename] = shown
+    return f"{shown}:{frame.get('line', '?')} in {frame.get('name', '?')}"
 
 
-def site_of(frames: list[dict], short: bool = False) -> str:
+def site_of(frames: list[dict], short: bool = False, files: dict | None = None) -> str:
     """The allocation site of ``frames`` (innermost first): the first Python frame, with its
     caller when it is a comprehension or a lambda (``<listcomp>``). :data:`NO_STACK` if none.
 
     Args:
         frames: PyTorch frame dicts.
         short: file names without their directories (for a picture's legend).
+        files: a cache of each file name as shown (relative paths cost a ``getcwd``).
     """
-    python = [frame for frame in frames if str(frame.get("filename", "")).endswith(".py")]
-    chosen = python or list(frames)
+    chosen = []  # the first two Python frames (the caller names a comprehension's site)
+    for frame in frames:
+        if str(frame.get("filename", "")).endswith(".py"):
+            chosen.append(frame)
+            if len(chosen) == 2:
+                break
+    if not chosen:
+        chosen = list(frames[:2])
     if not chosen:
         return NO_STACK
-    text = _frame_text(chosen[0], short)
+    text = _frame_text(chosen[0], short, files)
     if str(chosen[0].get("name", "")).startswith("<") and len(chosen) > 1:
         text += f" < {chosen[1].get('name', '?')}"
     return text
@@ -106,7 +283,8 @@ class Marker:
 
     Attributes:
         index: the number of trace events before it.
-        kind: ``arena_exit``, ``release``, ``cap_evict`` or ``oom``.
+        kind: ``arena_exit``, ``release``, ``cap_evict``, ``oom`` or ``snapshot`` (PyTorch's
+            mark of a snapshot taken while recording).
         label: a few words (``exit d0: 64 buffers``, ``release_param``, ``OOM 2.00 MiB``).
     """
 
@@ -191,24 +369,81 @@ def _end_levels(snapshot: dict, device: int) -> tuple[int, int]:
     return live, reserved
 
 
-def _walk(trace: list[dict], short: bool):
-    """Yield ``(event, site, delta_live, delta_reserved)``; the site of a free is the site of
-    the allocation it frees (``None`` when that was before the trace)."""
-    site_at: dict[int, str] = {}
-    for event in trace:
-        action, size = event.get("action"), event.get("size", 0)
-        if action == "alloc":
-            site = site_of(event.get("frames", []), short)
-            site_at[event.get("addr")] = site
-            yield event, site, size, 0
-        elif action == "free_requested":
-            yield event, site_at.pop(event.get("addr"), None), -size, 0
-        elif action == "segment_alloc":
-            yield event, None, 0, size
-        elif action == "segment_free":
-            yield event, None, 0, -size
-        else:
-            yield event, None, 0, 0
+_RESERVES = ("segment_alloc", "segment_map")  # an expandable segment maps more of itself
+_RELEASES = ("segment_free", "segment_unmap")
+
+
+class _Scan:
+    """One pass over a trace: the level changes, and per allocation site (each distinct frame
+    list named once) its bytes live, their highest level, its allocations and the largest.
+
+    Levels are relative to the trace's start (the bytes live before it are worked out from the
+    segments afterwards). With ``series``, the relative levels after every event, each event's
+    time, and each event's site of a live-bytes change (``None`` for the bytes live before the
+    trace)."""
+
+    def __init__(self, trace: list[dict], short: bool, series: bool) -> None:
+        names: dict[tuple, str] = {}  # a frame list, by its frames' ids -> its site
+        files: dict[str, str] = {}
+        site_at: dict[int, str] = {}  # address -> the site of the block live there
+        live: dict[str | None, int] = defaultdict(int)  # None: live before the trace
+        peak: dict[str | None, int] = defaultdict(int)
+        allocs: dict[str, int] = defaultdict(int)
+        largest: dict[str, int] = defaultdict(int)
+        level = reserved = top = top_at = 0
+        levels, reserves, times, owners = [0], [0], [], []
+        time_us = trace[0].get("time_us", 0) if trace else 0
+        for i, event in enumerate(trace, start=1):
+            action = event.get("action")
+            size = event.get("size", 0)
+            site = None
+            if action == "alloc":
+                frames = event.get("frames", ())
+                key = tuple(map(id, frames))
+                site = names.get(key)
+                if site is None:
+                    site = names[key] = site_of(frames, short, files)
+                site_at[event.get("addr")] = site
+                allocs[site] += 1
+                if size > largest[site]:
+                    largest[site] = size
+                now = live[site] = live[site] + size
+                if now > peak[site]:
+                    peak[site] = now
+                level += size
+                if level > top:
+                    top, top_at = level, i
+            elif action == "free_requested":
+                site = site_at.pop(event.get("addr"), None)
+                live[site] -= size
+                level -= size
+            elif action in _RESERVES:
+                reserved += size
+            elif action in _RELEASES:
+                reserved -= size
+            if series:
+                levels.append(level)
+                reserves.append(reserved)
+                time_us = event.get("time_us", time_us)
+                times.append(time_us)
+                owners.append(site)
+        self.events = len(trace)
+        self.delta_live, self.delta_reserved = level, reserved
+        self.top, self.top_at = top, top_at  # the highest relative level, first reached after
+        self.live, self.peak, self.allocs, self.largest = live, peak, allocs, largest
+        self.levels, self.reserves, self.times, self.owners = levels, reserves, times, owners
+
+    def sites(self, before: int) -> list[Site]:
+        """The sites, given the bytes live before the trace."""
+        out = [
+            Site(name, self.peak[name], self.allocs[name], self.largest[name], self.live[name])
+            for name in self.live
+            if name is not None
+        ]
+        if before > 0:
+            # the bytes live before the trace: their own level starts at ``before``
+            out.append(Site(BEFORE_TRACE, before + self.peak[None], 0, 0, before + self.live[None]))
+        return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
 
 
 def sites(snapshot: dict, device: int | None = None, short: bool = False) -> list[Site]:
@@ -228,28 +463,58 @@ def sites(snapshot: dict, device: int | None = None, short: bool = False) -> lis
         ValueError: ``device`` has no trace.
     """
     device = device_of(snapshot, device)
-    trace = _trace(snapshot, device)
+    scan = _Scan(_trace(snapshot, device), short, series=False)
     end_live, _ = _end_levels(snapshot, device)
-    delta = sum(d for _, _, d, _ in _walk(trace, short))
-    live: dict[str, int] = defaultdict(int)
-    before = end_live - delta
-    live[BEFORE_TRACE] = before
-    peak, allocs, largest = dict(live), defaultdict(int), defaultdict(int)
-    for event, site, d_live, _ in _walk(trace, short):
-        if not d_live:
-            continue
-        site = BEFORE_TRACE if site is None else site
-        live[site] += d_live
-        if d_live > 0:
-            allocs[site] += 1
-            largest[site] = max(largest[site], event.get("size", 0))
-            peak[site] = max(peak.get(site, 0), live[site])
-    out = [
-        Site(name, peak.get(name, 0), allocs[name], largest[name], live[name])
-        for name in live
-        if name != BEFORE_TRACE or before > 0
-    ]
-    return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
+    return scan.sites(end_live - scan.delta_live)
+
+
+@dataclasses.dataclass(frozen=True)
+class Overview:
+    """What ``summary`` prints, from one pass over a device's trace.
+
+    Attributes:
+        events: trace events.
+        peak: ``(bytes, index)`` of the highest live level and the first point reaching it.
+        live, cached, reserved: the levels at the end (bytes).
+        markers: as :attr:`Timeline.markers`.
+        backend: as :attr:`Timeline.backend`.
+        sites: as :func:`sites` (``short=False``).
+    """
+
+    events: int
+    peak: tuple[int, int]
+    live: int
+    cached: int
+    reserved: int
+    markers: list[Marker]
+    backend: str
+    sites: list[Site]
+
+
+def overview(snapshot: dict, device: int | None = None) -> Overview:
+    """The levels, markers and sites of one device's trace in one pass (what :func:`timeline`
+    and :func:`sites` give, without the series).
+
+    Raises:
+        ValueError: ``device`` has no trace.
+    """
+    device = device_of(snapshot, device)
+    trace = _trace(snapshot, device)
+    scan = _Scan(trace, False, series=False)
+    end_live, end_reserved = _end_levels(snapshot, device)
+    before = end_live - scan.delta_live
+    peak = (before + scan.top, scan.top_at) if scan.top > 0 else (before, 0)
+    backend = (snapshot.get("devmem") or {}).get("backend", "torch")
+    return Overview(
+        scan.events,
+        peak,
+        end_live,
+        end_reserved - end_live,
+        end_reserved,
+        _markers(snapshot, trace, device),
+        backend,
+        scan.sites(before),
+    )
 
 
 def _markers(snapshot: dict, trace: list[dict], device: int) -> list[Marker]:
@@ -257,8 +522,11 @@ def _markers(snapshot: dict, trace: list[dict], device: int) -> list[Marker]:
     annotations."""
     markers = []
     for i, event in enumerate(trace):
-        if event.get("action") == "oom":
+        action = event.get("action")
+        if action == "oom":
             markers.append(Marker(i, "oom", f"OOM {format_bytes(event.get('size', 0))}"))
+        elif action == "snapshot":
+            markers.append(Marker(i, "snapshot", "snapshot"))
     notes = (snapshot.get("devmem") or {}).get("annotations", []) if device == 0 else []
     for note in notes:
         kind, index = note.get("action"), note.get("trace_index", 0)
@@ -292,27 +560,25 @@ def timeline(
         raise ValueError(f"top must be >= 0, got {top}")
     device = device_of(snapshot, device)
     trace = _trace(snapshot, device)
-    chosen = [site.name for site in sites(snapshot, device, short)[:top]] if top else []
+    scan = _Scan(trace, short, series=True)
     end_live, end_reserved = _end_levels(snapshot, device)
-    d_live = d_reserved = 0
-    for _, _, a, b in _walk(trace, short):
-        d_live, d_reserved = d_live + a, d_reserved + b
-    live, reserved = [end_live - d_live], [end_reserved - d_reserved]
-    first_time = trace[0].get("time_us", 0) if trace else 0
-    time_us = [first_time]
-    levels = dict.fromkeys(chosen, 0)
-    if BEFORE_TRACE in levels:
-        levels[BEFORE_TRACE] = live[0]
-    by_site = {name: [level] for name, level in levels.items()}
-    for event, site, a, b in _walk(trace, short):
-        live.append(live[-1] + a)
-        reserved.append(reserved[-1] + b)
-        time_us.append(event.get("time_us", time_us[-1]))
-        site = BEFORE_TRACE if site is None and a else site
-        if a and site in levels:
-            levels[site] += a
-        for name, series in by_site.items():
-            series.append(levels[name])
+    before = end_live - scan.delta_live
+    chosen = [site.name for site in scan.sites(before)[:top]] if top else []
+    live = [before + level for level in scan.levels]
+    start_reserved = end_reserved - scan.delta_reserved
+    reserved = [start_reserved + level for level in scan.reserves]
+    time_us = [trace[0].get("time_us", 0) if trace else 0, *scan.times]
+    by_site = {}
+    for name in chosen:
+        owner = None if name == BEFORE_TRACE else name
+        level = before if owner is None else 0
+        series = [level]
+        for event, site in zip(trace, scan.owners, strict=True):
+            if site == owner and event.get("action") in ("alloc", "free_requested"):
+                size = event.get("size", 0)
+                level += size if event.get("action") == "alloc" else -size
+            series.append(level)
+        by_site[name] = series
     backend = (snapshot.get("devmem") or {}).get("backend", "torch")
     markers = _markers(snapshot, trace, device)
     return Timeline(time_us, live, reserved, by_site, markers, backend)

@@ -9,9 +9,13 @@
 <allocator.Allocator.dump_snapshot>`, or by PyTorch's ``torch.cuda.memory._dump_snapshot()``
 (the same format). ``plot`` draws the live bytes, stacked by allocation site (the largest sites
 by peak get their own band, labelled by their allocating frame), the cached bytes on top, and
-marks arena exits, releases, cap evictions and OOMs. ``summary`` prints the levels and the top
-allocation sites by peak live bytes, as text. A snapshot is a pickle: open only files you
-trust, as with any pickle.
+marks arena exits, releases, cap evictions, OOMs and the snapshots PyTorch took. ``summary``
+prints the levels and the top allocation sites by peak live bytes, as text. A snapshot is a
+pickle, read here with a restricted unpickler that builds only builtin types (dicts, lists,
+tuples, strings, numbers, booleans, None) and looks up no global, so a malicious file cannot
+run code (PyTorch's own reader, ``torch.cuda._memory_viz``, would run it: open only files you
+trust there). A file that is not a snapshot is one ``error:`` line naming the field that is
+wrong, exit status 1.
 
 The picture needs matplotlib (``pip install 'devmem-harness[plot]'``); without it ``plot``
 says so and exits with status 1. Nothing else here needs it.
@@ -25,7 +29,14 @@ import pickle
 import sys
 from pathlib import Path
 
-from ._timeline import BEFORE_TRACE, Timeline, format_bytes, sites, timeline
+from ._timeline import (
+    BEFORE_TRACE,
+    Timeline,
+    check_snapshot,
+    format_bytes,
+    overview,
+    timeline,
+)
 
 __all__ = ["PLOT_EXTRA_HINT", "load", "main", "plot", "summary"]
 
@@ -36,18 +47,36 @@ _OTHER_COLOR, _BEFORE_COLOR, _CACHED_COLOR = "#9c9c9c", "#c7c7c7", "#d6e6f5"
 _MAX_LABELLED_EXITS = 12
 
 
+class _SnapshotUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what a snapshot holds: dicts, lists, tuples, str, bytes,
+    int, float, bool and None (sets too, which need no global). Every global (a class, a
+    function: what a malicious pickle calls to run code) and every persistent id is refused."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(
+            f"it names the global {module}.{name}; a snapshot holds only dicts, lists, tuples,"
+            " strings, numbers, booleans and None, so nothing is ever imported or called"
+        )
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("it holds a persistent id; a snapshot has none")
+
+
 def load(path: str | os.PathLike) -> dict:
-    """The snapshot pickled at ``path``.
+    """The snapshot pickled at ``path``, read with a restricted unpickler (no global is ever
+    looked up, so loading runs no code from the file) and checked by
+    :func:`~allocator._timeline.check_snapshot`.
 
     A bare list is taken as a list of segments (as PyTorch's own reader does).
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: it is not a pickled snapshot (a dict with ``segments``).
+        ValueError: it is not a pickle of builtin types, or not a snapshot; the message names
+            the path and the first field that is wrong.
     """
     with open(path, "rb") as f:
         try:
-            data = pickle.load(f)
+            data = _SnapshotUnpickler(f).load()
         except Exception as exc:  # a pickle can fail in many ways; all mean "not a snapshot"
             raise ValueError(f"{path}: not a pickled memory snapshot ({exc})") from None
     if isinstance(data, list):
@@ -58,7 +87,10 @@ def load(path: str | os.PathLike) -> dict:
             f"{path}: not a memory snapshot: expected a dict with 'segments' and 'device_traces'"
             f" (the format of torch.cuda.memory._snapshot()), got {got}"
         )
-    return data
+    try:
+        return check_snapshot(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a memory snapshot: {exc}") from None
 
 
 def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
@@ -78,26 +110,28 @@ def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
     """
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
-    line = timeline(snapshot, device, top=0, short=False)
+    line = overview(snapshot, device)
     peak, at = line.peak
     notes = {kind: sum(m.kind == kind for m in line.markers) for kind in _MARKER_STYLE}
     devmem = snapshot.get("devmem") or {}
     # the ring holds device 0's events and the annotations
+    # (less the events a snapshot added for what changed after recording stopped)
     kept = len((snapshot.get("device_traces") or [[]])[0]) + len(devmem.get("annotations", ()))
+    kept -= devmem.get("reconciled", 0)
     full = devmem.get("max_entries") and kept >= devmem["max_entries"]
     lines = [
         f"backend {line.backend}: {line.events} events"
         + (" (the ring is full: older events were dropped)" if full else ""),
         f"peak live {format_bytes(peak)} after event {at}; at the end: live"
-        f" {format_bytes(line.live[-1])}, cached {format_bytes(line.cached[-1])}, reserved"
-        f" {format_bytes(line.reserved[-1])}",
+        f" {format_bytes(line.live)}, cached {format_bytes(line.cached)}, reserved"
+        f" {format_bytes(line.reserved)}",
         f"arena exits {notes['arena_exit']}, releases {notes['release']}, cap evictions"
         f" {notes['cap_evict']}, OOMs {notes['oom']}",
         "",
         "top allocation sites by peak live bytes:",
         f"{'peak live':>12} {'allocs':>8} {'largest':>12} {'live at end':>12}  site",
     ]
-    found = sites(snapshot, device)
+    found = line.sites
     for site in found[:top]:
         lines.append(
             f"{format_bytes(site.peak_bytes):>12} {site.allocs:>8}"
@@ -117,6 +151,7 @@ _MARKER_STYLE = {
     "release": ("#7b3294", "release"),
     "cap_evict": ("#e66101", "cap eviction"),
     "oom": ("#d7191c", "OOM"),
+    "snapshot": ("#1a9641", "snapshot taken"),
 }
 
 
@@ -151,7 +186,9 @@ def plot(
         output: the picture's path.
         top: allocation sites with a band of their own (the rest is one ``other sites`` band).
         device: the device to draw (default: the first with events).
-        use_time: x is the events' time (``time_us``) instead of their index.
+        use_time: x is the events' time (``time_us``); by default, and when the clock never
+            moved (``sim`` with no kernel), x counts the allocations and frees (each free
+            one step, as in memory_viz; the axis label says which).
         title: the title; default says the backend, the events and the peak.
 
     Returns:
@@ -224,14 +261,28 @@ def plot(
     return path
 
 
+EVENT_AXIS = "allocations and frees (a free is one step, as in memory_viz)"
+STILL_CLOCK_AXIS = EVENT_AXIS + "; --time: the clock never moved"
+
+
 def _x_axis(line: Timeline, use_time: bool, snapshot: dict) -> tuple[list[float], str]:
-    if not use_time:
-        return list(range(len(line.live))), "event"
-    start = line.time_us[0]
-    clock = (snapshot.get("devmem") or {}).get("clock", "host")
-    if clock == "sim":
-        return [t - start for t in line.time_us], "time (us of the simulated clock)"
-    return [(t - start) / 1e6 for t in line.time_us], "time (s since the first event)"
+    """x of each point, and the axis label. The event axis counts the events that change a
+    level (an allocation, a free's request, a segment's malloc or free), so a free is one step
+    (its ``free_completed`` takes none) and bookkeeping events take no width. A time axis on a
+    clock that never moved falls back to it, saying so."""
+    if use_time and line.time_us[-1] != line.time_us[0]:
+        start = line.time_us[0]
+        clock = (snapshot.get("devmem") or {}).get("clock", "host")
+        if clock == "sim":
+            return [t - start for t in line.time_us], "time (us of the simulated clock)"
+        return [(t - start) / 1e6 for t in line.time_us], "time (s since the first event)"
+    x, step = [0], 0
+    live, reserved = line.live, line.reserved
+    for i in range(1, len(live)):
+        if live[i] != live[i - 1] or reserved[i] != reserved[i - 1]:
+            step += 1
+        x.append(step)
+    return x, STILL_CLOCK_AXIS if use_time and len(live) > 1 else EVENT_AXIS
 
 
 def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
@@ -260,13 +311,15 @@ def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
                 ha="right",
                 color=color,
             )
-    for kind, y, shape in (("release", 0.0, "|"), ("cap_evict", top * 1.06, "v")):
+    for kind, shape in (("release", "v"), ("cap_evict", "v")):
         found = by_kind[kind]
         if found:
             color, name = _MARKER_STYLE[kind]
+            # a release on the live bytes it left, a cap eviction above the plot
+            ys = [line.live[m.index] / scale if kind == "release" else top * 1.06 for m in found]
             ax.plot(
                 [x[m.index] for m in found],
-                [y] * len(found),
+                ys,
                 ls="none",
                 marker=shape,
                 ms=7,
@@ -274,6 +327,16 @@ def _draw_markers(ax, line: Timeline, x: list[float], scale: float) -> None:
                 label=f"{name} ({len(found)})",
                 clip_on=False,
             )
+    found = by_kind["snapshot"]
+    for i, marker in enumerate(found):
+        color, name = _MARKER_STYLE["snapshot"]
+        ax.axvline(
+            x[marker.index],
+            color=color,
+            ls="--",
+            lw=0.8,
+            label=f"{name} ({len(found)})" if i == 0 else None,
+        )
     for i, marker in enumerate(by_kind["oom"]):
         color, name = _MARKER_STYLE["oom"]
         ax.axvline(
@@ -307,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         "--top", type=_count, default=6, help="allocation sites drawn in their own band (default 6)"
     )
     draw.add_argument(
-        "--time", action="store_true", help="x is the events' time_us instead of their index"
+        "--time",
+        action="store_true",
+        help="x is the events' time_us (default: allocations and frees, each free one step;"
+        " also when the clock never moved)",
     )
     draw.add_argument("--title", help="the picture's title")
     text = commands.add_parser("summary", help="print the top allocation sites by peak bytes")

@@ -58,6 +58,8 @@ TARGET_EXIT_GROWTH = 2.0
 TARGET_EXIT_VS_ROUND_TRIP = 1.0
 TARGET_CUDA_VS_POOL = 2.0
 TARGET_CUDA_VS_RAW = 10.0
+TARGET_HISTORY_ON = 1.5  # issue 22: history on, without stacks, over off
+TARGET_HISTORY_STACKS = 4.0  # issue 22: with stacks, from a caller 40 frames deep, over off
 EXIT_KS = (1_000, 10_000, 100_000)
 
 
@@ -140,6 +142,8 @@ def bench_history(repeat: int, number: int) -> dict:
         "on_over_off": paired_ratio(runs["on"], runs["off"]),
         "stacks_over_off": paired_ratio(runs["stacks"], runs["off"]),
         "caller_depth": HISTORY_STACK_DEPTH,
+        "on_meets_target": paired_ratio(runs["on"], runs["off"]) <= TARGET_HISTORY_ON,
+        "stacks_meets_target": paired_ratio(runs["stacks"], runs["off"]) <= TARGET_HISTORY_STACKS,
     }
 
 
@@ -347,6 +351,17 @@ def render(results: dict) -> str:
             f" {h['off_us']:.2f}/{h['on_us']:.2f}/{h['stacks_us']:.2f} us"
         ),
         (f"{'    recorded once, then off / never on':<58} {h['was_on_over_off']:>11.2f}x"),
+        (
+            f"{'    on without stacks / off (issue 22 target)':<58} {h['on_over_off']:>11.2f}x"
+            f" {'<= ' + format(TARGET_HISTORY_ON, 'g') + 'x':>10}"
+            f" {'yes' if h['on_meets_target'] else 'NO':>4}"
+        ),
+        (
+            f"{'    on with stacks, 40 deep / off (issue 22 target)':<58}"
+            f" {h['stacks_over_off']:>11.2f}x"
+            f" {'<= ' + format(TARGET_HISTORY_STACKS, 'g') + 'x':>10}"
+            f" {'yes' if h['stacks_meets_target'] else 'NO':>4}"
+        ),
         (
             f"{'(b) arena workload, detector raise / off':<58}"
             f" {b['ratio']:>12.3f} {'<= 1.05':>10} {'yes' if b['meets_target'] else 'NO':>4}"

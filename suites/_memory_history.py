@@ -11,13 +11,14 @@ listed; the snapshot has them all).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from pathlib import Path
 
 import _pytest
 import pluggy
 
-from allocator import Allocator, LiveBlock
+from allocator import Allocator, AllocatorStats, LiveBlock
 from allocator._timeline import format_bytes
 
 __all__ = ["MAX_LISTED", "MemoryHistory"]
@@ -55,7 +56,13 @@ class MemoryHistory:
 
     def stop(self) -> None:
         """Put each allocator's recording back as it was (off, unless ``DEVMEM_HISTORY`` or
-        the test had it on); the histories are kept for :meth:`report`."""
+        the test had it on); the histories are kept for :meth:`report`. The collector runs and
+        each allocator frees the blocks its finalizers queued first, so that a buffer the test
+        left in a reference cycle is freed while recording (``make_alloc``'s leak check, which
+        collects too, runs after this)."""
+        gc.collect()
+        for alloc in self.allocators:
+            alloc.stats()  # drains the finalizers' queue
         self._recordings.close()
 
     def snapshot_path(self, index: int) -> Path:
@@ -70,6 +77,13 @@ class MemoryHistory:
                 "open a snapshot with: python -m allocator.memory summary|plot SNAPSHOT, or drop"
                 " it on https://pytorch.org/memory_viz"
             ]
+            unwatched = _unwatched(self.allocators)
+            if unwatched:
+                parts.append(
+                    f"{unwatched} other allocators are alive and not watched (built without"
+                    " make_alloc, e.g. allocator.Allocator(...), or the default allocator): pass"
+                    " them to memory_history.watch(alloc) to record them"
+                )
             for i, alloc in enumerate(self.allocators):
                 path = self.snapshot_path(i)
                 try:
@@ -92,10 +106,31 @@ def _own_frames(block: LiveBlock) -> int:
     return len(block.frames)
 
 
+def _unwatched(watched: list[Allocator]) -> int:
+    """How many allocators other than ``watched`` are alive (a walk of the collector's
+    objects; a report is written only when a test failed)."""
+    return sum(
+        1
+        for obj in gc.get_objects()
+        if isinstance(obj, Allocator) and all(obj is not alloc for alloc in watched)
+    )
+
+
+def _stats_line(stats: AllocatorStats) -> str:
+    """:meth:`AllocatorStats.format`'s fields with each byte count in the unit that shows it
+    (``live=64 B``, not ``live=0.00MiB``)."""
+    cap = format_bytes(stats.cache_cap_bytes) if stats.cache_cap_bytes else "unbounded"
+    return (
+        f"backend={stats.backend} live={format_bytes(stats.live_bytes)}"
+        f" peak={format_bytes(stats.peak_bytes)} allocs={stats.alloc_count}"
+        f" frees={stats.free_count} cache={format_bytes(stats.cache_bytes)} cache_cap={cap}"
+    )
+
+
 def _describe(number: int, alloc: Allocator, path: Path | str, live: list[LiveBlock]) -> str:
     stats = alloc.stats()
     lines = [
-        f"allocator {number} ({stats.format()}): snapshot {path}",
+        f"allocator {number} ({_stats_line(stats)}): snapshot {path}",
         f"  {len(live)} live blocks, {format_bytes(sum(block.size for block in live))}"
         + (":" if live else ""),
     ]

@@ -5,6 +5,9 @@ what broke. No pytest import: death-test children run them too.
   ``_memory_viz trace`` sums it (``alloc`` minus ``free_completed``: its ``TOTAL MEM``).
 - :func:`check_segments`: the segments add up to the statistics, and each one to its blocks
   (``_memory_viz stats`` raises "Segment size mismatch" otherwise).
+- :func:`check_consistent`: the trace replayed backwards from the segments (as the memory_viz
+  page's Allocator State History view does) finds every block in the state its event needs,
+  and the levels it gives never go negative (DESIGN 2.10: every snapshot is self-consistent).
 - :func:`check_page_readable`: the pickle and the fields that the https://pytorch.org/memory_viz
   page's own JavaScript reads (``torch/utils/viz/MemoryViz.js``: ``unpickle``,
   ``annotate_snapshot``, ``process_alloc_data``, ``MemoryView``).
@@ -15,7 +18,14 @@ from __future__ import annotations
 import pickle
 import pickletools
 
-__all__ = ["PAGE_OPCODES", "check_accounts", "check_page_readable", "check_segments", "totals"]
+__all__ = [
+    "PAGE_OPCODES",
+    "check_accounts",
+    "check_consistent",
+    "check_page_readable",
+    "check_segments",
+    "totals",
+]
 
 PAGE_OPCODES = frozenset(
     {
@@ -110,6 +120,64 @@ def check_segments(snapshot: dict) -> None:
         _check(
             segment["allocated_size"] == active,
             f"allocated_size {segment['allocated_size']} != active blocks {active}",
+        )
+
+
+# what undoing an event needs the block at its address to be, and what it leaves there
+_UNDO = {
+    "free_completed": ("inactive", "active_pending_free"),
+    "free_requested": ("active_pending_free", "active_allocated"),
+    "alloc": ("active_allocated", "inactive"),
+    "segment_alloc": ("inactive", None),
+    "segment_free": (None, "inactive"),
+}
+
+
+def check_consistent(snapshot: dict) -> None:
+    """Every device's trace, undone event by event from the newest, starting from the blocks
+    the segments hold: each event finds its address in the state it left it in (a segment of
+    one block, as ours are), and the live and reserved levels forward from the start that this
+    gives are never negative and end at the segments' sums."""
+    for device, trace in enumerate(snapshot["device_traces"]):
+        state: dict[int, tuple[int, str]] = {}
+        for segment in snapshot["segments"]:
+            if segment.get("device", 0) == device:
+                (block,) = segment["blocks"]
+                state[segment["address"]] = (segment["total_size"], block["state"])
+        live_end = sum(size for size, s in state.values() if s == "active_allocated")
+        reserved_end = sum(size for size, _ in state.values())
+        for i in range(len(trace) - 1, -1, -1):
+            event = trace[i]
+            action = event["action"]
+            if action not in _UNDO:
+                continue
+            address, size = event["addr"], event["size"]
+            needs, leaves = _UNDO[action]
+            found = state.get(address)
+            _check(
+                (found is None and needs is None) or found == (size, needs),
+                f"device_traces[{device}][{i}] {action} of {size} bytes at {address:#x}: the"
+                f" block there is {found!r} after it, expected {needs!r}",
+            )
+            if leaves is None:
+                del state[address]
+            else:
+                state[address] = (size, leaves)
+        live = sum(size for size, s in state.values() if s == "active_allocated")
+        reserved = sum(size for size, _ in state.values())
+        for i, event in enumerate(trace):
+            live += {"alloc": 1, "free_requested": -1}.get(event["action"], 0) * event["size"]
+            reserved += {"segment_alloc": 1, "segment_free": -1}.get(event["action"], 0) * (
+                event["size"]
+            )
+            _check(
+                live >= 0 and reserved >= live,
+                f"device_traces[{device}][{i}]: live {live} reserved {reserved} bytes",
+            )
+        _check(
+            (live, reserved) == (live_end, reserved_end),
+            f"device {device}: the trace ends at live {live} reserved {reserved}, the segments"
+            f" hold {live_end} live of {reserved_end}",
         )
 
 

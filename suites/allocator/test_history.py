@@ -14,7 +14,9 @@ import pickle
 import re
 import weakref
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import allocator as dm
 from allocator import LiveBlock, StackFrame
@@ -822,6 +824,7 @@ def test_the_devmem_part_says_how_it_was_recorded(make_alloc, backend, recording
         "recording": recording,
         "stacks": not recording,  # the default, until a recording says otherwise
         "max_entries": 7 if recording else 100_000,
+        "reconciled": 0,
         "stats": dataclass_dict(alloc.stats()),
         "annotations": [],
     }
@@ -893,3 +896,144 @@ def test_dump_writes_the_snapshot_to_a_str_path(tmp_path):
 
     _snapshot.dump({"segments": []}, str(tmp_path / "s.pickle"))
     assert pickle.loads((tmp_path / "s.pickle").read_bytes()) == {"segments": []}
+
+
+# -- issue 22: a snapshot is self-consistent whenever it is taken; frames are a storage's --------
+
+KIB16 = 16 << 10
+
+
+def test_a_snapshot_after_recording_stopped_ends_at_its_segments(make_alloc, backend):
+    from allocator._snapshot import OFF_FRAME
+    from allocator._timeline import sites, timeline
+
+    alloc = make_alloc()
+    alloc.record_history(True)
+    bufs = [alloc.full(KIB16 // 4, 1.0) for _ in range(6)]
+    alloc.record_history(False)
+    for buf in bufs[:4]:
+        alloc.release(buf)
+    snapshot = alloc.snapshot()
+    _snapshot_checks.check_consistent(snapshot)
+    _snapshot_checks.check_accounts(snapshot)
+    line = timeline(snapshot)
+    assert (line.peak[0], line.live[-1], min(line.live)) == (6 * KIB16, 2 * KIB16, 0)
+    (site,) = sites(snapshot)
+    assert (site.peak_bytes, site.live_end_bytes, site.allocs) == (6 * KIB16, 2 * KIB16, 6)
+    added = snapshot["devmem"]["reconciled"]
+    tail = snapshot["device_traces"][0][-added:]
+    per_free = ["free_requested", "free_completed"] + (["segment_free"] if backend == "cpu" else [])
+    assert [event["action"] for event in tail] == per_free * 4
+    assert all(event["frames"] == [OFF_FRAME] for event in tail)
+    alloc.record_history(True)  # a fresh history: nothing to reconcile
+    assert alloc.snapshot()["devmem"]["reconciled"] == 0
+    alloc.record_history(False)
+    for buf in bufs[4:]:
+        alloc.release(buf)
+
+
+@pytest.mark.backends("sim")
+def test_an_awaiting_free_completed_while_off_is_reconciled(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    alloc.record_history(True)
+    awaiting_block(alloc)
+    alloc.record_history(False)
+    before = alloc.snapshot()
+    _snapshot_checks.check_consistent(before)
+    assert before["devmem"]["reconciled"] == 0  # still awaiting: as the trace left it
+    alloc.device.advance(10)
+    after = alloc.snapshot()
+    _snapshot_checks.check_consistent(after)
+    assert [e["action"] for e in after["device_traces"][0][-after["devmem"]["reconciled"] :]] == [
+        "free_completed"
+    ]
+    alloc.empty_cache()
+
+
+def test_a_block_allocated_again_while_off_has_no_frames_of_its_first_life(make_alloc, backend):
+    alloc = make_alloc()
+    alloc.record_history(True)
+    first = alloc.full(4, 1.0)
+    kept = alloc.full(8, 1.0)  # live across the stop and the next start: keeps its frames
+    alloc.record_history(False)
+    block = first._st.block
+    alloc.release(first)
+    second = alloc.full(4, 1.0)  # while off: the cached block again (not on cpu)
+    assert (second._st.block is block) == (backend != "cpu")
+    by_size = {live.size: live for live in alloc.live_blocks()}
+    assert by_size[16].frames == () and by_size[32].frames != ()
+    snapshot = alloc.snapshot()
+    _snapshot_checks.check_consistent(snapshot)
+    blocks = {s["total_size"]: s["blocks"][0] for s in snapshot["segments"]}
+    assert blocks[16]["frames"] == [] and blocks[32]["frames"] != []
+    if backend != "cpu":  # the reuse is reconstructed: a free and an allocation while off
+        tail = snapshot["device_traces"][0][-snapshot["devmem"]["reconciled"] :]
+        assert [e["action"] for e in tail] == ["free_requested", "free_completed", "alloc"]
+    alloc.record_history(True)  # start forgets the frames of the block's first life
+    by_size = {live.size: live for live in alloc.live_blocks()}
+    assert by_size[16].frames == () and by_size[32].frames != ()
+    alloc.record_history(False)
+    alloc.release(second)
+    alloc.release(kept)
+
+
+_OPS = ("alloc", "alloc", "release", "drop", "side", "toggle", "advance", "empty", "snapshot")
+
+
+@pytest.mark.backends("sim", "cpu")
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    ops=st.lists(st.tuples(st.sampled_from(_OPS), st.integers(0, 7)), max_size=40),
+    max_entries=st.sampled_from([4, 100_000]),
+)
+def test_every_snapshot_is_consistent_and_its_frames_are_its_storages(backend, ops, max_entries):
+    # Random programs that switch recording on and off: every snapshot's trace, undone from its
+    # segments, finds each block as its events left it (the memory_viz page's state history
+    # view), and a live block has frames exactly when its storage was allocated while on.
+    alloc = dm.Allocator(dm.AllocatorConfig(backend=backend, sim_latency_us=3))
+    side = alloc.new_stream("side")
+    bufs: list = []  # (buffer, allocated while recording)
+    for op, arg in [*ops, ("snapshot", 0)]:
+        recording = alloc._history.recording
+        if op == "alloc":
+            bufs.append((alloc.full(1 << arg, 1.0), recording))
+        elif op in ("release", "drop", "side") and bufs:
+            buf, _ = bufs.pop(arg % len(bufs))
+            if op == "side" and backend == "sim":
+                with alloc.use_stream(side):
+                    alloc.release(alloc.full(1, 0.0))  # a kernel on side until now + 3
+                buf.record_stream(side)
+            if op != "drop":
+                alloc.release(buf)
+            del buf
+        elif op == "toggle":
+            alloc.record_history(not recording, max_entries=max_entries)
+        elif op == "advance" and backend == "sim":
+            alloc.device.advance(arg)
+        elif op == "empty":
+            alloc.empty_cache()
+        elif op == "snapshot":
+            _snapshot_checks.check_consistent(alloc.snapshot())
+            recorded = sorted((buf._st.block.address, on) for buf, on in bufs)
+            found = sorted((block.address, bool(block.frames)) for block in alloc.live_blocks())
+            assert found == recorded
+    bufs.clear()
+    alloc.empty_cache()
+
+
+def test_teeth_the_consistency_check_fires_on_a_trace_left_at_the_stop(make_alloc):
+    alloc = make_alloc()
+    alloc.record_history(True)
+    bufs = [alloc.full(4, 1.0) for _ in range(2)]
+    alloc.record_history(False)
+    alloc.release(bufs.pop())
+    snapshot = alloc.snapshot()
+    _snapshot_checks.check_consistent(snapshot)
+    del snapshot["device_traces"][0][-snapshot["devmem"]["reconciled"] :]
+    with pytest.raises(AssertionError, match=r"device_traces\[0\]\[\d+\] (alloc|segment_alloc)"):
+        _snapshot_checks.check_consistent(snapshot)
+    alloc.release(bufs.pop())

@@ -7,13 +7,17 @@ no ``devmem`` key) and traces that start late are read too.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import pickle
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from allocator import memory
 from allocator._timeline import (
@@ -24,6 +28,7 @@ from allocator._timeline import (
     Timeline,
     device_of,
     format_bytes,
+    overview,
     site_of,
     sites,
     timeline,
@@ -334,6 +339,22 @@ BY_HAND = {
 }
 
 
+def well_formed(snapshot: dict) -> dict:
+    """``snapshot`` with every field that ``load`` requires and that BY_HAND leaves out (to test
+    the defaults of the readers given a dict) set to what the readers default it to: 0."""
+    out = copy.deepcopy(snapshot)
+    for segment in out["segments"]:
+        segment.setdefault("total_size", 0)
+        for block in segment.setdefault("blocks", []):
+            block.setdefault("size", 0)
+    for trace in out["device_traces"]:
+        for event in trace:
+            event.setdefault("size", 0)
+            if event["action"] != "oom":
+                event.setdefault("addr", 0)
+    return out
+
+
 def test_the_timeline_of_a_snapshot_written_by_hand():
     load, build = "model.py:5 in load", "model.py:7 in <listcomp> < build"
     assert timeline(BY_HAND) == Timeline(
@@ -508,7 +529,12 @@ def test_plot_units_and_time_axes():
     ]
     assert [memory._unit((2 << shift) - 1)[1] for shift in (20, 30)] == ["KiB", "MiB"]
     line = timeline(BY_HAND)
-    assert memory._x_axis(line, False, BY_HAND) == (list(range(10)), "event")
+    # the oom at 6 and 8 changes no level: no step of their own (nor would a free_completed)
+    steps = [0, 1, 2, 3, 4, 5, 6, 6, 7, 7]
+    assert memory._x_axis(line, False, BY_HAND) == (steps, memory.EVENT_AXIS)
+    still = dataclasses.replace(line, time_us=[5] * 10)  # a clock that never moved: events
+    assert memory._x_axis(still, True, BY_HAND) == (steps, memory.STILL_CLOCK_AXIS)
+    assert memory.STILL_CLOCK_AXIS.endswith("; --time: the clock never moved")
     seconds, label = memory._x_axis(line, True, BY_HAND)  # no clock named: the host's
     assert label == "time (s since the first event)"
     assert seconds == [(t - 100) / 1e6 for t in line.time_us]  # exactly: 1e6 us a second
@@ -521,8 +547,9 @@ def test_plot_units_and_time_axes():
 
 def test_load_takes_a_bare_list_of_segments(tmp_path):
     path = tmp_path / "segments.pickle"
-    path.write_bytes(pickle.dumps(BY_HAND["segments"]))
-    assert memory.load(path) == {"segments": BY_HAND["segments"], "device_traces": []}
+    segments = well_formed(BY_HAND)["segments"]
+    path.write_bytes(pickle.dumps(segments))
+    assert memory.load(path) == {"segments": segments, "device_traces": []}
     path.write_bytes(pickle.dumps({"device_traces": [], 3: None}))
     with pytest.raises(ValueError, match=re.escape("got keys ['3', 'device_traces']")):
         memory.load(path)
@@ -538,7 +565,8 @@ def test_the_command_line_help_says_what_each_option_does(capsys, monkeypatch):
                 "-o OUTPUT, --output OUTPUT  the picture: .png, .svg or .pdf"
                 " (default timeline.png)",
                 "--top TOP   allocation sites drawn in their own band (default 6)",
-                "--time      x is the events' time_us instead of their index",
+                "--time      x is the events' time_us (default: allocations and frees, each"
+                " free one step; also when the clock never moved)",
                 "--title TITLE  the picture's title",
                 "--device DEVICE  the device to read (default: the first with events)",
             ],
@@ -588,7 +616,7 @@ def test_counts_on_the_command_line_say_what_they_expect(argv, message, capsys):
 
 def test_summary_on_the_command_line_reads_the_device_and_top(tmp_path, capsys):
     path = tmp_path / "s.pickle"
-    path.write_bytes(pickle.dumps(BY_HAND))
+    path.write_bytes(pickle.dumps(well_formed(BY_HAND)))
     assert memory.main(["summary", str(path), "--device", "1", "--top", "1"]) == 0
     assert capsys.readouterr().out == memory.summary(BY_HAND, device=1, top=1)
     assert memory.main(["summary", str(path), "--top", "1"]) == 0  # 1 is a count it takes
@@ -705,9 +733,9 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
     assert describe(drawn[-1]) == {
         "figure": [[11.0, 5.2], 100, "ConstrainedLayoutEngine"],
         "axes": [
-            [0.0, 9.0],
+            [0.0, 7.0],  # 9 events, 7 of them change a level (the OOMs do not)
             [0.0, 7.84],  # 7 KiB and 12 % above it
-            "event",
+            memory.EVENT_AXIS,
             "KiB",
             "devmem memory timeline (torch): 9 events, peak live 1.06 KiB",
             11.0,
@@ -730,7 +758,7 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
                 6.0,
                 True,
                 "steps-post",
-                [float(i) for i in range(10)],
+                [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 6.0, 7.0, 7.0],
                 [0.0635, 0.0635, 1.04, 1.0635, 0.0869, 0.5752, 0.5127, 0.5127, 0.5127, 0.5127],
             ],
             [
@@ -746,16 +774,16 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
                 [0.0, 1.0],
             ],
             [
-                "release (2)",
+                "release (2)",  # on the live bytes each left
                 "#7b3294",
                 "None",
                 1.5,
-                "|",
+                "v",
                 7.0,
                 False,
                 "default",
                 [0.0, 4.0],
-                [0.0, 0.0],
+                [0.0635, 0.0869],
             ],
             [
                 "cap eviction (2)",
@@ -766,16 +794,16 @@ def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
                 7.0,
                 False,
                 "default",
-                [7.0, 8.0],
+                [6.0, 7.0],
                 [7.42, 7.42],
             ],
             ["OOM (2)", "#d7191c", "-", 1.4, "None", 6.0, True, "default", [6.0, 6.0], [0.0, 1.0]],
-            [None, "#d7191c", "-", 1.4, "None", 6.0, True, "default", [8.0, 8.0], [0.0, 1.0]],
+            [None, "#d7191c", "-", 1.4, "None", 6.0, True, "default", [7.0, 7.0], [0.0, 1.0]],
         ],
         "texts": [
             ["exit d0: 3 buffers ", [2.0, 7.7], 90.0, 6.5, "top", "right", "#555555"],
             ["OOM 2.00 KiB ", [6.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
-            ["OOM 0 B ", [8.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
+            ["OOM 0 B ", [7.0, 6.65], 0.0, 7.0, "baseline", "right", "#d7191c"],
             ["peak live 1.06 KiB", [14.0, -24.0], 0.0, 8.0, "baseline", "left", "#000000"],
         ],
         "arrows": [[[3.0, 1.0635], "offset points", {"arrowstyle": "->", "lw": 0.8}]],
@@ -852,7 +880,7 @@ def test_the_picture_on_the_simulated_clock_with_long_names_and_many_exits(drawn
     memory.plot(snapshot, tmp_path / "t.png", top=1)  # 13 exits: no labels; one site
     seen = describe(drawn[-1])
     assert seen["axes"][2:5] == [
-        "event",
+        memory.EVENT_AXIS,
         "MiB",
         "devmem memory timeline (sim): 3 events, peak live 3.00 MiB",
     ]
@@ -869,7 +897,7 @@ def test_annotations_mark_device_0_only():
 
 def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypatch, capsys):
     path = tmp_path / "s.pickle"
-    path.write_bytes(pickle.dumps(BY_HAND))  # annotations index device 0's: not drawn on 1
+    path.write_bytes(pickle.dumps(well_formed(BY_HAND)))  # annotations index device 0's
     monkeypatch.chdir(tmp_path)
     argv = ["plot", str(path), "--device", "1", "--top", "1", "--time", "--title", "T"]
     assert memory.main(argv) == 0
@@ -884,7 +912,7 @@ def test_plot_on_the_command_line_passes_every_option(drawn, tmp_path, monkeypat
     ]
     assert memory.main(["plot", str(path)]) == 0  # the defaults: device 0, 6 sites, events
     seen = describe(drawn[-1])
-    assert seen["axes"][2] == "event" and len(seen["bands"]) == 4
+    assert seen["axes"][2] == memory.EVENT_AXIS and len(seen["bands"]) == 4
 
 
 def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
@@ -897,7 +925,7 @@ def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
     assert describe(drawn[-1])["axes"][:4] == [
         [0.0, 1.0],
         [0.0, 1.12],
-        "time (s since the first event)",
+        memory.EVENT_AXIS,  # no event: no time to show
         "bytes",
     ]
     # nothing held, one OOM: the levels floor at 1 byte, the OOM's label just below it
@@ -907,7 +935,7 @@ def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
         [[0.0, 1.0], [0.0, 1.12]],
         ["OOM 0 B ", [0.0, 0.95]],
     )
-    # a clock that never moved: one unit wide; live bytes above reserved ones set the top
+    # a clock that never moved: the event axis, saying so; live above reserved sets the top
     held = {"segments": [{"blocks": [{"size": 4096, "state": "active_allocated"}]}]}
     trace = [
         {"action": "alloc", "addr": 1, "size": 4096, "time_us": 5},
@@ -915,8 +943,8 @@ def test_the_picture_keeps_its_size_and_floors_at_its_edges(drawn, tmp_path):
     ]
     memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
     seen = describe(drawn[-1])
-    assert seen["axes"][:2] == [[0.0, 1.0], [0.0, 4.48]]  # KiB: 4 KiB live, 12 % above
-    assert seen["texts"][0][:2] == ["OOM 0 B ", [0.0, 3.8]]  # 0.95 of 4 KiB
+    assert seen["axes"][:3] == [[0.0, 1.0], [0.0, 4.48], memory.STILL_CLOCK_AXIS]  # KiB
+    assert seen["texts"][0][:2] == ["OOM 0 B ", [1.0, 3.8]]  # 0.95 of 4 KiB, after the alloc
     # the clock moved at the last event only
     trace += [{"action": "segment_alloc", "size": 8192, "time_us": 9}]
     memory.plot({**held, "device_traces": [trace], "devmem": {"clock": "sim"}}, out, use_time=True)
@@ -959,3 +987,372 @@ def test_the_picture_colors_six_sites_and_bands_the_others(drawn, tmp_path):
         ]  # by peak: f7 first; then the other sites (f1, f0), then the cache
         assert bands[0][0] == "peak 1.00 KiB: model.py:7 in f7"
         assert bands[6][0] == "other sites"
+
+
+# -- untrusted files (issue 22, item 4) ----------------------------------------------------------
+
+
+class _Opens:
+    """Pickles as a call of ``open(path, "w")``: loading it creates ``path`` if anything calls
+    what a pickle names."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("command", ["summary", "plot"])
+def test_a_malicious_pickle_runs_nothing_and_is_one_error_line(tmp_path, capsys, command):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]], "x": _Opens(marker)}))
+    picture = tmp_path / "t.png"
+    assert memory.main([command, str(path), *(["-o", str(picture)] * (command == "plot"))]) == 1
+    assert not marker.exists() and not picture.exists()
+    err = capsys.readouterr().err
+    assert err == (
+        f"python -m allocator.memory {command}: error: {path}: not a pickled memory snapshot (it"
+        " names the global io.open; a snapshot holds only dicts, lists, tuples, strings,"
+        " numbers, booleans and None, so nothing is ever imported or called)\n"
+    )
+
+
+def test_the_unpickler_refuses_every_global_and_persistent_id(tmp_path):
+    import collections
+
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(collections.OrderedDict(segments=[])))
+    with pytest.raises(ValueError, match=r"names the global collections\.OrderedDict;"):
+        memory.load(path)
+    path.write_bytes(b"\x80\x04P0\n.")  # PERSID "0"
+    with pytest.raises(ValueError, match=r"it holds a persistent id; a snapshot has none"):
+        memory.load(path)
+
+
+def _event(**fields) -> dict:
+    return {"action": "alloc", "addr": 0, "size": 8, **fields}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], "segments[0] is int 1, expected a dict"),
+        ({"segments": [], "device_traces": "abc"}, "device_traces is str 'abc', expected a list"),
+        ({"segments": [], "device_traces": ["abc"]}, "device_traces[0] is str 'abc', expected"),
+        ({"segments": [], "device_traces": [[3]]}, "device_traces[0][0] is int 3, expected a dict"),
+        ({"segments": [], "device_traces": [[_event(size="12")]]}, "[0][0].size is str '12'"),
+        ({"segments": [], "device_traces": [[_event(size=True)]]}, "[0][0].size is bool True"),
+        ({"segments": [], "device_traces": [[_event(frames=None)]]}, "[0][0].frames is None,"),
+        ({"segments": [], "device_traces": [[_event(frames=[3])]]}, "[0][0].frames[0] is int 3"),
+        (
+            {"segments": [], "device_traces": [[_event(frames=[{"line": "7"}])]]},
+            "device_traces[0][0].frames[0].line is str '7', expected an int",
+        ),
+        ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0}]]}, "size is missing"),
+        ({"segments": [], "device_traces": [[{"action": "free_requested", "size": 4}]]}, ".addr"),
+        ({"segments": [], "device_traces": [[_event(action="allocate")]]}, "action is str"),
+        ({"segments": [], "device_traces": [[{"size": 4}]]}, "[0][0].action is missing"),
+        ({"segments": [], "device_traces": [[_event(stream="s")]]}, "[0][0].stream is str 's'"),
+        ({"segments": [], "device_traces": [[_event(time_us="1")]]}, "time_us is str '1'"),
+        ({"segments": [], "device_traces": [[_event(user_metadata=1)]]}, "user_metadata is int"),
+        ({"segments": [{"blocks": []}]}, "segments[0].total_size is missing, expected an int"),
+        ({"segments": [{"total_size": 8}]}, "segments[0].blocks is missing, expected a list"),
+        ({"segments": [{"total_size": 8, "blocks": [{"size": 8}]}]}, "blocks[0].state is missing"),
+        ({"segments": [{"total_size": 8, "blocks": [{"state": "inactive"}]}]}, "[0].size is"),
+        ({"segments": [{"total_size": 8, "blocks": [], "device": "0"}]}, "[0].device is str"),
+        ({"segments": [], "devmem": []}, "devmem is list [], expected a dict"),
+        ({"segments": [], "devmem": {"annotations": [1]}}, "devmem.annotations[0] is int 1"),
+    ],
+)
+def test_a_file_that_is_not_a_snapshot_is_one_error_line_naming_the_field(
+    tmp_path, capsys, data, message
+):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data))
+    for command in ("summary", "plot"):
+        assert (
+            memory.main(
+                [command, str(path), *(["-o", str(tmp_path / "t.png")] * (command == "plot"))]
+            )
+            == 1
+        )
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m allocator.memory {command}: error: {path}: not a memory")
+        assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_every_pytorch_action_and_field_is_accepted(tmp_path):
+    from allocator._timeline import ACTIONS
+
+    trace = [{"action": action, "addr": 0, "size": 0, "stream": 0} for action in ACTIONS]
+    trace[0].update(compile_context="fwd", user_metadata="step 1", time_us=1.5, frames=[])
+    snapshot = {"segments": [], "device_traces": [trace, []]}
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    assert memory.load(path) == snapshot
+
+
+@pytest.mark.backends("sim")
+def test_events_added_after_the_stop_do_not_make_the_ring_full(make_alloc):
+    alloc = make_alloc()
+    with alloc.history(max_entries=4):
+        buf = alloc.full(4, 1.0)  # segment_alloc, alloc: 2 of 4
+    alloc.release(buf)  # after the stop: the snapshot adds free_requested, free_completed
+    snapshot = alloc.snapshot()
+    assert snapshot["devmem"]["reconciled"] == 2 and len(snapshot["device_traces"][0]) == 4
+    assert memory.summary(snapshot).splitlines()[0] == "backend sim: 4 events"
+
+
+@pytest.mark.backends("sim")
+def test_each_free_of_an_arena_exit_is_one_step_of_the_event_axis(make_alloc):
+    alloc = make_alloc()
+    with alloc.history(), alloc.arena():
+        bufs = [alloc.full(4, 1.0) for _ in range(4)]
+    del bufs  # freed by the exit already
+    snapshot = alloc.snapshot()
+    actions = [event["action"] for event in snapshot["device_traces"][0]]
+    assert (
+        actions == ["segment_alloc", "alloc"] * 4 + ["free_requested"] * 4 + ["free_completed"] * 4
+    )
+    line = timeline(snapshot)
+    x, label = memory._x_axis(line, False, snapshot)
+    assert label == memory.EVENT_AXIS
+    # 8 allocation steps, then 4 frees of one step each (free_completed takes none)
+    assert x[:9] == list(range(9))
+    assert x[8:] == [8, 9, 10, 11, 12, 12, 12, 12, 12]
+    assert line.live[8:] == [64, 48, 32, 16, 0, 0, 0, 0, 0]
+    alloc.empty_cache()
+
+
+# -- PyTorch's own snapshots, every action and field it writes (issue 22, item 3) --------------
+
+MIB = 1 << 20
+HANDLE = 0x5581_2A3C_41F0  # a stream given as its cudaStream_t handle, as PyTorch may write it
+BASE = 0x7F00_0000_0000
+
+
+def torch_event(action: str, addr: int, size: int, t: int, **more) -> dict:
+    """An event as torch 2.13's memory_snapshot.cpp writes it: every key, always."""
+    event = {"action": action, "addr": addr, "size": size, "stream": HANDLE, "time_us": t}
+    event.update(compile_context="", user_metadata="", frames=[])
+    event.update(more)
+    return event
+
+
+def torch_block(address: int, size: int, state: str) -> dict:
+    return {"address": address, "size": size, "requested_size": size, "state": state, "frames": []}
+
+
+# device 1: one expandable segment that maps 2 MiB, grows to 4 MiB, unmaps its second page
+EXPANDABLE = [
+    torch_event("segment_map", BASE, 2 * MIB, 10),
+    torch_event("alloc", BASE, MIB // 2, 11, compile_context="fwd", frames=[LOAD]),
+    torch_event("alloc", BASE + MIB // 2, MIB, 12, user_metadata="step 1", frames=BUILD),
+    torch_event("segment_map", BASE + 2 * MIB, 2 * MIB, 13),
+    torch_event("alloc", BASE + 3 * MIB // 2, 2 * MIB, 14, frames=[OTHER]),
+    torch_event("free_requested", BASE, MIB // 2, 15),
+    torch_event("free_completed", BASE, MIB // 2, 15),
+    torch_event("snapshot", 0, 3 * MIB, 16),
+    torch_event("free_requested", BASE + MIB // 2, MIB, 17),
+    torch_event("free_completed", BASE + MIB // 2, MIB, 17),
+    torch_event("free_requested", BASE + 3 * MIB // 2, 2 * MIB, 18),
+    torch_event("free_completed", BASE + 3 * MIB // 2, 2 * MIB, 18),
+    torch_event("segment_unmap", BASE + 2 * MIB, 2 * MIB, 19),
+    torch_event("alloc", BASE, MIB // 4, 20, frames=[LOAD]),
+]
+TORCH_MADE = {
+    "segments": [
+        {  # device 0: a private pool's segment (a CUDA graph's), one block live
+            "device": 0,
+            "address": 0x1000,
+            "total_size": 2 * MIB,
+            "allocated_size": 4096,
+            "active_size": 4096,
+            "requested_size": 4096,
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (1, 2),
+            "is_expandable": False,
+            "frames": [],
+            "blocks": [
+                torch_block(0x1000, 4096, "active_allocated"),
+                torch_block(0x2000, 2 * MIB - 4096, "inactive"),
+            ],
+        },
+        {  # device 1: the expandable segment's mapped range at the end
+            "device": 1,
+            "address": BASE,
+            "total_size": 2 * MIB,
+            "allocated_size": MIB // 4,
+            "active_size": MIB // 4,
+            "requested_size": MIB // 4,
+            "stream": HANDLE,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": True,
+            "frames": [],
+            "blocks": [
+                torch_block(BASE, MIB // 4, "active_allocated"),
+                torch_block(BASE + MIB // 4, 2 * MIB - MIB // 4, "inactive"),
+            ],
+        },
+    ],
+    "device_traces": [
+        [
+            torch_event("segment_alloc", 0x1000, 2 * MIB, 1, stream=0),
+            torch_event("alloc", 0x1000, 4096, 2, stream=0, frames=[LOAD]),
+        ],
+        EXPANDABLE,
+    ],
+    "allocator_settings": {"expandable_segments": True, "PYTORCH_CUDA_ALLOC_CONF": ""},
+    "external_annotations": [{"device": 1, "time_us": 16, "stage": "forward"}],
+}
+
+
+def test_a_pytorch_snapshot_with_an_expandable_segment_is_read_in_full(tmp_path, capsys):
+    path = tmp_path / "torch.pickle"
+    path.write_bytes(pickle.dumps(TORCH_MADE, protocol=4))
+    assert memory.load(path) == TORCH_MADE
+    line = timeline(TORCH_MADE, device=1)
+    half, quarter = MIB // 2, MIB // 4
+    assert line.reserved == [0, *[2 * MIB] * 3, *[4 * MIB] * 9, *[2 * MIB] * 2]
+    assert line.live == [
+        *[0, 0, half, 3 * half, 3 * half, 7 * half, 3 * MIB],  # the free lowers it at request
+        *[3 * MIB, 3 * MIB, 2 * MIB, 2 * MIB, 0, 0, 0, quarter],
+    ]
+    assert all(live <= reserved for live, reserved in zip(line.live, line.reserved, strict=True))
+    assert [(m.index, m.kind, m.label) for m in line.markers] == [(7, "snapshot", "snapshot")]
+    device_0 = timeline(TORCH_MADE)  # the first device with events
+    assert (device_0.live, device_0.reserved) == ([0, 0, 4096], [0, 2 * MIB, 2 * MIB])
+    assert memory.main(["summary", str(path), "--device", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        "backend torch: 14 events",
+        "peak live 3.50 MiB after event 5; at the end: live 256.00 KiB, cached 1.75 MiB, reserved"
+        " 2.00 MiB",
+    ]
+    assert memory.main(["plot", str(path), "--device", "1", "-o", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+# -- the one-pass reader against the straightforward one (issue 22, item 5) ----------------------
+
+
+def reference_sites_and_levels(snapshot: dict, short: bool) -> tuple[list, list, list]:
+    """Brute force: replay the trace event by event from the levels worked back from the
+    segments, naming every allocation's site afresh. Returns the sites (as ``sites`` sorts
+    them), and the live and reserved bytes after each event."""
+    from allocator._timeline import Site
+
+    trace = snapshot["device_traces"][0]
+    end_live = sum(
+        b["size"]
+        for seg in snapshot["segments"]
+        for b in seg["blocks"]
+        if b["state"] == "active_allocated"
+    )
+    end_reserved = sum(seg["total_size"] for seg in snapshot["segments"])
+    sign = {"alloc": 1, "free_requested": -1}
+    grow = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    d_live = sum(sign.get(e["action"], 0) * e["size"] for e in trace)
+    d_reserved = sum(grow.get(e["action"], 0) * e["size"] for e in trace)
+    live, reserved = [end_live - d_live], [end_reserved - d_reserved]
+    by_site = {BEFORE_TRACE: [live[0]]}
+    owner, stats = {}, {}
+    for e in trace:
+        live.append(live[-1] + sign.get(e["action"], 0) * e["size"])
+        reserved.append(reserved[-1] + grow.get(e["action"], 0) * e["size"])
+        if e["action"] == "alloc":
+            name = site_of(e["frames"], short)
+            owner[e["addr"]] = name
+            s = stats.setdefault(name, [0, 0, 0])  # allocs, largest, live
+            s[0], s[1] = s[0] + 1, max(s[1], e["size"])
+        elif e["action"] == "free_requested":
+            name = owner.pop(e["addr"], BEFORE_TRACE)
+        else:
+            continue
+        for series in by_site.values():
+            series.append(series[-1])
+        by_site.setdefault(name, [0] * len(live))
+        by_site[name][-1] += sign[e["action"]] * e["size"]
+    out = []
+    for name, series in by_site.items():
+        if name == BEFORE_TRACE and live[0] <= 0:
+            continue
+        allocs, largest = stats.get(name, [0, 0])[:2]
+        out.append(Site(name, max(series), allocs, largest, series[-1]))
+    return sorted(out, key=lambda s: (-s.peak_bytes, s.name)), live, reserved
+
+
+_FILES = ["/src/a.py", "/src/b.py", "lib.cpp", "<devmem history off>"]
+_NAMES = ["f", "g", "<listcomp>", "<lambda>", "h"]
+
+
+@st.composite
+def random_snapshots(draw):
+    frames_pool = [
+        [
+            {
+                "filename": draw(st.sampled_from(_FILES)),
+                "line": i,
+                "name": draw(st.sampled_from(_NAMES)),
+            }
+            for i in range(draw(st.integers(0, 4)))
+        ]
+        for _ in range(draw(st.integers(1, 5)))
+    ]
+    live, trace, segments = {}, [], {}
+    for _ in range(draw(st.integers(0, 40))):
+        address = draw(st.integers(0, 7)) * 64
+        size = draw(st.sampled_from([4, 8, 64]))
+        kind = draw(st.sampled_from(["alloc", "free", "segment", "unsegment", "oom"]))
+        if kind == "alloc" and address not in live:
+            live[address] = size
+            frames = draw(st.sampled_from(frames_pool))
+            trace.append({"action": "alloc", "addr": address, "size": size, "frames": list(frames)})
+        elif kind == "free" and address in live:
+            size = live.pop(address)
+            trace.append({"action": "free_requested", "addr": address, "size": size})
+            trace.append({"action": "free_completed", "addr": address, "size": size})
+        elif kind == "segment":
+            action = draw(st.sampled_from(["segment_alloc", "segment_map"]))
+            segments[address] = segments.get(address, 0) + size
+            trace.append({"action": action, "addr": address, "size": size})
+        elif kind == "unsegment" and segments.get(address, 0) >= size:
+            action = draw(st.sampled_from(["segment_free", "segment_unmap"]))
+            segments[address] -= size
+            trace.append({"action": action, "addr": address, "size": size})
+        elif kind == "oom":
+            trace.append({"action": "oom", "device_free": 0, "size": size})
+    start = draw(st.integers(0, len(trace)))  # the ring dropped the oldest events
+    held = [
+        {"total_size": n, "blocks": [{"size": 0, "state": "inactive"}]} for n in segments.values()
+    ]
+    held += [
+        {"total_size": 0, "blocks": [{"size": n, "state": "active_allocated"}]}
+        for n in live.values()
+    ]
+    return {"segments": held, "device_traces": [trace[start:]]}
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshot=random_snapshots(), short=st.booleans())
+def test_the_one_pass_reader_agrees_with_a_replay_of_every_event(snapshot, short):
+    expected_sites, live, reserved = reference_sites_and_levels(snapshot, short)
+    assert sites(snapshot, short=short) == expected_sites
+    line = timeline(snapshot, top=3, short=short)
+    assert (line.live, line.reserved) == (live, reserved)
+    ours = overview(snapshot)
+    assert ours.sites == sites(snapshot)
+    assert ours.peak == (max(live), live.index(max(live)))
+    assert (ours.live, ours.reserved, ours.events) == (live[-1], reserved[-1], len(live) - 1)
+    for name, series in line.by_site.items():  # each chosen site's own series, replayed
+        assert series[-1] == next(
+            s.live_end_bytes for s in sites(snapshot, short=short) if s.name == name
+        )
+        assert max(series) == next(
+            s.peak_bytes for s in sites(snapshot, short=short) if s.name == name
+        )

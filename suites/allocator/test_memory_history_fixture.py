@@ -7,6 +7,7 @@ allocated them; a passing test shows nothing and dumps nothing.
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import re
@@ -79,7 +80,8 @@ def test_failures_show_the_snapshot_and_the_live_blocks(project):
             "*- devmem memory history -*",
             "open a snapshot with: python -m allocator.memory summary|plot SNAPSHOT, or drop it on"
             " https://pytorch.org/memory_viz",
-            "allocator 1 (backend=sim *): snapshot */test_leaks_sim_0-memory.pickle",
+            "allocator 1 (backend=sim live=64 B peak=64 B allocs=1 frees=0 cache=0 B"
+            " cache_cap=unbounded): snapshot */test_leaks_sim_0-memory.pickle",
             "  1 live blocks, 64 B:",
             "  0x*: 64 bytes on stream 0, allocated at",
             f"      */test_leaky.py:{line_of('LEAKED.append')} in test_leaks",
@@ -88,7 +90,8 @@ def test_failures_show_the_snapshot_and_the_live_blocks(project):
             "*AssertionError: boom*",
             "*- devmem memory history -*",
             "open a snapshot with: *",
-            "allocator 1 (backend=sim live=0.02MiB *): snapshot */test_fails_sim_0-memory.pickle",
+            "allocator 1 (backend=sim live=16.00 KiB peak=16.00 KiB *): snapshot"
+            " */test_fails_sim_0-memory.pickle",
             "  1 live blocks, 16.00 KiB:",
             "  0x*: 16384 bytes on stream 0, allocated at",
             f"      */test_leaky.py:{line_of('kept = [')} in test_fails",
@@ -151,3 +154,47 @@ def test_a_snapshot_that_cannot_be_written_is_reported_so(tmp_path):
     assert "snapshot not written ([Errno 2] No such file or directory" in report
     assert "1 live blocks, 16 B:" in report and history.report() is report
     alloc.release(keep)
+
+
+def test_stopping_collects_first_so_a_cycles_buffer_is_freed_while_recording(tmp_path):
+    alloc = Allocator(AllocatorConfig(backend="sim"))
+    history = MemoryHistory(tmp_path / "test_x0")
+    history.watch(alloc)
+    gc.disable()  # no collection before stop's own
+    try:
+        cycle: list = [alloc.full(4, 1.0)]
+        cycle.append(cycle)
+        del cycle
+        history.stop()
+    finally:
+        gc.enable()
+    snapshot = alloc.snapshot()
+    actions = [event["action"] for event in snapshot["device_traces"][0]]
+    assert actions == ["segment_alloc", "alloc", "free_requested", "free_completed"]
+    assert snapshot["devmem"]["reconciled"] == 0  # nothing happened after the stop
+    assert alloc.live_blocks() == []
+
+
+def test_the_report_shows_small_byte_counts_and_says_what_it_does_not_watch(tmp_path):
+    alloc = Allocator(AllocatorConfig(backend="sim"))
+    other = Allocator(AllocatorConfig(backend="sim"))  # built directly: not watched
+    history = MemoryHistory(tmp_path / "test_x0")
+    history.watch(alloc)
+    keep = [alloc.full(16, 1.0), other.full(4, 1.0)]
+    report = history.report()
+    assert (
+        "allocator 1 (backend=sim live=64 B peak=64 B allocs=1 frees=0 cache=0 B"
+        " cache_cap=unbounded): snapshot " in report
+    )
+    unwatched = re.search(
+        r"^(\d+) other allocators are alive and not watched \(built without"
+        r" make_alloc, e\.g\. allocator\.Allocator\(\.\.\.\), or the default"
+        r" allocator\): pass them to memory_history\.watch\(alloc\) to record"
+        r" them$",
+        report,
+        re.M,
+    )
+    assert unwatched and int(unwatched[1]) >= 1
+    alloc.release(keep[0])
+    other.release(keep[1])
+    history.stop()
