@@ -161,7 +161,7 @@ if [ "$test" = 1 ]; then
             exit "$pictures"
         fi
         step "nightly: mutation testing, one module at a time (ci/mutation.py)"
-        run "$py" ci/mutation.py --mutmut "$venv/bin/mutmut" --out reports/mutation.md
+        run "$py" ci/mutation.py --out reports/mutation.md
     else
         step "test: every suite on $first (pytest -n auto)"
         run "$py" -m pytest -n auto --backend "$first" "${extra[@]}"
