@@ -10,8 +10,9 @@ usage() {
 usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--no-build] [--no-test] [--no-lint] [-h]
 
 With no option: build (create .venv if absent, install the project with its test and plot
-extras), lint (ruff), and test (every suite on cpu and sim with pytest -n auto, the harness
-self-tests under -n 2 and --forked, the allocator suites with hostile settings).
+extras), lint (ruff; .github/workflows/*.yml against GitHub's schema), and test (every suite on
+cpu and sim with pytest -n auto, the harness self-tests under -n 2 and --forked, the allocator
+suites with hostile settings).
 It ends with "check passed." and the command that runs the suites alone: .venv/bin/pytest -n auto
 
   --ci-all    everything CI runs (.ci/run calls it with --interop): the above, plus importing
@@ -31,7 +32,7 @@ It ends with "check passed." and the command that runs the suites alone: .venv/b
               mutants in reports/mutation.md
   --no-build  do not create or update .venv
   --no-test   skip the test suites
-  --no-lint   skip ruff check and ruff format --check
+  --no-lint   skip ruff check, ruff format --check and the workflows' schema check
   -h, --help  show this help
 
 environment:
@@ -124,6 +125,8 @@ if [ "$lint" = 1 ]; then
     step "lint: ruff check and ruff format --check"
     run ruff check .
     run ruff format --check .
+    step "lint: .github/workflows against GitHub's workflow schema (check-jsonschema, offline)"
+    run check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 fi
 
 if [ "$test" = 1 ]; then
