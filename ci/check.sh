@@ -138,6 +138,12 @@ if [ "$test" = 1 ]; then
     if [ "$cuda" = 1 ]; then
         gpus=(--gpus auto)
     fi
+    # with --interop the interop tests run in their own step: the others leave them out rather
+    # than print a skip line each, saying to run with --interop
+    not_interop=()
+    if [ "$interop" = 1 ]; then
+        not_interop=(-m "not interop")
+    fi
 
     if [ "$cuda" = 1 ]; then
         first=cpu,sim # cuda gets its own run below, pinned and strict
@@ -149,7 +155,8 @@ if [ "$test" = 1 ]; then
         step "nightly: every suite at stress scale x100 on every available backend"
         status=0
         run "$py" -m pytest -n auto --backend cpu,sim,cuda "${gpus[@]}" --stress-scale 100 \
-            --junitxml reports/nightly.xml -o junit_family=xunit1 "${extra[@]}" || status=$?
+            "${not_interop[@]}" --junitxml reports/nightly.xml -o junit_family=xunit1 \
+            "${extra[@]}" || status=$?
         step "nightly: memory timelines of the arena stress and the cache-cap run (reports/memory/)"
         pictures=0
         run "$py" ci/memory_pictures.py --out reports/memory || pictures=$?
@@ -167,7 +174,7 @@ if [ "$test" = 1 ]; then
         run "$py" ci/mutation.py --out reports/mutation.md
     else
         step "test: every suite on $first (pytest -n auto)"
-        run "$py" -m pytest -n auto --backend "$first" "${extra[@]}"
+        run "$py" -m pytest -n auto --backend "$first" "${not_interop[@]}" "${extra[@]}"
     fi
 
     if [ "$interop" = 1 ]; then
@@ -176,13 +183,15 @@ if [ "$test" = 1 ]; then
     fi
 
     step "test: the harness self-tests under -n 2 and under --forked"
-    run "$py" -m pytest -q -n 2 suites/harness "${extra[@]}"
-    run "$py" -m pytest -q --forked suites/harness "${extra[@]}"
+    # no -q beside -n: xdist's quiet status is "bringing up nodes..." twice
+    run "$py" -m pytest -n 2 suites/harness "${not_interop[@]}" "${extra[@]}"
+    run "$py" -m pytest -q --forked suites/harness "${not_interop[@]}" "${extra[@]}"
 
     hostile=cpu,sim
     if [ "$cuda" = 1 ] && [ "$nightly" = 0 ]; then
         step "test: every suite on cuda (one GPU per xdist worker; unavailable is a failure)"
-        run "$py" -m pytest -n auto --backend cuda --strict-backends "${gpus[@]}" "${extra[@]}"
+        run "$py" -m pytest -n auto --backend cuda --strict-backends "${gpus[@]}" \
+            "${not_interop[@]}" "${extra[@]}"
     fi
     if [ "$cuda" = 1 ]; then
         hostile=cpu,sim,cuda
@@ -190,8 +199,8 @@ if [ "$test" = 1 ]; then
 
     step "test: the allocator suites with hostile parent settings (DEVMEM_ARENA_DEBUG=1 DEVMEM_CACHE_CAP_BYTES=1)"
     DEVMEM_ARENA_DEBUG=1 DEVMEM_CACHE_CAP_BYTES=1 \
-        run "$py" -m pytest -q -n auto --backend "$hostile" "${gpus[@]}" suites/allocator \
-        "${extra[@]}"
+        run "$py" -m pytest -n auto --backend "$hostile" "${gpus[@]}" suites/allocator \
+        "${not_interop[@]}" "${extra[@]}"
 fi
 
 echo
