@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -68,7 +69,10 @@ def render(json_path: Path) -> str:
         raise TableError(f"{json_path}: cannot read the benchmark's JSON ({exc})") from None
     module = _benchmark(json_path.stem)
     renderer = getattr(module, "format_table", None) or module.render
-    table = "\n".join(line.rstrip() for line in renderer(results).strip("\n").splitlines())
+    # render(rows) takes the part of the results it is named after (bench/checkpoint.py)
+    first = next(iter(inspect.signature(renderer).parameters))
+    text = renderer(results.get(first, results))
+    table = "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
     if not table.startswith("|"):  # a plain-text table: fenced, so that it keeps its columns
         table = f"```text\n{table}\n```"
     parts = [table]
