@@ -1,5 +1,5 @@
-"""The commands ``ci/check.sh`` runs, read from a stand-in ``.venv/bin/python`` that logs its
-arguments: which pytest runs leave the interop tests out, and which are quiet."""
+"""The commands ``ci/check.sh`` runs for each of its options, read from stand-ins for
+``.venv/bin/python``, ruff, check-jsonschema and nvidia-smi that only log their arguments."""
 
 from __future__ import annotations
 
