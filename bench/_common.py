@@ -28,6 +28,7 @@ __all__ = [
     "RESULTS",
     "ROOT",
     "finish",
+    "interleaved_us",
     "machine",
     "paired_ratio",
     "parse",
@@ -122,6 +123,27 @@ def per_call_us(fn: Callable[[], None], number: int, repeat: int) -> list[float]
             if gc_was_enabled:
                 gc.enable()
         runs.append(elapsed / number * 1e6)
+    return runs
+
+
+def interleaved_us(
+    fns: dict[str, Callable[[], None]], number: int, repeat: int
+) -> dict[str, list[float]]:
+    """``repeat`` rounds; in each, every function timed once (``number`` calls, in microseconds
+    per call), in an order rotated by one every round, so that a change of the machine's load
+    hits every function alike rather than whichever was measured then.
+
+    Returns:
+        Each function's name to its ``repeat`` timings, in round order. On a busy machine take
+        their ``min`` as the figure a ratio compares: the load only ever adds time, and a
+        median still moves with it when it lasts longer than a few runs.
+    """
+    names = list(fns)
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for round_ in range(repeat):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name] += per_call_us(fns[name], number, 1)
     return runs
 
 

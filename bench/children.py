@@ -231,10 +231,16 @@ def main(argv: list[str] | None = None) -> int:
         "children", __doc__, repeat=100, quick="20 children per cell, 50 pytest-forked tests"
     )
     parser.add_argument(
-        "--forked-tests", type=int, default=200, help="trivial tests per pytest-forked run"
+        "--forked-tests",
+        type=int,
+        default=200,
+        help="trivial tests per pytest-forked run (default 200)",
     )
     parser.add_argument(
-        "--forked-repeat", type=int, default=3, help="pytest runs with and without --forked"
+        "--forked-repeat",
+        type=int,
+        default=3,
+        help="pytest runs with and without --forked (default 3)",
     )
     options = _common.parse(parser, argv)
     for name in ("forked_tests", "forked_repeat"):

@@ -10,8 +10,9 @@ usage() {
 usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--multihost] [--no-build] [--no-test] [--no-lint] [-h]
 
 With no option: build (create .venv if absent, install the project with its test and plot
-extras), lint (ruff), and test (every suite on cpu and sim with pytest -n auto, the harness
-self-tests under -n 2 and --forked, the allocator suites with hostile settings).
+extras), lint (ruff; .github/workflows/*.yml against GitHub's schema), and test (every suite on
+cpu and sim with pytest -n auto, the harness self-tests under -n 2 and --forked, the allocator
+suites with hostile settings).
 It ends with "check passed." and the command that runs the suites alone: .venv/bin/pytest -n auto
 
   --ci-all    everything CI runs (.ci/run calls it with --interop): the above, plus importing
@@ -35,7 +36,7 @@ It ends with "check passed." and the command that runs the suites alone: .venv/b
               mutants in reports/mutation.md
   --no-build  do not create or update .venv
   --no-test   skip the test suites
-  --no-lint   skip ruff check and ruff format --check
+  --no-lint   skip ruff check, ruff format --check and the workflows' schema check
   -h, --help  show this help
 
 environment:
@@ -142,6 +143,8 @@ if [ "$lint" = 1 ]; then
     step "lint: ruff check and ruff format --check"
     run ruff check .
     run ruff format --check .
+    step "lint: .github/workflows against GitHub's workflow schema (check-jsonschema, offline)"
+    run check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 fi
 
 if [ "$test" = 1 ]; then
@@ -152,6 +155,12 @@ if [ "$test" = 1 ]; then
     gpus=()
     if [ "$cuda" = 1 ]; then
         gpus=(--gpus auto)
+    fi
+    # with --interop the interop tests run in their own step: the others leave them out rather
+    # than print a skip line each, saying to run with --interop
+    not_interop=()
+    if [ "$interop" = 1 ]; then
+        not_interop=(-m "not interop")
     fi
 
     if [ "$cuda" = 1 ]; then
@@ -164,7 +173,8 @@ if [ "$test" = 1 ]; then
         step "nightly: every suite at stress scale x100 on every available backend"
         status=0
         run "$py" -m pytest -n auto --backend cpu,sim,cuda "${gpus[@]}" --stress-scale 100 \
-            --junitxml reports/nightly.xml -o junit_family=xunit1 "${extra[@]}" || status=$?
+            "${not_interop[@]}" --junitxml reports/nightly.xml -o junit_family=xunit1 \
+            "${extra[@]}" || status=$?
         step "nightly: memory timelines of the arena stress and the cache-cap run (reports/memory/)"
         pictures=0
         run "$py" ci/memory_pictures.py --out reports/memory || pictures=$?
@@ -179,10 +189,10 @@ if [ "$test" = 1 ]; then
             exit "$pictures"
         fi
         step "nightly: mutation testing, one module at a time (ci/mutation.py)"
-        run "$py" ci/mutation.py --mutmut "$venv/bin/mutmut" --out reports/mutation.md
+        run "$py" ci/mutation.py --out reports/mutation.md
     else
         step "test: every suite on $first (pytest -n auto)"
-        run "$py" -m pytest -n auto --backend "$first" "${extra[@]}"
+        run "$py" -m pytest -n auto --backend "$first" "${not_interop[@]}" "${extra[@]}"
     fi
 
     if [ "$interop" = 1 ]; then
@@ -196,13 +206,15 @@ if [ "$test" = 1 ]; then
     fi
 
     step "test: the harness self-tests under -n 2 and under --forked"
-    run "$py" -m pytest -q -n 2 suites/harness "${extra[@]}"
-    run "$py" -m pytest -q --forked suites/harness "${extra[@]}"
+    # no -q beside -n: xdist's quiet status is "bringing up nodes..." twice
+    run "$py" -m pytest -n 2 suites/harness "${not_interop[@]}" "${extra[@]}"
+    run "$py" -m pytest -q --forked suites/harness "${not_interop[@]}" "${extra[@]}"
 
     hostile=cpu,sim
     if [ "$cuda" = 1 ] && [ "$nightly" = 0 ]; then
         step "test: every suite on cuda (one GPU per xdist worker; unavailable is a failure)"
-        run "$py" -m pytest -n auto --backend cuda --strict-backends "${gpus[@]}" "${extra[@]}"
+        run "$py" -m pytest -n auto --backend cuda --strict-backends "${gpus[@]}" \
+            "${not_interop[@]}" "${extra[@]}"
     fi
     if [ "$cuda" = 1 ]; then
         hostile=cpu,sim,cuda
@@ -210,8 +222,8 @@ if [ "$test" = 1 ]; then
 
     step "test: the allocator suites with hostile parent settings (DEVMEM_ARENA_DEBUG=1 DEVMEM_CACHE_CAP_BYTES=1)"
     DEVMEM_ARENA_DEBUG=1 DEVMEM_CACHE_CAP_BYTES=1 \
-        run "$py" -m pytest -q -n auto --backend "$hostile" "${gpus[@]}" suites/allocator \
-        "${extra[@]}"
+        run "$py" -m pytest -n auto --backend "$hostile" "${gpus[@]}" suites/allocator \
+        "${not_interop[@]}" "${extra[@]}"
 fi
 
 echo

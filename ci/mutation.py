@@ -1,13 +1,18 @@
 """Mutation testing with mutmut, one module at a time, with a score per module.
 
-Usage: ``python ci/mutation.py [--module NAME ...] [--max-children N] [--min-score PCT]
-[--gate PREFIX] [--no-run] [--out reports/mutation.md]``
+Usage: ``.venv/bin/python ci/mutation.py [--module NAME ...] [--max-children N]
+[--min-score PCT] [--gate PREFIX] [--no-run] [--mutmut PATH] [--out reports/mutation.md]``
+
+mutmut is the one installed beside the interpreter that runs this script (``.venv/bin/mutmut``
+for ``.venv/bin/python``), so the virtual environment need not be activated; else the one on
+``PATH``; ``--mutmut`` names another.
 
 Which files are mutated, and with which tests, is mutmut's own configuration
 (``[tool.mutmut]`` in ``pyproject.toml``): ``allocator/`` but ``device/cuda.py``, and
 ``harness/_outcome.py``. For each module, one after the other, it runs
 ``mutmut run "<module>.x*" --max-children N`` (every mutant of the module, each against the
-tests that reach its function, from the map mutmut collects at the first module), then reads
+tests that reach its function, from the map mutmut collects at the first module) with
+``PYTHONPYCACHEPREFIX`` set to ``mutants/.pycache`` (see :func:`run_mutmut`), then reads
 mutmut's results from ``mutants/<path>.meta`` and prints a table: mutants, killed (a test
 failed or timed out), equivalent (listed with a reason), survivors nobody explained, mutants no
 test reaches, the score ``killed / (mutants - equivalent)`` and the wall time. A whole run over
@@ -30,7 +35,9 @@ import argparse
 import dataclasses
 import fnmatch
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT_DIR = ROOT / "ci" / "equivalent-mutants"
 MUTANTS_DIR = ROOT / "mutants"
+PYCACHE_DIR = MUTANTS_DIR / ".pycache"
+"""The bytecode cache of mutmut's runs (``PYTHONPYCACHEPREFIX``), apart from the tree's."""
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code, mutmut 3.8), grouped as this report
 # counts them. A mutant that timed out made a test hang: killed, as mutmut's own score says; one
@@ -217,16 +226,53 @@ def read_exit_codes(path: Path, mutants_dir: Path | None = None) -> dict[str, in
         raise MutationError(f"{meta}: no mutmut results ({exc}); run without --no-run") from exc
 
 
+def find_mutmut(given: str | None = None) -> str:
+    """The mutmut command to run: ``given`` (a path, or a name looked up on ``PATH``), else
+    the ``mutmut`` installed beside this interpreter (``.venv/bin/mutmut`` when this runs as
+    ``.venv/bin/python``: no activated environment needed), else the one on ``PATH``.
+
+    Raises:
+        MutationError: ``given`` is not an executable file or a command on ``PATH``; or, with
+            no ``given``, there is no mutmut beside the interpreter nor on ``PATH``.
+    """
+    if given is not None:
+        found = shutil.which(given)
+        if found is None:
+            raise MutationError(f"--mutmut {given}: not an executable file or a command on PATH")
+        return found
+    # not resolved: .venv/bin/python is a link to the base interpreter, whose bin has no mutmut
+    beside = shutil.which("mutmut", path=os.path.dirname(sys.executable))
+    found = beside or shutil.which("mutmut")
+    if found is None:
+        raise MutationError(
+            f"mutmut is neither beside {sys.executable} nor on PATH: install the test extra"
+            " (pip install -e '.[test]') or name it with --mutmut"
+        )
+    return found
+
+
 def run_mutmut(module: str, max_children: int, mutmut: str) -> float:
     """Run mutmut on ``module``'s mutants; return the wall time in seconds.
 
+    mutmut copies the tree into ``mutants/``, ``__pycache__`` folders included, with the files'
+    times: Python (and pytest's assertion rewriter) would then load the copied bytecode, whose
+    code objects name the original files, and a test comparing a frame's file with its own
+    ``__file__`` would fail in mutmut's runs only. ``PYTHONPYCACHEPREFIX`` (:data:`PYCACHE_DIR`)
+    gives mutmut's runs a bytecode cache of their own.
+
     Raises:
-        MutationError: mutmut failed (its output is shown above).
+        MutationError: mutmut could not be started, or failed (its output is in the message).
     """
     start = time.monotonic()
     command = [mutmut, "run", f"{module}.x*", "--max-children", str(max_children)]
     print(f"+ {' '.join(command)}", flush=True)
-    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(PYCACHE_DIR)}
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    except OSError as exc:
+        raise MutationError(f"cannot run {mutmut}: {exc}") from exc
     seconds = time.monotonic() - start
     output = done.stdout.decode(errors="replace")
     if done.returncode != 0 and NOTHING_MATCHES not in output:  # a module without functions
@@ -334,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-run", action="store_true", help="report mutmut's last results without running it"
     )
-    parser.add_argument("--mutmut", default="mutmut", help="the mutmut command (default: mutmut)")
+    parser.add_argument(
+        "--mutmut",
+        metavar="PATH",
+        help="the mutmut command (default: the mutmut beside this Python, else the one on PATH)",
+    )
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     args = parser.parse_args(argv)
     if args.max_children < 1:
@@ -354,11 +404,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         results = []
         if not args.no_run:
+            try:
+                mutmut = find_mutmut(args.mutmut)
+            except MutationError as exc:
+                if args.mutmut is not None:
+                    parser.error(str(exc))
+                raise
             # A fresh map of which tests reach which function: mutmut 3.8 updates it only for
             # tests it has not seen, and loses the others' when the tests changed.
             (MUTANTS_DIR / "mutmut-stats.json").unlink(missing_ok=True)
         for module in args.modules or list(files):
-            seconds = None if args.no_run else run_mutmut(module, args.max_children, args.mutmut)
+            seconds = None if args.no_run else run_mutmut(module, args.max_children, mutmut)
             result = tally(module, read_exit_codes(files[module]), load_equivalents(module))
             result.seconds = seconds
             results.append(result)

@@ -106,3 +106,29 @@ def test_every_benchmark_runs_as_the_readme_says(script, tmp_path):
     assert results["verdicts"] and all(
         isinstance(met, bool) for met in results["verdicts"].values()
     )
+
+
+def test_interleaved_rounds_rotate_the_order_and_time_each_function_once_a_round(common):
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    runs = common.interleaved_us(fns, 2, 4)
+    assert "".join(calls) == "aabbcc" + "bbccaa" + "ccaabb" + "aabbcc"
+    assert {name: len(times) for name, times in runs.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(t >= 0 for times in runs.values() for t in times)
+
+
+def test_a_burst_of_load_moves_the_median_but_not_the_fastest_round(common, monkeypatch):
+    # the lookups' verdicts (bench/ring.py (b), (c)) compare the fastest of interleaved rounds:
+    # a burst that slows the first 5 of 8 rounds of one function shifts its median 3x, not its
+    # minimum
+    seen = {"small": 0, "big": 0}
+
+    def fake_per_call_us(fn, number, repeat):
+        name = fn()
+        seen[name] += 1
+        return [30.0 if name == "big" and seen[name] <= 5 else 10.0]
+
+    monkeypatch.setattr(common, "per_call_us", fake_per_call_us)
+    runs = common.interleaved_us({"small": lambda: "small", "big": lambda: "big"}, 1, 8)
+    assert statistics.median(runs["big"]) / statistics.median(runs["small"]) == 3.0
+    assert min(runs["big"]) / min(runs["small"]) == 1.0
