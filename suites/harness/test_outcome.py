@@ -473,3 +473,43 @@ def test_a_traceback_the_stderr_shows_whole_is_not_shown_twice():
             _outcome(**EXITED_1, raised=RAISED, stderr=stderr), lambda o: o.assert_died()
         )
         assert ("    Traceback (most recent call last):" in lines) is twice, stderr
+
+
+# Issue 18, item 3: a match never spans the cut, and the failure marks the cut.
+def test_a_match_searches_head_and_tail_each_on_its_own():
+    cut = _outcome(stderr="head line\ntail line\n", stderr_cut_at=10, stderr_cut_bytes=99)
+    cut.assert_aborted("^head line\n$").assert_aborted("^tail line")  # each part alone
+    with pytest.raises(harness.DeathTestFailure) as failure:
+        cut.assert_aborted("line\ntail")  # only across the cut
+    lines = str(failure.value).splitlines()
+    at = lines.index("[  DEATH   ] head line")
+    assert lines[at + 1] == "[  DEATH   ] [... devmem-harness cut 99 bytes here (see notes) ...]"
+    assert lines[at + 2] == "[  DEATH   ] tail line"
+    unmarked = _outcome(stderr="no newline", stderr_cut_at=2, stderr_cut_bytes=5)
+    assert _failure(unmarked, lambda o: o.assert_aborted("x"))[-5:-2] == [
+        "[  DEATH   ] no",
+        "[  DEATH   ] [... devmem-harness cut 5 bytes here (see notes) ...]",
+        "[  DEATH   ]  newline",
+    ]
+    whole = _outcome(stderr="line\ntail\n")  # nothing cut: one text
+    whole.assert_aborted("line\ntail")
+    beyond = _outcome(stderr="ab", stderr_cut_at=3)  # a bad index: searched whole, shown as is
+    beyond.assert_aborted("ab")
+    assert "cut" not in "\n".join(_failure(beyond, lambda o: o.assert_aborted("x"))[6:])
+
+
+def test_notes_and_host_are_shown_after_the_stderr():
+    outcome = _outcome(stderr="boom\n", notes=("devmem-harness: a note",), host="gpu7")
+    lines = _failure(outcome, lambda o: o.assert_died(signal="SIGSEGV"))
+    assert lines[1].endswith(", 12.3 ms, host gpu7)")
+    assert lines[-3:] == ["[  NOTE    ] devmem-harness: a note", "repro:", f"  {outcome.repro}"]
+    assert _failure(_outcome(), lambda o: o.assert_died(signal="SIGSEGV"))[1].endswith(" ms)")
+
+
+def test_assert_timed_out_on_outcomes():
+    assert _outcome(**TIMED_OUT).assert_timed_out().kind == "timed_out"
+    for fields in (EXITED_0, EXITED_1, SEGV):
+        lines = _failure(_outcome(**fields), lambda o: o.assert_timed_out())
+        assert "  expected: timed out" in lines
+    error = _outcome(kind="harness_error", signal=None, error="the zygote died")
+    assert "the harness failed" in _failure(error, lambda o: o.assert_timed_out())[0]

@@ -49,3 +49,34 @@ def test_auto_falls_back_to_forkserver(sigchld):
 
     assert outcome.style == "forkserver"
     outcome.assert_aborted("CHECK failed")
+
+
+@pytest.mark.parametrize("style", ["fork", "exec"])
+def test_a_child_reaped_by_someone_else_is_a_harness_error(monkeypatch, style):
+    """A reaper the harness cannot see (a handler installed from C, os.wait() in another
+    thread) takes the child's status first: a harness error saying so, not a raw
+    ChildProcessError, and no signal to its pid once it is gone."""
+    from harness import _reap
+
+    real_waitpid = os.waitpid
+    stolen: list[int] = []
+    signalled: list[int] = []
+
+    def someone_else_first(pid, options):
+        if pid > 0 and not stolen:
+            real_waitpid(pid, options)  # reaped elsewhere: the pid is free for reuse now
+            stolen.append(pid)
+        return real_waitpid(pid, options)
+
+    def kill_group(pid, sig):
+        if pid in stolen:
+            signalled.append(sig)
+
+    monkeypatch.setattr(os, "waitpid", someone_else_first)
+    monkeypatch.setattr(_reap, "kill_group", kill_group)
+    outcome = harness.run_child(_targets.abort_with, "CHECK failed", style=style, timeout=30)
+
+    assert stolen == [outcome.pid]
+    assert outcome.kind == "harness_error", outcome
+    assert "the child was reaped by someone else" in outcome.error
+    assert signalled == []
