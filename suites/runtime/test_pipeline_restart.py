@@ -134,7 +134,7 @@ def test_train_needs_dry_run(tmp_path, capsys):
 
 def test_train_without_restarts_runs_in_process(tmp_path, capsys):
     # one layer, a budget of 1000: 20 compiles of 6 kernels fit one process
-    argv = ["train", "--layers", "1", "--budget", "1000", "--steps", "1", "--dry-run"]
+    argv = ["train", "--layers", "1", "--budget", "1000", "--steps", "1", "--dry-run", "--sparse"]
     assert main([*argv, "--state", str(tmp_path / "s"), "--keep-state"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["model"], summary["restarts"], summary["steps_done"]) == ("Stories110M", 0, 1)
