@@ -333,14 +333,17 @@ class Recorder:
         finally:
             lock.release()
 
-    def freed(self, block: Block, cause: FreeCause) -> None:
+    def freed(self, block: Block, cause: FreeCause) -> bool:
         """:meth:`free_requested` of one block (a storage's ``release``, ``resize_(0)`` or
         finalization; an arena exit goes through :meth:`free_requested`), the common case
-        without building lists."""
+        without building lists. A block no other stream used (no ``stream_uses``) is reusable
+        as soon as its layer takes it back, so its ``free_completed`` is recorded here too,
+        before the block is handed upstream (where no other call can take it yet): returns
+        whether it was (else :meth:`returned_one` checks once upstream has it)."""
         kind = cause.kind
         if kind == "arena_exit":
             self.free_requested((block,), cause)
-            return
+            return False
         frames = _stacks.capture(2) if self.stacks else _NO_FRAMES
         if kind == "finalize":
             frames = (*_stacks.FINALIZED_MARK, *frames)
@@ -359,7 +362,11 @@ class Recorder:
                 append(("release", address, size, stream, now, frames, cause))
             frames_of = self.alloc_frames
             alloc_frames = frames_of.pop(block, _NO_FRAMES) if frames_of else _NO_FRAMES
-            self.pending[block] = (address, size, stream, frames, alloc_frames)
+            if block.stream_uses:
+                self.pending[block] = (address, size, stream, frames, alloc_frames)
+                return False
+            append(("free_completed", address, size, stream, now, frames, None))
+            return True
         finally:
             lock.release()
 
@@ -506,9 +513,11 @@ class HistoryLayer:
         """Record the request, hand ``block`` upstream, record its completion if it is
         reusable now."""
         recorder = self._recorder
-        recorder.freed(block, cause)
-        self._upstream.deallocate(block, cause)
-        recorder.returned_one(block)
+        if recorder.freed(block, cause):
+            self._upstream.deallocate(block, cause)
+        else:
+            self._upstream.deallocate(block, cause)
+            recorder.returned_one(block)
 
     def deallocate_many(self, blocks: Sequence[Block], cause: FreeCause) -> None:
         """:meth:`deallocate` for every one of ``blocks`` (an arena exit)."""

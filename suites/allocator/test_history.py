@@ -989,12 +989,16 @@ _OPS = ("alloc", "alloc", "release", "drop", "side", "toggle", "advance", "empty
 @given(
     ops=st.lists(st.tuples(st.sampled_from(_OPS), st.integers(0, 7)), max_size=40),
     max_entries=st.sampled_from([4, 100_000]),
+    cap=st.sampled_from([0, 256]),  # a capped cache evicts: frees to the device while off
 )
-def test_every_snapshot_is_consistent_and_its_frames_are_its_storages(backend, ops, max_entries):
+def test_every_snapshot_is_consistent_and_its_frames_are_its_storages(
+    backend, ops, max_entries, cap
+):
     # Random programs that switch recording on and off: every snapshot's trace, undone from its
     # segments, finds each block as its events left it (the memory_viz page's state history
     # view), and a live block has frames exactly when its storage was allocated while on.
-    alloc = dm.Allocator(dm.AllocatorConfig(backend=backend, sim_latency_us=3))
+    config = dm.AllocatorConfig(backend=backend, sim_latency_us=3, cache_cap_bytes=cap)
+    alloc = dm.Allocator(config)
     side = alloc.new_stream("side")
     bufs: list = []  # (buffer, allocated while recording)
     for op, arg in [*ops, ("snapshot", 0)]:
