@@ -6,6 +6,7 @@ Each suite runs at least one of these (DESIGN 4) and asserts that its own check 
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 
 from allocator import Allocator, EpochStats, Storage, _snapshot
@@ -103,10 +104,22 @@ def _finalizer_frees_at_once() -> None:
 
 
 def _history_skips_free_completed() -> None:
-    # A history that records a free's request but never its completion while the block waits
-    # in the cache: PyTorch's trace then keeps counting the block (TOTAL MEM too high).
-    Recorder.returned = lambda self, blocks: None
-    Recorder._complete_ready = lambda self, now: None
+    # A history that records a free's request but never its completion: PyTorch's trace then
+    # keeps counting the block (TOTAL MEM too high). Every path that records a completion
+    # (at the free itself, when the cache takes the block back, at a poll or a reuse) appends to
+    # the ring, so the ring drops them.
+    class SkipsCompleted(collections.deque):
+        def append(self, entry):
+            if entry[0] != "free_completed":
+                super().append(entry)
+
+    original = Recorder.start
+
+    def start(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.ring = SkipsCompleted(self.ring, maxlen=self.ring.maxlen)
+
+    Recorder.start = start
 
 
 def _snapshot_counts_cache_as_live() -> None:

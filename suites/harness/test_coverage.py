@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("pytest_cov", reason="pytest-cov (the test extra) is not installed")
-
 MODULE = """
 import os
 import sys

@@ -9,6 +9,7 @@ LLaMA-7B run resumed as the default Stories110M; that restart is the mutant here
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 
 import pytest
@@ -84,10 +85,13 @@ def test_teeth_a_restart_that_drops_argv_is_caught(death, tmp_path):
     assert "the following arguments are required: --steps" in outcome.stderr
 
 
-def test_restart_argv_is_the_full_argv_plus_resume():
+def test_restart_argv_is_the_full_argv_plus_resume(monkeypatch):
+    # an interpreter started without options (an xdist worker runs with -u: see
+    # test_pipeline_files for the options)
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-m", "pytest"])
     argv = [*ARGV, "--state", "/tmp/s"]
     command = restart_argv(argv)
-    assert command[1:] == ["-m", "runtime.pipeline", *argv, "--resume"]
+    assert command == [sys.executable, "-m", "runtime.pipeline", *argv, "--resume"]
     assert restart_argv([*argv, "--resume"]) == command
 
 
