@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime import tensormap
+from runtime._strided import values_in
 from runtime.tensormap import (
     FaninExceeded,
     Overlap,
@@ -506,3 +507,30 @@ def test_retire_counts_the_entries_of_every_length_class():
     tmap.insert(Region.contiguous("x", 0, 1, elem_size=1), producer=5)  # a 1-byte class
     assert tmap.retire_below(5) == 5 and len(tmap) == 1
     assert tmap.lookup(Region.contiguous("x", 0, 16)) == [Producer(5, Overlap.COVERED)]
+
+
+def test_runs_covered_by_overlapping_and_abutting_runs_agree_with_brute_force():
+    """Every contiguous byte range (1-byte elements) against outer layouts of two interleaved
+    dimensions, whose runs overlap, abut or leave 1-byte gaps: the edge cases of covering a run
+    by the runs that start up to ``run - 1`` bytes before it and up to its last byte."""
+    checked = 0
+    for run in range(1, 5):
+        for s1 in range(run + 1, run + 5):
+            for s2 in range(s1 + 1, s1 + 6):
+                outer = Region("m", 0, (2, 2, run), (s2, s1, 1), 1)
+                outer_bytes = outer.byte_set()
+                hi = max(outer_bytes) + 2
+                for x in range(hi):
+                    for length in range(1, hi - x + 1):
+                        inner = Region("m", x, (length,), (1,), 1)
+                        truth = set(range(x, x + length)) <= outer_bytes
+                        assert outer.covers(inner) == truth, (run, s1, s2, x, length)
+                        checked += truth
+    assert checked > 1000  # the layouts do cover many ranges, not only refuse them
+
+
+@pytest.mark.parametrize(("lo", "hi", "expected"), [(5, 5, [5]), (6, 6, []), (4, 10, [5, 10])])
+def test_values_in_includes_both_ends_of_the_interval(lo, hi, expected):
+    """``values_in`` enumerates ``c + k * s`` in the closed interval ``[lo, hi]``: an interval
+    of one value finds it (the strided geometry's primitive; 1-byte runs reach it)."""
+    assert sorted(values_in(0, [(3, 5)], lo, hi)) == expected
