@@ -86,8 +86,11 @@ def _finalizer_frees_at_once() -> None:
 def _history_skips_free_completed() -> None:
     # A history that records a free's request but never its completion while the block waits
     # in the cache: PyTorch's trace then keeps counting the block (TOTAL MEM too high).
+    # (a single free records its request through the general path, and never completes)
+    Recorder.freed = lambda self, block, cause: self.free_requested((block,), cause) or False
     Recorder.returned = lambda self, blocks: None
-    Recorder._complete_ready = lambda self, now: None
+    Recorder.returned_one = lambda self, block: None
+    Recorder._complete_ready = lambda self, now, blocks=None: None
 
 
 def _snapshot_counts_cache_as_live() -> None:
