@@ -22,10 +22,10 @@ _leaked: list = []
 def _cache_ignores_cap() -> None:
     original = CachingLayer._put
 
-    def put(self, block):
+    def put(self, block, evicted):
         cap, self.cap_bytes = self.cap_bytes, 0
         try:
-            return original(self, block)
+            return original(self, block, evicted)
         finally:
             self.cap_bytes = cap
 
@@ -34,6 +34,25 @@ def _cache_ignores_cap() -> None:
 
 def _evict_without_wait() -> None:
     SimDevice.wait = lambda self, block: None
+
+
+def _free_without_device_sync() -> None:
+    # The simulator before cudaFree synchronized the device: a free waited only on the events
+    # recorded on the block, and aborted if another stream's kernel still used it.
+    from allocator.device.base import fatal
+
+    def free(self, block):
+        if block.busy_until > self.now_us:
+            fatal(
+                f"devmem sim: fatal: free of block #{block.id} ({block.nbytes} bytes) while a"
+                f" kernel using it is still in flight (completes at t={block.busy_until}us,"
+                f" now t={self.now_us}us)"
+            )
+        with self._lock:
+            self.used_bytes -= block.nbytes
+        block.array = None
+
+    SimDevice.free = free
 
 
 def _exit_forgets_free() -> None:
@@ -127,6 +146,7 @@ def _finalizer_records_history() -> None:
 MUTANTS: dict[str, Callable[[], None]] = {
     "cache_ignores_cap": _cache_ignores_cap,
     "evict_without_wait": _evict_without_wait,
+    "free_without_device_sync": _free_without_device_sync,
     "exit_forgets_free": _exit_forgets_free,
     "detector_checks_only_sizes": _detector_checks_only_sizes,
     "sum_leaks_a_temporary": _sum_leaks_a_temporary,
@@ -139,10 +159,11 @@ MUTANTS: dict[str, Callable[[], None]] = {
 
 
 def apply(name: str | None) -> None:
-    """Patch mutant ``name`` in (``None``: nothing).
+    """Patch mutant ``name`` in (``None``: nothing); ``"a+b"`` patches both ``a`` and ``b``.
 
     Raises:
         KeyError: no mutant has that name.
     """
     if name is not None:
-        MUTANTS[name]()
+        for part in name.split("+"):
+            MUTANTS[part]()
