@@ -81,7 +81,7 @@ def load(path: str | os.PathLike) -> dict:
             raise ValueError(f"{path}: not a pickled memory snapshot ({exc})") from None
     if isinstance(data, list):
         data = {"segments": data, "device_traces": []}
-    if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+    if not isinstance(data, dict) or "segments" not in data:  # a wrong type: check_snapshot
         got = f"keys {sorted(map(str, data))}" if isinstance(data, dict) else type(data).__name__
         raise ValueError(
             f"{path}: not a memory snapshot: expected a dict with 'segments' and 'device_traces'"
@@ -358,7 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         " torch.cuda.memory._dump_snapshot): a timeline picture, or the top allocation sites.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{plot,summary}")
-    draw = commands.add_parser("plot", help="draw live and cached bytes over time (matplotlib)")
+    draw = commands.add_parser(
+        "plot",
+        help="draw live and cached bytes over time (matplotlib)",
+        description="Draw the live bytes over time, stacked by allocation site (the largest"
+        " sites by peak in bands of their own), the cached bytes on top, and marks: arena"
+        " exits, releases, cap evictions, OOMs, and the snapshots PyTorch took.",
+    )
     draw.add_argument("snapshot", help="the pickled snapshot")
     draw.add_argument(
         "-o",

@@ -61,7 +61,8 @@ def render(json_path: Path) -> str:
     text when it is not Markdown, ending with a newline.
 
     Raises:
-        TableError: the file is missing or not JSON, or no benchmark renders it.
+        TableError: the file is missing or not JSON, no benchmark renders it, or its benchmark
+            cannot (a JSON written by an older version of it: the message says to rerun it).
     """
     try:
         results = json.loads(json_path.read_text())
@@ -71,7 +72,13 @@ def render(json_path: Path) -> str:
     renderer = getattr(module, "format_table", None) or module.render
     # render(rows) takes the part of the results it is named after (bench/checkpoint.py)
     first = next(iter(inspect.signature(renderer).parameters))
-    text = renderer(results.get(first, results))
+    try:
+        text = renderer(results.get(first, results))
+    except (KeyError, TypeError, ValueError) as exc:  # a JSON of an older bench/<name>.py
+        raise TableError(
+            f"{json_path}: bench/{json_path.stem}.py cannot render it ({type(exc).__name__}:"
+            f" {exc}); rerun it: .venv/bin/python bench/{json_path.stem}.py --out {json_path}"
+        ) from None
     table = "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
     if not table.startswith("|"):  # a plain-text table: fenced, so that it keeps its columns
         table = f"```text\n{table}\n```"

@@ -116,3 +116,10 @@ def test_the_documented_benchmark_defaults_are_the_benchmarks(capsys):
     assert f"--forked-tests FORKED_TESTS trivial tests per pytest-forked run (default {tests})" in (
         help_text
     )
+
+
+def test_a_json_of_an_older_benchmark_says_to_rerun_it(tmp_path):
+    old = tmp_path / "children.json"
+    old.write_text(json.dumps({"raw_fork_ms": 2.0}))  # the fields a newer format_table reads
+    with pytest.raises(doc_tables.TableError, match=r"cannot render it \(KeyError: .*rerun it: "):
+        doc_tables.render(old)

@@ -572,8 +572,8 @@ def test_the_json_summary_carries_the_workload_sizes(capsys):
     assert summary["tasks"] == 5
 
 
-def test_the_readme_synopsis_names_every_option_of_the_command_line():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_documented_synopsis_names_every_option_of_the_command_line():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "ring.md").read_text()
     synopsis = readme.split("```\npython -m runtime.ring run ", 1)[1].split("```", 1)[0]
     (run,) = [
         action.choices["run"]
