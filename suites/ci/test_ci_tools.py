@@ -147,7 +147,7 @@ def test_memory_pictures_refuses_a_scale_below_one(tmp_path):
 def test_interop_is_an_option_of_check_sh_and_ci_runs_it():
     assert "--interop   also run the tests marked interop" in _check_sh("-h").stdout
     run = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert run[-1] == "exec ci/check.sh --ci-all --interop"
+    assert run[-1] == "exec ci/check.sh --ci-all --interop --multihost"
     readme = (ROOT / "README.md").read_text()
     assert "ci/check.sh --ci-all      # set up .venv" in readme  # still the first command
 
