@@ -22,8 +22,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from .._checks import FLOAT32_BYTES, check_int
 from ._chain import Op
-from ._model import FLOAT32_BYTES, check_int
 
 if TYPE_CHECKING:
     from allocator import Allocator, Buffer
@@ -43,7 +43,7 @@ class ChainPlan(Protocol):
     n_layers: int
 
     def schedule(self) -> Sequence[tuple[Op, int]]:
-        """The ``(op, layer)`` steps to run, in order (see :mod:`runtime._chain`)."""
+        """The ``(op, layer)`` steps to run, in order (see :mod:`runtime.checkpoint._chain`)."""
 
 
 def chain_result(n_layers: int) -> float:
