@@ -192,6 +192,53 @@ def upward_imports(graph: Mapping[str, set[str]], may_import: Mapping[str, set[s
     )
 
 
+WHITE_BOX = {
+    "suites.runtime._mutants": {
+        "runtime.checkpoint._policies",
+        "runtime.pipeline._cli",
+        "runtime.pipeline._statefile",
+    },
+    "suites.runtime._ring_mutants": {
+        "runtime.ring._program",
+        "runtime.ring._sim",
+        "runtime.tensormap._map",
+    },
+    "suites.runtime.test_checkpoint_executor": {
+        "runtime.checkpoint._chain",
+        "runtime.checkpoint._policies",
+        "runtime.checkpoint._revolve",
+    },
+    "suites.runtime.test_checkpoint_knobs": {"runtime.checkpoint._knobs"},
+    "suites.runtime.test_ring_fatals": {"runtime.ring._sim"},
+    "suites.runtime.test_ring_writers": {"runtime.ring._program"},
+    "suites.runtime.test_tensormap": {"runtime.tensormap._map"},
+}
+"""The runtime's private modules that a suite module may import: each patches a name inside the
+module that looks it up (a mutant probe putting a seed's bug back, or a spy counting calls),
+which the package's re-exported name cannot reach. Anything else uses the public names."""
+
+
+def private_imports(graph: Mapping[str, set[str]], allowed: Mapping[str, set[str]]) -> list[str]:
+    """Each import of a private module of a runtime package (a name component after
+    ``runtime`` that starts with one underscore, e.g. ``runtime.ring._sim``) from outside the
+    package that owns it, as ``"importer -> imported"``, unless ``allowed[importer]`` names it.
+    ``runtime._checks`` belongs to all of ``runtime``."""
+    found = []
+    for module, targets in graph.items():
+        for target in targets:
+            parts = target.split(".")
+            if parts[0] != "runtime":
+                continue
+            private = [i for i, p in enumerate(parts) if i and p[:1] == "_" and p[:2] != "__"]
+            if not private:
+                continue
+            owner = ".".join(parts[: private[0]])
+            if (module + ".").startswith(owner + ".") or target in allowed.get(module, set()):
+                continue
+            found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
 def _project_graph() -> dict[str, set[str]]:
     return module_graph(module_files(ROOT, MAY_IMPORT))
 
@@ -208,6 +255,34 @@ def test_no_two_modules_import_each_other():
 
 def test_imports_point_down_the_floors():
     assert upward_imports(_project_graph(), MAY_IMPORT) == []
+
+
+def test_nothing_outside_a_runtime_package_imports_its_private_modules():
+    assert private_imports(_project_graph(), WHITE_BOX) == []
+
+
+def test_the_private_import_check_fires(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "runtime/__init__.py": "",
+            "runtime/_checks.py": "",
+            "runtime/ring/__init__.py": "from ._sim import x\nfrom .. import _checks\n",
+            "runtime/ring/_sim.py": "from ..tensormap import _map\nfrom runtime import _checks\n",
+            "runtime/tensormap/__init__.py": "",
+            "runtime/tensormap/_map.py": "",
+            "suites/__init__.py": "",
+            "suites/t.py": "from runtime.ring import _sim\nimport runtime.ring\n",
+        },
+    )
+    graph = module_graph(module_files(tmp_path, ["runtime", "suites"]))
+    assert private_imports(graph, {}) == [
+        "runtime.ring._sim -> runtime.tensormap._map",
+        "suites.t -> runtime.ring._sim",
+    ]
+    assert private_imports(graph, {"suites.t": {"runtime.ring._sim"}}) == [
+        "runtime.ring._sim -> runtime.tensormap._map"
+    ]
 
 
 def _write(root: Path, files: Mapping[str, str]) -> None:
