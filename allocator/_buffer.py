@@ -13,21 +13,47 @@ an op is a use-after-free, which the detector reports (see :mod:`allocator._dete
 A storage's block belongs to the stream it was allocated on; ``record_stream(s)`` marks it as
 used on another stream, so that its free waits for that stream's kernels before the block's own
 stream may reuse it (PyTorch's ``Tensor.record_stream``; see :mod:`allocator._cache`).
+
+Imports run one way: the arena registry (:mod:`allocator._arena`) imports this module, and this
+module knows nothing of it. A storage reaches its registry only through the
+:class:`StorageHome` protocol below (queue a block, drain, free, name the backend), and keeps
+its arena epoch as an opaque object it never looks inside.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING
+from collections.abc import MutableSequence
+from typing import TYPE_CHECKING, Protocol
 
 from ._free_cause import FreeCause
 from .device.stream import Stream, check_stream
 
 if TYPE_CHECKING:
-    from ._arena import ArenaRegistry, Epoch
     from .device.base import Block
 
-__all__ = ["Buffer", "Storage", "element_count"]
+__all__ = ["Buffer", "Storage", "StorageHome", "element_count"]
+
+
+class StorageHome(Protocol):
+    """What a :class:`Storage` needs of the registry it belongs to (an
+    :class:`~allocator._arena.ArenaRegistry`; a protocol, so that this module need not import
+    the arena's).
+
+    Attributes:
+        backend: the backend's name, for reprs.
+        pending: the blocks the finalizer queued, freed by the next :meth:`drain`.
+    """
+
+    backend: str
+    pending: MutableSequence
+
+    def drain(self) -> None:
+        """Free the blocks queued in :attr:`pending`."""
+
+    def free(self, st: Storage, cause: FreeCause) -> int:
+        """Free ``st``'s block for ``cause``; the bytes freed (0 if it was freed already)."""
+
 
 FLOAT32_BYTES = 4
 MAX_ELEMENTS = ((1 << 63) - 1) // FLOAT32_BYTES
@@ -80,12 +106,12 @@ class Storage:
 
     __slots__ = ("__weakref__", "_cell", "_home", "cause", "epoch", "nbytes")
 
-    def __init__(self, home: ArenaRegistry, block: Block | None, nbytes: int) -> None:
+    def __init__(self, home: StorageHome, block: Block | None, nbytes: int) -> None:
         self._home = home
         self._cell = [block] if nbytes else []
         self.nbytes = nbytes
         self.cause: FreeCause | None = None
-        self.epoch: Epoch | None = None
+        self.epoch: object | None = None  # an allocator._arena.Epoch, opaque here
 
     def __del__(self) -> None:
         # Run by reference counting or by the cyclic collector at any allocation, also inside

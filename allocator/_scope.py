@@ -3,22 +3,40 @@
 What it adds over the arena registry (:mod:`allocator._arena`): a scope opens one epoch on
 entry and closes it on exit, keeping what ``scope.keep`` named; after an exception it keeps
 nothing and the exception propagates. ``run_in_arena`` keeps the buffers a function returns.
+
+Imports run one way: the allocator (:mod:`allocator._allocator`) imports this module, and this
+module knows nothing of it. A scope opens and closes its epoch through the :class:`EpochHost`
+protocol below, which the allocator satisfies with its ``_open_epoch``/``_close_epoch``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._buffer import Buffer
 from ._errors import ArenaError
 from ._stats import EpochStats
 
 if TYPE_CHECKING:
-    from ._allocator import Allocator
     from ._arena import Epoch
 
-__all__ = ["ArenaScope", "buffers_in", "run_scoped"]
+__all__ = ["ArenaScope", "EpochHost", "buffers_in", "run_scoped"]
+
+
+class EpochHost(Protocol):
+    """What a scope needs of its allocator (an :class:`~allocator.Allocator`; a protocol, so
+    that this module need not import the allocator's)."""
+
+    def _open_epoch(self) -> Epoch:
+        """Open a new innermost arena epoch and return it."""
+
+    def _close_epoch(self, keep: Iterable[Buffer], expected: Epoch | None) -> EpochStats:
+        """Close the innermost epoch (which must be ``expected``), keeping ``keep``.
+
+        Raises:
+            TypeError, ValueError: a bad keep set.
+        """
 
 
 def buffers_in(value: Any) -> list[Buffer]:
@@ -45,7 +63,7 @@ class ArenaScope:
 
     __slots__ = ("_alloc", "_epoch", "_keep", "stats")
 
-    def __init__(self, alloc: Allocator) -> None:
+    def __init__(self, alloc: EpochHost) -> None:
         self._alloc = alloc
         self._epoch: Epoch | None = None
         self._keep: list[Buffer] = []
@@ -88,7 +106,7 @@ class ArenaScope:
             raise
 
 
-def run_scoped(alloc: Allocator, fn: Callable[..., Any], args, kwargs) -> Any:
+def run_scoped(alloc: EpochHost, fn: Callable[..., Any], args, kwargs) -> Any:
     """Call ``fn`` inside a fresh arena of ``alloc`` and keep the buffers it returns."""
     with ArenaScope(alloc) as scope:
         result = fn(*args, **kwargs)

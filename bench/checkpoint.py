@@ -16,7 +16,7 @@ buffers" is the allocator's ``peak_bytes`` divided by the buffer size (input, ac
 the gradient, two during each backward); "activations" is the most layer activations live at
 once; "recomputes" is the forward calls beyond one per layer; for ``revolve``, "t(N,s)" is
 Griewank and Walther's count and "optimum" the fewest recomputes this executor needs at the same
-peak (``runtime._revolve.min_forward_calls``, N <= 256), which is lower. Time is the median
+peak (``runtime.checkpoint.min_forward_calls``, N <= 256), which is lower. Time is the median
 wall time of one run (``--repeat`` runs), for information only.
 
 A third section times ``python -m runtime.pipeline plan`` itself (``main()`` in this process,
@@ -53,10 +53,10 @@ ROOT = _common.ROOT
 sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
-from runtime._chain import replay  # noqa: E402
-from runtime._revolve import min_forward_calls  # noqa: E402
 from runtime.checkpoint import (  # noqa: E402
     checkpoint_plan,
+    min_forward_calls,
+    replay,
     revolve_forward_count,
     run_checkpointed,
     sqrt_interval,

@@ -2,7 +2,8 @@
 
 Usage: ``python ci/import_all.py PACKAGE [PACKAGE ...]``. Exits 1 naming each module that
 fails to import, so an optional backend that breaks on a machine without its hardware shows up
-here rather than in a user's session.
+here rather than in a user's session. A package's ``__main__`` module is left out: importing it
+runs the package's command line (``python -m runtime.ring`` is how it runs).
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ def import_all(package_names: list[str]) -> list[str]:
     for name in package_names:
         package = importlib.import_module(name)
         modules = [name]
-        modules += [m.name for m in pkgutil.walk_packages(package.__path__, prefix=name + ".")]
+        modules += [
+            m.name
+            for m in pkgutil.walk_packages(package.__path__, prefix=name + ".")
+            if m.name.rpartition(".")[2] != "__main__"
+        ]
         for module in modules:
             try:
                 importlib.import_module(module)

@@ -12,9 +12,10 @@ table (``harness._guard``).
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from typing import TYPE_CHECKING
+
+from harness._fd import anonymous_fd
 
 if TYPE_CHECKING:
     from harness._guard import GuardTable
@@ -32,26 +33,6 @@ the parent from checking its deadline."""
 
 DRAIN_READS = 64
 """Reads per :meth:`Stream.drain` call at most (4 MiB)."""
-
-
-def anonymous_fd() -> int:
-    """A read-write descriptor of an unnamed file (not inherited across exec).
-
-    A memory file (Linux ``memfd_create``: no disk, no journal, cheap to map) where there is
-    one; else ``O_TMPFILE`` in the temp directory, else a file unlinked at once: either way
-    nothing is left behind, whatever happens to parent or child.
-    """
-    try:
-        return os.memfd_create("devmem-death", os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
-        pass
-    directory = tempfile.gettempdir()
-    try:
-        return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
-    except (AttributeError, OSError):
-        fd, path = tempfile.mkstemp(prefix="devmem-death-")
-        os.unlink(path)
-        return fd
 
 
 def kept_text(head: bytes, tail: bytes, total: int, name: str) -> str:

@@ -34,9 +34,10 @@ import time
 import zlib
 from typing import Any
 
-from harness._capture import Capture, anonymous_fd, read_kept
+from harness._capture import Capture, read_kept
 from harness._child import start_ticks
 from harness._errors import HarnessError
+from harness._fd import anonymous_fd
 from harness._guard import table
 from harness._reap import (
     Deadline,

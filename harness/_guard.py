@@ -12,6 +12,10 @@ pid and later its verdict, the parent reads the verdict (:meth:`GuardTable.seal`
 the child has ended, and *before* it is reaped (while its pid cannot be reused), the pid is
 wiped (:meth:`GuardTable.disown`), then the page is zeroed and freed (:meth:`GuardTable.release`).
 A forkserver child's pid is wiped by the zygote, which reaps it.
+
+Imports run one way: :mod:`harness._capture` (a child's channels) takes each child's page from
+this table and names its type; this module knows nothing of the capture. The unnamed file both
+need comes from :mod:`harness._fd`, below both.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import mmap
 import os
 import threading
 
-from harness._capture import anonymous_fd
 from harness._child import SEAL_BYTES, SEAL_FINAL_AT
 from harness._errors import HarnessError
+from harness._fd import anonymous_fd
 
 SLOTS = 1024
 """Pages in a guard table: the most children one process may run at the same time."""

@@ -16,19 +16,38 @@ stream queued later), and the host can query it or wait for it. Its handle is ``
 
 A stream refers to its device; no device or layer refers to a stream except through the blocks
 allocated on it, so streams make no reference cycle.
+
+Imports run one way: :mod:`allocator.device.base` imports this module (a device makes streams),
+and this module knows nothing of it. What a stream and an event need of their device is the
+:class:`StreamDevice` protocol below, which every :class:`~allocator.device.base.Device`
+satisfies; the layering test (``suites/allocator/test_layering.py``) fails on an import back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .base import Device
-
-__all__ = ["Event", "Stream", "check_event", "check_stream"]
+__all__ = ["Event", "Stream", "StreamDevice", "check_event", "check_stream"]
 
 
-def check_stream(device: Device, stream: object, name: str = "stream") -> Stream:
+class StreamDevice(Protocol):
+    """What streams and events call on their device: the part of
+    :class:`~allocator.device.base.Device` this module uses (a protocol, so that this module
+    need not import the device's)."""
+
+    name: str
+
+    def wait_stream(self, stream: Stream, other: Stream) -> None: ...
+    def synchronize_stream(self, stream: Stream) -> None: ...
+    def stream_done(self, stream: Stream) -> bool: ...
+    def new_event_handle(self) -> object: ...
+    def record_event(self, stream: Stream, event: Event) -> None: ...
+    def wait_event(self, stream: Stream, event: Event) -> None: ...
+    def event_done(self, event: Event) -> bool: ...
+    def synchronize_event(self, event: Event) -> None: ...
+
+
+def check_stream(device: StreamDevice, stream: object, name: str = "stream") -> Stream:
     """Validate that ``stream`` is a stream of ``device``; return it.
 
     Raises:
@@ -60,7 +79,7 @@ class Stream:
 
     __slots__ = ("__weakref__", "device", "handle", "id", "name")
 
-    def __init__(self, device: Device, stream_id: int, name: str, handle: object) -> None:
+    def __init__(self, device: StreamDevice, stream_id: int, name: str, handle: object) -> None:
         self.device = device
         self.id = stream_id
         self.name = name
@@ -121,7 +140,7 @@ class Stream:
         return f"<Stream {self.name!r} (#{self.id}) on {self.device.name}>"
 
 
-def check_event(device: Device, event: object, name: str = "event") -> Event:
+def check_event(device: StreamDevice, event: object, name: str = "event") -> Event:
     """Validate that ``event`` is an event of ``device``; return it.
 
     Raises:
@@ -149,7 +168,7 @@ class Event:
 
     __slots__ = ("device", "handle", "recorded")
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: StreamDevice) -> None:
         self.device = device
         self.handle = device.new_event_handle()
         self.recorded = False

@@ -180,7 +180,23 @@ def test_import_all_reports_failures(tmp_path):
     assert "import failed: brokenpkg.bad" in result.stderr
 
 
-@pytest.mark.parametrize("package", ["allocator", "harness"])
+def test_import_all_leaves_a_packages_main_out(tmp_path):
+    pkg = tmp_path / "clipkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("raise SystemExit('the command line ran')\n")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "ci" / "import_all.py"), "clipkg"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "clipkg.__main__" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("package", ["allocator", "harness", "runtime"])
 def test_every_project_module_imports(package):
     result = subprocess.run(
         [sys.executable, str(ROOT / "ci" / "import_all.py"), package],

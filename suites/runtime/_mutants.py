@@ -12,9 +12,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from runtime import _cli, _statefile, checkpoint
-from runtime.checkpoint import CheckpointPlan, sqrt_interval
-from runtime.pipeline import BudgetTracker, CompileConfig, StateFile, effective_headroom
+from runtime.checkpoint import CheckpointPlan, _policies, sqrt_interval
+from runtime.pipeline import (
+    BudgetTracker,
+    CompileConfig,
+    StateFile,
+    _cli,
+    _statefile,
+    effective_headroom,
+)
 
 
 def _seed_count(plan: CheckpointPlan) -> int:
@@ -87,7 +93,7 @@ PATCHES: dict[str, tuple[object, str, Callable]] = {
     "arithmetic_count": (CheckpointPlan, "n_checkpointed", property(_seed_count)),
     "seed_tracker_formula": (BudgetTracker, "for_config", classmethod(_seed_tracker)),
     "restart_drops_argv": (_cli, "restart_argv", _restart_drops_argv),
-    "sqrt_float64_minus_epsilon": (checkpoint, "sqrt_interval", _sqrt_float64_minus_epsilon),
+    "sqrt_float64_minus_epsilon": (_policies, "sqrt_interval", _sqrt_float64_minus_epsilon),
     "header_at_restart_only": (StateFile, "commit", _header_at_restart_only),
     "commit_without_journal": (StateFile, "commit", _commit_without_journal),
     "header_in_place": (StateFile, "commit", _header_in_place),

@@ -9,26 +9,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runtime import _ring_program, _ring_sim, tensormap
+from runtime.ring import _program, _sim
+from runtime.tensormap import _map
 
-_real_by_producer = tensormap._by_producer
-_real_candidates = tensormap._Bucket.candidates
+_real_by_producer = _map._by_producer
+_real_candidates = _map._Bucket.candidates
 
 
 def _newest_only_lookup():
     """The seed's ``MapEntry::lookup``: only the newest overlapping producer (``return best``)."""
-    return tensormap, "_by_producer", lambda found: _real_by_producer(found)[:1]
+    return _map, "_by_producer", lambda found: _real_by_producer(found)[:1]
 
 
 def _fanin_truncated_at_16():
     """The seed's fan-in array of 16: producers beyond it silently dropped."""
-    return tensormap, "_by_producer", lambda found: _real_by_producer(found)[:16]
+    return _map, "_by_producer", lambda found: _real_by_producer(found)[:16]
 
 
 def _no_span_check():
     """Window mode as the seed shipped it: no "heap span exceeded" check at all (its comment
     promised one); the consumer reads whatever the ring holds by then."""
-    return _ring_program.Orchestrator, "_check_span", lambda self, task_id, owners: None
+    return _program.Orchestrator, "_check_span", lambda self, task_id, owners: None
 
 
 def _exact_reclaim_ignores_consumers():
@@ -38,7 +39,7 @@ def _exact_reclaim_ignores_consumers():
     def dead(self, p):
         return bool(self.done[p]) and self.max_pos >= self.close[p]
 
-    return _ring_sim._Engine, "_dead", dead
+    return _sim._Engine, "_dead", dead
 
 
 def _exact_reclaim_ignores_scope():
@@ -49,7 +50,7 @@ def _exact_reclaim_ignores_scope():
     def dead(self, p):
         return bool(self.done[p]) and not self.users_left[p]
 
-    return _ring_sim._Engine, "_dead", dead
+    return _sim._Engine, "_dead", dead
 
 
 def _window_boundary_one_late():
@@ -59,12 +60,12 @@ def _window_boundary_one_late():
         r = self.frontier - self.cfg.h + 1
         return self.vend[r] if r >= 0 else 0
 
-    return _ring_sim._Engine, "_boundary", boundary
+    return _sim._Engine, "_boundary", boundary
 
 
 def _fanin_truncated_at_100():
     """A fan-in array of 100: producers beyond it silently dropped."""
-    return tensormap, "_by_producer", lambda found: _real_by_producer(found)[:100]
+    return _map, "_by_producer", lambda found: _real_by_producer(found)[:100]
 
 
 def _candidates_skip_one_byte_overlaps():
@@ -73,7 +74,7 @@ def _candidates_skip_one_byte_overlaps():
     def candidates(self, lo, hi):
         return [e for e in _real_candidates(self, lo, hi) if e.hi > lo + 1]
 
-    return tensormap._Bucket, "candidates", candidates
+    return _map._Bucket, "candidates", candidates
 
 
 MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {

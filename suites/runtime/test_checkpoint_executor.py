@@ -15,12 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import DeviceOutOfMemory
-from runtime._chain import Op, chen_peak_buffers, chen_schedule, replay
 from runtime.checkpoint import (
     ChainRun,
     CheckpointPlan,
+    Op,
     chain_result,
     checkpoint_plan,
+    chen_peak_buffers,
+    chen_schedule,
+    replay,
     revolve_forward_count,
     run_checkpointed,
 )
@@ -305,7 +308,7 @@ def test_bytes_and_overhead():
 
 
 def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
-    from runtime._chain import chen_peaks
+    from runtime.checkpoint import chen_peaks
 
     for n in range(1, 11):
         for mask in range(1 << n):
@@ -318,7 +321,7 @@ def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
 
 
 def test_chen_peaks_equal_the_replay_for_every_policy_plan_up_to_40_layers():
-    from runtime._chain import chen_peaks
+    from runtime.checkpoint import chen_peaks
 
     for n in range(1, 41):
         plans = [checkpoint_plan("sequential", n, interval=k) for k in range(1, n + 1)]
@@ -334,7 +337,7 @@ def test_chen_peaks_equal_the_replay_for_every_policy_plan_up_to_40_layers():
 
 
 def test_revolve_forward_calls_equal_the_replay():
-    from runtime._revolve import revolve_forward_calls, revolve_schedule
+    from runtime.checkpoint import revolve_forward_calls, revolve_schedule
 
     for n in range(1, 65):
         for s in range(1, 13):
@@ -345,16 +348,16 @@ def test_plan_builds_no_schedule(monkeypatch, capsys):
     """``plan`` predicts from closed forms: a schedule of 100,000 layers is never built (main
     at 6c47d36 replayed every policy's schedule and rescanned the kept layers per layer:
     quadratic, over 120 s). Timing is bench/checkpoint.py's; this checks the structure."""
-    from runtime import _chain, _revolve, checkpoint
+    from runtime.checkpoint import _chain, _policies, _revolve
     from runtime.pipeline import main
 
     def refuse(*args, **kwargs):
         raise AssertionError("plan built a schedule")
 
     for module, name in (
-        (checkpoint, "replay"),
-        (checkpoint, "chen_schedule"),
-        (checkpoint, "revolve_schedule"),
+        (_policies, "replay"),
+        (_policies, "chen_schedule"),
+        (_policies, "revolve_schedule"),
         (_chain, "replay"),
         (_revolve, "revolve_schedule"),
     ):

@@ -14,10 +14,10 @@ import math
 
 import pytest
 
-from runtime._chain import replay
-from runtime._revolve import (
+from runtime.checkpoint import (
     min_forward_calls,
     optimal_schedule,
+    replay,
     revolve_forward_count,
     revolve_schedule,
 )

@@ -14,7 +14,6 @@ import sys
 
 import pytest
 
-from runtime import _cli
 from runtime.pipeline import (
     INT32_MAX,
     PRESETS,
@@ -24,6 +23,7 @@ from runtime.pipeline import (
     SchedulerState,
     StateFile,
     check_header_fields,
+    interpreter_options,
     main,
     restart_argv,
     state_file_bytes,
@@ -298,7 +298,7 @@ def test_the_json_outputs_are_strict_json(tmp_path, capsys):
     ],
 )
 def test_interpreter_options_are_read_from_orig_argv(orig, options):
-    assert _cli.interpreter_options(orig) == options
+    assert interpreter_options(orig) == options
 
 
 def test_restart_argv_keeps_the_interpreter_options(monkeypatch):

@@ -534,7 +534,7 @@ def test_format_summary_is_a_pure_function():
 def _run_parser() -> argparse.ArgumentParser:
     (run,) = [
         action.choices["run"]
-        for action in ring._parser()._actions
+        for action in ring.cli_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     ]
     return run
@@ -577,7 +577,7 @@ def test_the_documented_synopsis_names_every_option_of_the_command_line():
     synopsis = readme.split("```\npython -m runtime.ring run ", 1)[1].split("```", 1)[0]
     (run,) = [
         action.choices["run"]
-        for action in ring._parser()._actions
+        for action in ring.cli_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     ]
     options = {flag for action in run._actions for flag in action.option_strings} - {

@@ -178,7 +178,7 @@ def test_more_cores_complete_whatever_one_core_completes(make_alloc, stress_scal
 def test_teeth_the_oracle_catches_the_padded_boundary(make_alloc, monkeypatch):
     """Mutant probe: the pre-fix boundary (the slice's ``start``, padding included) disagrees
     with the oracle on the two-scope program."""
-    from runtime import _ring_sim
+    from runtime.ring import _sim
 
     def padded(self):
         owners = self.heap_owners
@@ -186,7 +186,7 @@ def test_teeth_the_oracle_catches_the_padded_boundary(make_alloc, monkeypatch):
             self.tail += 1
         return self.tasks[owners[self.tail]].start if self.tail < len(owners) else 0
 
-    monkeypatch.setattr(_ring_sim._Engine, "_boundary", padded)
+    monkeypatch.setattr(_sim._Engine, "_boundary", padded)
     result = ring.run(two_scopes, RingConfig(cores=1, ring_bytes=2048), make_alloc())
     assert result.fatal_task == 2 != _ring_programs.one_core_verdict(result.plan)
 

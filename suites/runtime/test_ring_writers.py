@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from runtime import _ring_program, ring, tensormap
-from runtime.ring import RingConfig
+from runtime import ring, tensormap
+from runtime.ring import RingConfig, _program
 
 
 def overwrites(rt, n: int = 17, slow_ns: int = 100_000) -> None:
@@ -42,7 +42,7 @@ def test_teeth_unordered_writers_are_flagged_by_the_trace_checker(make_alloc, mo
     def without_writes(tmap, task, *, inputs=(), inouts=(), writes=(), max_fanin=None):
         return real(tmap, task, inputs=inputs, inouts=inouts, max_fanin=max_fanin)
 
-    monkeypatch.setattr(_ring_program, "gather_fanin", without_writes)
+    monkeypatch.setattr(_program, "gather_fanin", without_writes)
     result = ring.run(overwrites, RingConfig(cores=2), make_alloc(), n=3)
     problems = ring.check_trace(result)
     assert any(

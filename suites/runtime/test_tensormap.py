@@ -13,14 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime import tensormap
-from runtime._strided import values_in
 from runtime.tensormap import (
     FaninExceeded,
     Overlap,
     Producer,
     Region,
     TensorMap,
+    _map,
+    _strided,
     classify,
     gather_fanin,
 )
@@ -266,8 +266,8 @@ def test_lookup_never_looks_at_other_buffers(monkeypatch):
         tmap.insert(Region.contiguous(("other", i % 10), i, 4), i)
     tmap.insert(Region.contiguous("mine", 0, 4), 5000)
     looked = []
-    real = tensormap.classify
-    monkeypatch.setattr(tensormap, "classify", lambda e, q: looked.append(e) or real(e, q))
+    real = _map.classify
+    monkeypatch.setattr(_map, "classify", lambda e, q: looked.append(e) or real(e, q))
     assert [p.task for p in tmap.lookup(Region.contiguous("mine", 0, 64))] == [5000]
     assert len(looked) == 1
 
@@ -275,8 +275,8 @@ def test_lookup_never_looks_at_other_buffers(monkeypatch):
 def test_lookup_examines_only_nearby_entries(monkeypatch):
     tmap, _ = k_tiles(10_000)
     looked = []
-    real = tensormap.classify
-    monkeypatch.setattr(tensormap, "classify", lambda e, q: looked.append(e) or real(e, q))
+    real = _map.classify
+    monkeypatch.setattr(_map, "classify", lambda e, q: looked.append(e) or real(e, q))
     assert [p.task for p in tmap.lookup(Region.contiguous("x", 8 * 5000 + 3, 2))] == [5000]
     assert len(looked) <= 2
 
@@ -372,12 +372,12 @@ def test_a_whole_buffer_entry_does_not_widen_the_lookups_of_tiles(monkeypatch):
     meet it."""
     touched = []
 
-    class CountingEntry(tensormap._Entry):
+    class CountingEntry(_map._Entry):
         def __getattribute__(self, name):
             touched.append(name)
             return super().__getattribute__(name)
 
-    monkeypatch.setattr(tensormap, "_Entry", CountingEntry)
+    monkeypatch.setattr(_map, "_Entry", CountingEntry)
     tmap, whole = k_tiles(10_000)
     tmap.insert(whole, producer=10_000)
     tile = Region.contiguous("x", 8 * 5000 + 3, 2)
@@ -392,7 +392,7 @@ def test_a_whole_buffer_entry_does_not_widen_the_lookups_of_tiles(monkeypatch):
     monkeypatch.undo()  # before reading ``seen``: reading the entries would record them again
     examined = {e.producer for e in seen}
     assert {10_000, 5000} <= examined <= {10_000, 5000, 4999}, sorted(examined)
-    monkeypatch.setattr(tensormap, "_Entry", CountingEntry)
+    monkeypatch.setattr(_map, "_Entry", CountingEntry)
     tmap.lookup(whole, inout=True)  # a whole-buffer writer supersedes every entry
     tmap.insert(Region.contiguous("x", 8 * 5000, 8), producer=10_001)
     touched.clear()
@@ -533,4 +533,4 @@ def test_runs_covered_by_overlapping_and_abutting_runs_agree_with_brute_force():
 def test_values_in_includes_both_ends_of_the_interval(lo, hi, expected):
     """``values_in`` enumerates ``c + k * s`` in the closed interval ``[lo, hi]``: an interval
     of one value finds it (the strided geometry's primitive; 1-byte runs reach it)."""
-    assert sorted(values_in(0, [(3, 5)], lo, hi)) == expected
+    assert sorted(_strided.values_in(0, [(3, 5)], lo, hi)) == expected

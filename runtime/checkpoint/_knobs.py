@@ -26,9 +26,10 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 
-from ._model import DEFAULT_HEADROOM
+__all__ = ["DEFAULT_HEADROOM", "POLICY_NAMES", "CheckpointKnobs", "knobs"]
 
-__all__ = ["POLICY_NAMES", "CheckpointKnobs", "knobs"]
+DEFAULT_HEADROOM = 0.10
+"""The compile-budget headroom used when a configured one is not in (0, 1) (the seed's 10%)."""
 
 POLICY_NAMES = ("all", "boundary", "sqrt", "every_n", "none", "sequential", "revolve")
 """Checkpoint policy names, the seed's five first."""

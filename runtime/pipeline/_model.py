@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
+from .._checks import FLOAT32_BYTES, check_int
+from ..checkpoint import DEFAULT_HEADROOM
+
 __all__ = [
     "FLOAT32_BYTES",
     "PRESETS",
@@ -26,21 +29,6 @@ __all__ = [
     "layer_weight_bytes",
     "total_model_bytes",
 ]
-
-FLOAT32_BYTES = 4
-"""Bytes per element: every tensor of the seed is float32."""
-
-DEFAULT_HEADROOM = 0.10
-"""The compile-budget headroom used when a configured one is not in (0, 1) (the seed's 10%)."""
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` as an ``int`` >= ``minimum``, or a ``TypeError``/``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name}={value}: expected an integer >= {minimum}")
-    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)

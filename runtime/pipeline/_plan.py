@@ -15,8 +15,9 @@ import dataclasses
 
 import numpy as np
 
-from ._knobs import knobs
-from ._model import DEFAULT_HEADROOM, PRESETS, CompileConfig, ModelConfig, check_int
+from .._checks import check_int
+from ..checkpoint import DEFAULT_HEADROOM, knobs
+from ._model import PRESETS, CompileConfig, ModelConfig
 
 __all__ = [
     "BudgetTracker",

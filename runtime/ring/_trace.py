@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ._ring_program import HEAP, Plan
-from ._ring_sim import RunResult
+from ._program import HEAP, Plan
+from ._sim import RunResult
 
 __all__ = ["check_trace", "ground_truth_overwrites", "ground_truth_producers"]
 

@@ -1,32 +1,8 @@
-"""A task runtime's heap ring, simulated on the allocator: single-owner ``alloc_tensors``,
-exact dependency reclaim, and the seed's pre-fix path for its mutant probe.
+"""Running a workload on the ring, and the command line (``python -m runtime.ring``).
 
-Source: ``../shared/seeds/pto-ring-heap-and-tensormap.txt`` (PyPTO's
-``fully_distributed_within_core`` runtime: every core replays the whole orchestration, cores
-race for each task with a fetch-max claim, task outputs live on a heap ring reclaimed behind
-the completion frontier). Contract: ``../shared/DESIGN.md`` 5.3.
-
-Pieces (each in its own module, re-exported here):
-
-- :func:`plan` / :class:`Orchestrator` (``_ring_program``): run a workload's orchestration once
-  and record tasks, heap addresses, dependencies (via :mod:`runtime.tensormap`) and scopes;
-- :func:`simulate` / :class:`RingConfig` / :class:`RunResult` (``_ring_sim``): the seeded
-  multi-core simulation over one ring storage from the allocator;
-- :func:`check_trace` (``_ring_trace``): every task's inputs complete when it ran, no live heap
-  byte reused, checked by brute force over the trace;
-- :data:`WORKLOADS` (``_ring_workloads``): ``paged_attention``, ``long_span``, ``tiles``.
-
-Example::
-
-    from allocator import Allocator, AllocatorConfig
-    from runtime import ring
-
-    alloc = Allocator(AllocatorConfig(backend="sim"))
-    result = ring.run("paged_attention", ring.RingConfig(lag=((3, 16.0),)), alloc, batch=64)
-    assert result.fatal is None and not ring.check_trace(result)
-
-The command line: ``python -m runtime.ring run --workload paged_attention --batch 64
---q-tiles 2 --cores 4 --seed 0 --replay busy-wait --lag 3:16``.
+:func:`run` plans a named workload (:mod:`runtime.ring._workloads`), simulates it
+(:mod:`runtime.ring._sim`) on an allocator and returns the result; :func:`main` is the CLI that
+:mod:`runtime.ring.__main__` runs.
 """
 
 from __future__ import annotations
@@ -37,48 +13,20 @@ import json
 import sys
 from collections.abc import Callable
 
-from ._ring_program import HEAP, Orchestrator, Plan, PlanLimits, PlannedTask, TaskRefs, Tensor, plan
-from ._ring_sim import (
-    MASK64,
+from ._program import plan
+from ._sim import (
     MAX_CORES,
     MAX_LAG,
     RECLAIM_MODES,
     REPLAY_MODES,
     RingConfig,
     RunResult,
-    TaskOutputTensors,
     simulate,
 )
-from ._ring_trace import check_trace, ground_truth_overwrites, ground_truth_producers
-from ._ring_workloads import WORKLOADS, long_span, paged_attention, tiles
+from ._trace import check_trace
+from ._workloads import WORKLOADS
 
-__all__ = [
-    "HEAP",
-    "MASK64",
-    "RECLAIM_MODES",
-    "REPLAY_MODES",
-    "WORKLOADS",
-    "Orchestrator",
-    "Plan",
-    "PlanLimits",
-    "PlannedTask",
-    "RingConfig",
-    "RunResult",
-    "TaskOutputTensors",
-    "TaskRefs",
-    "Tensor",
-    "check_trace",
-    "format_summary",
-    "ground_truth_overwrites",
-    "ground_truth_producers",
-    "long_span",
-    "main",
-    "paged_attention",
-    "plan",
-    "run",
-    "simulate",
-    "tiles",
-]
+__all__ = ["cli_parser", "format_summary", "main", "run"]
 
 
 def run(
@@ -174,7 +122,9 @@ def _lag(text: str) -> tuple[int, float]:
     return pair
 
 
-def _parser() -> argparse.ArgumentParser:
+def cli_parser() -> argparse.ArgumentParser:
+    """A new argument parser of the command line (``python -m runtime.ring``; the suites read
+    its options' help and defaults)."""
     parser = argparse.ArgumentParser(
         prog="python -m runtime.ring",
         description="Simulate the heap-ring task runtime of the PTO seed on the allocator.",
@@ -343,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line (``python -m runtime.ring``). Returns the exit status: 0 when the run
     completed (and its trace checked clean, with ``--check-trace``), 1 on a fatal or a trace
     violation, 2 on bad arguments."""
-    args = _parser().parse_args(argv)
+    args = cli_parser().parse_args(argv)
     parser = args.run_parser  # errors name the subcommand: "python -m runtime.ring run: error"
     params = {}
     for name, (takers, _) in _PARAMS.items():
@@ -400,7 +350,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trace: {line}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

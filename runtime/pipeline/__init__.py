@@ -13,15 +13,17 @@ file that survives the restarts.
   accessors);
 - the CLI, :func:`main` (``python -m runtime.pipeline plan | state | train``).
 
-Activation checkpointing lives in :mod:`runtime.checkpoint`.
+Its modules (private; everything public is re-exported here): ``_model`` (presets, memory and
+FLOP estimates), ``_plan`` (the planner and the compile budget), ``_scheduler`` (the training
+state machine), ``_statefile`` (the state file), ``_report`` (the plan report), ``_cli`` (the
+command line, which ``__main__`` runs). Activation checkpointing, which the planner's reports
+price, lives below it in :mod:`runtime.checkpoint` (the same seed); this package imports it,
+never the other way.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-from ._cli import main, restart_argv
+from ._cli import interpreter_options, main, restart_argv
 from ._model import (
     FLOAT32_BYTES,
     PRESETS,
@@ -91,6 +93,7 @@ __all__ = [
     "effective_headroom",
     "flops_per_step",
     "global_bytes",
+    "interpreter_options",
     "journal_bytes",
     "layer_activation_bytes",
     "layer_adam_bytes",
@@ -108,12 +111,3 @@ __all__ = [
     "total_model_bytes",
     "usable_budget",
 ]
-
-if __name__ == "__main__":
-    try:
-        status = main()
-        sys.stdout.flush()
-    except BrokenPipeError:  # stdout closed early (`| head`): exit quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        status = 1
-    sys.exit(status)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from ._model import ModelConfig, check_int
+from .._checks import check_int
+from ._model import ModelConfig
 from ._plan import BudgetTracker, PipelinePlan, plan_pipeline
 
 __all__ = ["Action", "Phase", "Scheduler", "SchedulerState", "simulate", "simulated_restarts"]

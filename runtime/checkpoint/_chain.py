@@ -16,7 +16,7 @@ A schedule is a sequence of :class:`Op` pairs ``(op, layer)``:
   allocated inside and keeps the gradient.
 
 :func:`replay` counts a schedule's forward calls and live buffers step by step; the executor
-(:mod:`runtime._executor`) runs the same schedule on the allocator.
+(:mod:`runtime.checkpoint._executor`) runs the same schedule on the allocator.
 """
 
 from __future__ import annotations

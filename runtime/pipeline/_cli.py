@@ -41,13 +41,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ._knobs import POLICY_NAMES
+from ..checkpoint import POLICY_NAMES, CheckpointPlan, checkpoint_plan
 from ._model import DEFAULT_PRESET, PRESETS, ModelConfig
 from ._plan import PipelinePlan, plan_pipeline, preset
 from ._report import model_summary, plan_report, policy_table, render_plan
 from ._scheduler import Action, Scheduler, SchedulerState
 from ._statefile import INT32_MAX, StateFile, StateFileError, StateHeader
-from .checkpoint import CheckpointPlan, checkpoint_plan
 
 __all__ = ["main", "restart_argv"]
 

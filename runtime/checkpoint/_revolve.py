@@ -6,7 +6,7 @@ of them holding the chain's input) takes at least ``t(l, s) = r*l - beta(s+1, r-
 steps besides the one taping step per layer, where ``beta(s, t) = C(s+t, s)`` and ``r``, the
 repetition number, is the smallest integer with ``beta(s, r) >= l``. That bound holds where a
 snapshot is a *state* that its own step must recompute from. In this executor
-(:mod:`runtime._chain`) a kept activation is both the state after its layer and that layer's
+(``_chain``) a kept activation is both the state after its layer and that layer's
 tape, so it also serves its own backward, and fewer forward calls suffice at the same peak:
 :func:`min_forward_calls` (a dynamic program, checked against an exhaustive search of the
 executor's ``replay()`` rules) gives 64 for 32 layers and 6 activations where Revolve with 5
@@ -25,8 +25,8 @@ from math import comb
 
 import numpy as np
 
+from .._checks import check_int
 from ._chain import INPUT, Op, Schedule
-from ._model import check_int
 
 __all__ = [
     "beta",
@@ -91,7 +91,7 @@ def _split(steps: int, snaps: int) -> int:
 
 
 def revolve_schedule(n_layers: int, snaps: int) -> Schedule:
-    """The binomial schedule for a chain of ``n_layers`` layers (see :mod:`runtime._chain`).
+    """The binomial schedule for a chain of ``n_layers`` layers (see ``_chain``).
 
     Snapshot slot 0 holds the model input, so at most ``snaps - 1`` activations are kept as
     snapshots, plus the state being advanced and the one being taped: at most ``snaps + 1``
@@ -221,7 +221,7 @@ def min_forward_calls(n_layers: int, activations: int) -> int:
 
 def optimal_schedule(n_layers: int, activations: int) -> Schedule:
     """A schedule with :func:`min_forward_calls` forward calls and at most ``activations``
-    activations live, for the executor (see :mod:`runtime._chain`). Raises as
+    activations live, for the executor (see ``_chain``). Raises as
     :func:`min_forward_calls`."""
     total = min_forward_calls(n_layers, activations)
     m_top = min(activations, n_layers)

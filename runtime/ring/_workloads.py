@@ -1,5 +1,5 @@
 """Workloads for the heap-ring runtime: orchestration programs, as functions of an
-:class:`~runtime._ring_program.Orchestrator` and their sizes.
+:class:`~runtime.ring._program.Orchestrator` and their sizes.
 
 - :func:`paged_attention`: the seed's workload, a paged-attention decode step: per (batch, query
   tile) a scope with an ``alloc_tensors`` of the online-softmax state (``m``, ``l``, ``o``),
@@ -15,8 +15,8 @@
 
 from __future__ import annotations
 
-from ._checks import integer
-from ._ring_program import Orchestrator
+from .._checks import integer
+from ._program import Orchestrator
 
 __all__ = ["WORKLOADS", "long_span", "paged_attention", "tiles"]
 

@@ -1,6 +1,6 @@
 """The deterministic multi-core simulator of the heap-ring runtime.
 
-Every simulated core replays the whole :class:`~runtime._ring_program.Plan` (SPMD), each at its
+Every simulated core replays the whole :class:`~runtime.ring._program.Plan` (SPMD), each at its
 own position, and races the others for each task with ``claim(cursor, N)``: a compare-and-swap
 fetch-max that wins when ``N`` is above the cursor (cursors start at -1, sharded by ``N % 4``;
 kernel tasks and ``alloc_tensors`` tasks have separate cursors). The owner of a kernel task runs
@@ -55,8 +55,8 @@ import random
 import sys
 from dataclasses import dataclass, field
 
-from ._checks import integer
-from ._ring_program import HEAP, RECLAIM_MODES, Plan, PlanLimits
+from .._checks import integer
+from ._program import HEAP, RECLAIM_MODES, Plan, PlanLimits
 
 __all__ = [
     "MASK64",

@@ -28,8 +28,8 @@ import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ._checks import integer
-from .tensormap import FaninExceeded, Region, TensorMap, gather_fanin
+from .._checks import integer
+from ..tensormap import FaninExceeded, Region, TensorMap, gather_fanin
 
 __all__ = [
     "HEAP",

@@ -22,7 +22,7 @@ Policies over layers ``0 .. N-1`` (``N >= 1``):
   ``floor(sqrtf(N))``): ``N + t(N, s)`` forward calls, ``t = r*N - beta(s+1, r-1)``, at most
   ``s + 1`` activations live. ``t`` is the minimum in *their* model, where a snapshot is a state
   that its own step recomputes from; it is not the minimum here, where a kept activation also
-  serves its own layer's backward (:func:`runtime._revolve.min_forward_calls`, checked against
+  serves its own layer's backward (:func:`~runtime.checkpoint.min_forward_calls`, checked against
   an exhaustive search: 64 calls for 32 layers at 6 activations, where ``revolve`` with 5
   snapshots takes 100). Its snapshots are restart states; only the last layer's activation
   goes straight from the forward pass to its backward, so its ``n_checkpointed`` is 1.
@@ -41,10 +41,10 @@ import numbers
 
 import numpy as np
 
+from .._checks import FLOAT32_BYTES, check_int
 from ._chain import INPUT, Op, chen_peaks, chen_schedule, replay
 from ._executor import ChainRun, chain_result, run_checkpointed
 from ._knobs import POLICY_NAMES, CheckpointKnobs, knobs
-from ._model import FLOAT32_BYTES, check_int
 from ._revolve import (
     beta,
     repetition_number,
@@ -246,7 +246,7 @@ class CheckpointPlan:
         return self.predict().recomputes / self.n_layers
 
     def schedule(self) -> tuple[tuple[Op, int], ...]:
-        """The executor's schedule (see :mod:`runtime._chain`)."""
+        """The executor's schedule (see :mod:`runtime.checkpoint._chain`)."""
         if self.policy == "revolve":
             return revolve_schedule(self.n_layers, self.interval)  # type: ignore[arg-type]
         return chen_schedule(self.n_layers, self.saved, self.boundaries)
@@ -281,10 +281,10 @@ class CheckpointPlan:
         the schedule (``O(N)``; computed once per plan).
 
         Segment policies: every unsaved layer is recomputed once, so layer ``i`` runs
-        ``1 + needs_recompute(i)`` times, and the peaks are :func:`runtime._chain.chen_peaks`.
+        ``1 + needs_recompute(i)`` times, and the peaks are :func:`chen_peaks`.
         ``revolve``: ``N + t(N, s)`` forward calls with ``t`` from
         :func:`revolve_forward_count`, split per layer by
-        :func:`runtime._revolve.revolve_forward_calls`, and ``3 + min(N, s+1)`` buffers
+        :func:`runtime.checkpoint._revolve.revolve_forward_calls`, and ``3 + min(N, s+1)`` buffers
         (``min(N, s+1)`` activations).
         """
         return self._prediction

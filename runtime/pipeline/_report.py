@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._knobs import POLICY_NAMES
+from ..checkpoint import PARAMETRIC, POLICY_NAMES, CheckpointPlan, checkpoint_plan, default_interval
 from ._model import (
     ModelConfig,
     ane_flops_per_step,
@@ -19,7 +19,6 @@ from ._model import (
 from ._plan import BudgetTracker, PipelinePlan, effective_headroom
 from ._scheduler import simulated_restarts
 from ._statefile import state_file_bytes
-from .checkpoint import PARAMETRIC, CheckpointPlan, checkpoint_plan, default_interval
 
 __all__ = ["plan_report", "render_plan"]
 

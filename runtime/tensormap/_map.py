@@ -13,7 +13,7 @@ newest first, each classified as :attr:`Overlap.COVERED` (every entry of it that
 region lies inside that region; its entries elsewhere are not looked at) or
 :attr:`Overlap.PARTIAL`. Overlap is decided exactly, in bytes, for any strided
 regions (views of one buffer with different element sizes compare right); see
-:mod:`runtime._strided`. Entries are bucketed by buffer and, within a buffer, grouped by the
+``_strided``. Entries are bucketed by buffer and, within a buffer, grouped by the
 length class of their bounding byte range and sorted by first byte, so a lookup never looks at
 another buffer's entries and, within a buffer, bisects to the few entries whose range can reach
 its bytes (see ``_Bucket``: O(C log n + k + d), flat in the number of entries).
@@ -34,7 +34,7 @@ import enum
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ._checks import integer
+from .._checks import integer
 from ._strided import ByteSet, covers, intersects
 
 __all__ = [

@@ -9,22 +9,41 @@ changes it.
 
 Only the allocator's public API is used: ``full``, ``add``, ``sum``, ``release``,
 ``arena``/``arena_enter``/``arena_exit`` and ``stats``.
+
+Imports run one way: the checkpoint planner (:mod:`runtime.checkpoint`) imports this module to
+run its plans, and this module knows nothing of it. What a run needs of a plan is the
+:class:`ChainPlan` protocol below (its layer count and schedule), which every
+:class:`~runtime.checkpoint.CheckpointPlan` satisfies.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
+from .._checks import FLOAT32_BYTES, check_int
 from ._chain import Op
-from ._model import FLOAT32_BYTES, check_int
 
 if TYPE_CHECKING:
     from allocator import Allocator, Buffer
 
-    from .checkpoint import CheckpointPlan
+__all__ = ["ChainPlan", "ChainRun", "chain_result", "run_checkpointed"]
 
-__all__ = ["ChainRun", "chain_result", "run_checkpointed"]
+
+class ChainPlan(Protocol):
+    """What :func:`run_checkpointed` needs of a plan (a
+    :class:`~runtime.checkpoint.CheckpointPlan`; a protocol, so that this module need not import
+    the planner's).
+
+    Attributes:
+        n_layers: layers in the chain, >= 1.
+    """
+
+    n_layers: int
+
+    def schedule(self) -> Sequence[tuple[Op, int]]:
+        """The ``(op, layer)`` steps to run, in order (see :mod:`runtime.checkpoint._chain`)."""
 
 
 def chain_result(n_layers: int) -> float:
@@ -65,7 +84,7 @@ class ChainRun:
         return len(self.kept)
 
 
-def run_checkpointed(alloc: Allocator, plan: CheckpointPlan, *, elems: int = 256) -> ChainRun:
+def run_checkpointed(alloc: Allocator, plan: ChainPlan, *, elems: int = 256) -> ChainRun:
     """Run a chain of ``plan.n_layers`` layers forward and backward under ``plan`` on ``alloc``.
 
     The forward pass keeps only the saved layers' activations (and ``sequential``'s segment
