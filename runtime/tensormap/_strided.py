@@ -195,7 +195,7 @@ def _run_covered(outer: ByteSet, x: int, length: int) -> bool:
         reach = max(reach, y + outer.run)
         if reach >= x + length:
             return True
-    return reach >= x + length
+    return False  # the runs starting up to the range's last byte end before its end
 
 
 def covers(outer: ByteSet, inner: ByteSet) -> bool:
