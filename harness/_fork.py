@@ -32,6 +32,8 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
     parent_pid = os.getpid()
     wire = request.wire(forked_from_parent=True)
     seal = (capture.table.map, capture.seal_offset)
+    info = os.fstat(capture.status_fd)
+    identity = (info.st_dev, info.st_ino)
     poller = launch_poller(capture)  # made now: after the fork, every write is a page copy
     deadline = Deadline.start(request.timeout_s)
     until_ns = None if deadline.end is None else math.ceil(deadline.end * 1e9)
@@ -49,6 +51,7 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
                 parent_pid=parent_pid,
                 target=request.target.function,
                 seal=seal,
+                status_identity=identity,
             )
         finally:
             os._exit(_child.EXIT_HARNESS_ERROR)

@@ -336,6 +336,11 @@ class Zygote:
         )
         seal = (table_map, offset) if table_map is not None and fits else None
         try:
+            info = os.fstat(status_fd)
+            identity: tuple[int, int] | None = (info.st_dev, info.st_ino)
+        except OSError:
+            identity = None
+        try:
             pid = os.fork()
         except OSError as exc:
             for fd in (stdout_fd, stderr_fd, status_fd):
@@ -352,6 +357,7 @@ class Zygote:
                     status_fd=status_fd,
                     parent_pid=zygote_pid,
                     seal=seal,
+                    status_identity=identity,
                 )
             finally:
                 os._exit(self.child.EXIT_HARNESS_ERROR)
