@@ -610,7 +610,8 @@ def _apply_request(request: dict) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    os.environ[ENV_FLAG] = "1"
+    if os.environ.get(ENV_FLAG) != "1":  # set already in a zygote's child (see _zygote)
+        os.environ[ENV_FLAG] = "1"
     if request.get("sys_path") is not None:
         sys.path[:] = request["sys_path"]
     elif request.get("sys_path_after") is not None:  # PYTHONPATH/PYTHONHOME made ours: keep it
