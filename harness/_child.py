@@ -234,8 +234,8 @@ def _scalar_json(value: object) -> str | None:
     return None
 
 
-def encode_record(fields: dict) -> str:
-    """The JSON text of a status record or seal verdict ``fields`` (str keys), as
+def encode_record(fields: dict[str, object]) -> str:
+    """The JSON text of a status record or seal verdict ``fields`` (str keys only), as
     ``json.dumps(fields, default=repr)`` writes it.
 
     Values that are None, bools, ints, strs or lists of those are written here: the json
@@ -257,7 +257,7 @@ def encode_record(fields: dict) -> str:
                 items.append(item_text)
             else:
                 text = "[" + ", ".join(items) + "]"
-        if text is None or type(name) is not str:
+        if text is None:
             return json.dumps(fields, default=repr)
         parts.append(_encode_str(name) + ": " + text)
     return "{" + ", ".join(parts) + "}"
@@ -452,13 +452,7 @@ def run_child(
     if os.getpid() != status.pid:  # a copy the target forked returned: as a plain interpreter
         _leave(0)
     try:
-        kind = type(value)
-        if value is None or kind is bool or kind is str or kind is float:
-            problem = None  # plain, and no call (each would cost the child page copies)
-        elif kind is int and value.bit_length() <= MAX_INT_BITS:  # type: ignore[attr-defined]
-            problem = None
-        else:
-            problem = plain_problem(value, "the value returned by the target")
+        problem = plain_problem(value, "the value returned by the target")
         if problem is None and not status.emit("returned", value=value):
             problem = "the value returned by the target could not be encoded as JSON"
     except BaseException as exc:  # the final path is total: any failure here is the harness's

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -106,3 +107,17 @@ def test_an_int_too_long_to_convert_raises_as_json_dumps_does():
         json.dumps({"value": huge})
     with pytest.raises(ValueError):
         encode_record({"value": huge})
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_target_runs_with_the_collector_as_the_test_process_has_it(run, style, enabled):
+    # the child turns the collector off for the harness's own steps, never for the target
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        outcome = run(_targets.collector_state)
+    finally:
+        (gc.enable if was else gc.disable)()
+    # a fresh interpreter (exec) and the zygote's children have it on, whatever this process does
+    expected = enabled or style != "fork"
+    assert outcome.returned == {"enabled": expected, "collected": True}
