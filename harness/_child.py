@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import _signal  # the signal module's C half: no enum conversions (a child's set-up is timed)
 import faulthandler
+import gc
 import importlib
 import importlib.util
 import io
@@ -213,6 +214,55 @@ def type_name(kind: type) -> str:
     return name if module == "builtins" else f"{module}.{name}"
 
 
+_encode_str = json.encoder.encode_basestring_ascii
+"""JSON text of a str, as ``json.dumps`` writes it (its own, C, function)."""
+
+
+def _scalar_json(value: object) -> str | None:
+    """JSON text of None, a bool, an int or a str (exact types); None for anything else."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    kind = type(value)
+    if kind is int:
+        return int.__repr__(value)  # type: ignore[arg-type]
+    if kind is str:
+        return _encode_str(value)
+    return None
+
+
+def encode_record(fields: dict[str, object]) -> str:
+    """The JSON text of a status record or seal verdict ``fields`` (str keys only), as
+    ``json.dumps(fields, default=repr)`` writes it.
+
+    Values that are None, bools, ints, strs or lists of those are written here: the json
+    module's encoder, set up at each call, would cost a forked child tens of copy-on-write
+    page faults (see :func:`harness._reap.first_wait`); other values go through it.
+
+    Raises:
+      ValueError: an int too long to convert to decimal (as ``json.dumps`` does).
+    """
+    parts = []
+    for name, value in fields.items():
+        text = _scalar_json(value)
+        if text is None and type(value) is list:
+            items = []
+            for item in value:
+                item_text = _scalar_json(item)
+                if item_text is None:
+                    break
+                items.append(item_text)
+            else:
+                text = "[" + ", ".join(items) + "]"
+        if text is None:
+            return json.dumps(fields, default=repr)
+        parts.append(_encode_str(name) + ": " + text)
+    return "{" + ", ".join(parts) + "}"
+
+
 def _map_page(fd: int, offset: int) -> mmap.mmap:
     """Map the page at ``offset`` of the guard table open on ``fd`` into this process."""
     return mmap.mmap(fd, SEAL_BYTES, offset=offset)
@@ -226,12 +276,19 @@ class _Status:
     the start) and the verdict written into the seal through memory.
     """
 
-    def __init__(self, fd: int | None, seal: object, *, echo: bool) -> None:
+    def __init__(
+        self,
+        fd: int | None,
+        seal: object,
+        *,
+        echo: bool,
+        identity: tuple[int, int] | None = None,
+    ) -> None:
         self.pid = os.getpid()  # the child's: a copy the target forks must not report
         self.fd = fd
         self.echo = echo  # may harness errors go to sys.stderr (is it ours yet)?
         self.seal = None
-        self.identity: tuple[int, int] | None = None
+        self.identity = identity  # (st_dev, st_ino) of fd, taken before the fork, or None
         self.seal_at = 0
         if seal is not None:
             try:
@@ -244,7 +301,7 @@ class _Status:
                 self.seal[self.seal_at : self.seal_at + len(line)] = line
             except (OSError, ValueError, TypeError):
                 self.seal = None  # the parent then finds no seal
-        if fd is not None:
+        if fd is not None and identity is None:
             try:
                 info = os.fstat(fd)
                 self.identity = (info.st_dev, info.st_ino)
@@ -259,7 +316,7 @@ class _Status:
         if os.getpid() != self.pid:
             return True
         try:
-            data = (json.dumps({"event": event, **fields}, default=repr) + "\n").encode()
+            data = (encode_record({"event": event, **fields}) + "\n").encode()
         except Exception:  # a value the checks let through and JSON cannot take after all
             if event != "harness_error":
                 return False
@@ -290,7 +347,7 @@ class _Status:
     def _seal_final(self, event: str, error: str | None) -> None:
         if self.seal is None:
             return
-        verdict = json.dumps({"event": event, "delivered": error is None, "error": error})
+        verdict = encode_record({"event": event, "delivered": error is None, "error": error})
         data = verdict.encode()[: SEAL_BYTES - SEAL_FINAL_AT - 1] + b"\0"
         start = self.seal_at + SEAL_FINAL_AT
         self.seal[start : start + len(data)] = data
@@ -321,6 +378,7 @@ def run_child(
     new_group: bool = True,
     target: object = None,
     seal: object = None,
+    status_identity: tuple[int, int] | None = None,
 ):
     """Run one death-test child in this (freshly forked or exec'd) process. Never returns.
 
@@ -342,8 +400,18 @@ def run_child(
       seal: the child's page of its parent's guard table: ``(fd, offset)`` of the table's
         file, or ``(mapping, offset)`` of the table already mapped (an ``mmap`` or memoryview
         inherited through fork); None for a repro run.
+      status_identity: ``(st_dev, st_ino)`` of ``status_fd``, taken by the process that forks
+        (the child then need not: see below), or None.
+
+    A forked child shares every page with its parent until it writes one (a copy-on-write
+    fault, tens of microseconds on a virtual machine), so the harness's own steps here touch
+    as little as they can: no collection of the parent's objects runs during them (the
+    collector is off, except while the target runs if it was on), records are encoded without
+    the json module's encoder for plain values, and what can be prepared before the fork is.
     """
-    status = _Status(status_fd, seal, echo=stderr_fd is None)
+    collecting = gc.isenabled()
+    gc.disable()
+    status = _Status(status_fd, seal, echo=stderr_fd is None, identity=status_identity)
     try:
         _isolate(parent_pid, new_group)
         _redirect(stdout_fd, stderr_fd)
@@ -366,15 +434,21 @@ def run_child(
             )
             _leave(EXIT_HARNESS_ERROR)
 
+    args = request.get("args", ())
+    if collecting:
+        gc.enable()
     try:
-        value = target(*request.get("args", ()))  # type: ignore[operator]
+        value = target(*args)  # type: ignore[operator]
     except SystemExit as exc:
+        gc.disable()
         code = _system_exit_code(exc)
         status.emit("exit", code=code)
         _leave(code)
     except BaseException as exc:
+        gc.disable()
         _report_raise(status, exc)
         _leave(EXIT_RAISED)
+    gc.disable()
     if os.getpid() != status.pid:  # a copy the target forked returned: as a plain interpreter
         _leave(0)
     try:
@@ -512,8 +586,9 @@ def _text_stream(fd: int, *, write_through: bool) -> io.TextIOWrapper:
 
 
 def _arm_faulthandler() -> None:
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+    # descriptor 2 (sys.stderr's, made by _redirect) by number: no call on the file object
+    faulthandler.enable(file=2, all_threads=True)
+    faulthandler.register(DUMP_SIGNAL, file=2, all_threads=True, chain=False)
 
 
 def _apply_request(request: dict) -> None:
@@ -529,7 +604,8 @@ def _apply_request(request: dict) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    os.environ[ENV_FLAG] = "1"
+    if os.environ.get(ENV_FLAG) != "1":  # set already in a zygote's child (see _zygote)
+        os.environ[ENV_FLAG] = "1"
     if request.get("sys_path") is not None:
         sys.path[:] = request["sys_path"]
     elif request.get("sys_path_after") is not None:  # PYTHONPATH/PYTHONHOME made ours: keep it

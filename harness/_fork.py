@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 from harness import _child
 from harness._capture import Capture
 from harness._forkserver import guard
-from harness._reap import Deadline, Ending, wait_direct
+from harness._reap import Deadline, Ending, abandon, first_wait, launch_poller, wait_direct
 from harness._request import ChildRequest
 from harness._styles import sigchld_problem
 
@@ -31,7 +32,11 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
     parent_pid = os.getpid()
     wire = request.wire(forked_from_parent=True)
     seal = (capture.table.map, capture.seal_offset)
+    info = os.fstat(capture.status_fd)
+    identity = (info.st_dev, info.st_ino)
+    poller = launch_poller(capture)  # made now: after the fork, every write is a page copy
     deadline = Deadline.start(request.timeout_s)
+    until_ns = None if deadline.end is None else math.ceil(deadline.end * 1e9)
     try:
         pid = os.fork()
     except OSError as exc:
@@ -46,12 +51,17 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
                 parent_pid=parent_pid,
                 target=request.target.function,
                 seal=seal,
+                status_identity=identity,
             )
         finally:
             os._exit(_child.EXIT_HARNESS_ERROR)
-    capture.handed_over()
     try:
         os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
     except OSError:
         pass
-    return wait_direct(pid, capture, deadline)
+    try:
+        pidfd = first_wait(pid, poller, until_ns)  # until it ends (or writes, or times out)
+    except BaseException:  # KeyboardInterrupt
+        abandon(pid, capture)
+        raise
+    return wait_direct(pid, capture, deadline, pidfd)

@@ -269,16 +269,27 @@ def wait_out(
     return False
 
 
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` is still our child (running, or ended and not reaped): only then may
+    it, or its group, be signalled (a pid reaped by someone else may be reused)."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _stop_if_ours(pid: int, sig: int) -> None:
+    if _ours(pid):
+        kill_group(pid, sig)
+
+
 class _ExitWatch:
     """Waits for a child to end without reaping it: a pidfd, or polling ``waitid(WNOWAIT)``."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, pidfd: int | None = None) -> None:
         self.pid = pid
-        self.pidfd: int | None = None
-        try:
-            self.pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
+        self.pidfd = pidfd if pidfd is not None else open_pidfd(pid)
 
     def ended(self) -> bool:
         """Whether the child has ended (it is not reaped; or someone else reaped it)."""
@@ -287,15 +298,6 @@ class _ExitWatch:
         except ChildProcessError:
             return True
         return found is not None
-
-    def ours(self) -> bool:
-        """Whether the pid is still our child's (running, or ended and not reaped): only
-        then may it, or its group, be signalled (a pid reaped by someone else may be reused)."""
-        try:
-            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return False
-        return True
 
     def wait(self, until: float | None, streams: Iterable[Stream]) -> bool:
         """Wait until the child ends or ``until`` (monotonic) passes; True if it ended."""
@@ -309,8 +311,92 @@ class _ExitWatch:
             self.pidfd = None
 
 
-def wait_direct(pid: int, capture: Capture, deadline: Deadline) -> Ending:
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd of process ``pid`` (Linux 5.3 and later), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def launch_poller(capture: Capture) -> select.poll:
+    """A ``poll`` object with the child's output pipes registered, made *before* the fork, for
+    :func:`first_wait`."""
+    poller = select.poll()
+    for stream in capture.streams:
+        poller.register(stream.read_fd, select.POLLIN)
+    return poller
+
+
+def first_wait(pid: int, poller: select.poll, until_ns: int | None) -> int | None:
+    """Right after the fork: wait, doing as little as can be, until the child ``pid`` ends,
+    writes to a pipe of ``poller`` (from :func:`launch_poller`) or reaches the monotonic time
+    ``until_ns`` (``time.monotonic_ns()``, computed before the fork; None: no deadline). The
+    rest of the wait (:func:`wait_direct`) comes after.
+
+    Why: every page this process writes while a forked child lives is a copy-on-write fault
+    (a copy of the page: tens of microseconds each on a virtual machine), which the child's
+    exit makes cheap again. So the objects and the work of the general wait (closures, the
+    stream loop, closing the pipes' write ends) come once the child is gone, and this wait
+    allocates next to nothing: a trivial child then costs about what a raw ``os.fork()`` +
+    ``waitpid`` does.
+
+    Returns:
+      A pidfd of the child, or None (no pidfd here: no first wait).
+
+    Raises what interrupts it (KeyboardInterrupt), the child left as it is: the caller kills
+    and reaps it (:func:`abandon`).
+    """
+    if _pidfd_open is None:
+        return None
+    try:
+        pidfd = _pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        if until_ns is None:
+            poller.register(pidfd, _POLLIN)
+            poller.poll()
+            return pidfd
+        # whole milliseconds rounded up (never before until_ns), in [0, MAX_POLL_S]
+        wait_ms = (until_ns - _monotonic_ns()) // 1_000_000 + 1
+        if wait_ms < 0:
+            wait_ms = 0
+        elif wait_ms > _MAX_POLL_MS:
+            wait_ms = _MAX_POLL_MS
+        poller.register(pidfd, _POLLIN)
+        poller.poll(wait_ms)
+        return pidfd
+    except BaseException:
+        os.close(pidfd)
+        raise
+
+
+def abandon(pid: int, capture: Capture) -> None:
+    """Kill the group of our child ``pid`` (if it is still ours), wipe its pid from its seal,
+    reap it. For a wait that was interrupted; never raises."""
+    _stop_if_ours(pid, signal.SIGKILL)
+    capture.disown()
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+_pidfd_open = getattr(os, "pidfd_open", None)
+_monotonic_ns = time.monotonic_ns
+_POLLIN = select.POLLIN
+_MAX_POLL_MS = int(MAX_POLL_S * 1000)
+
+
+def wait_direct(pid: int, capture: Capture, deadline: Deadline, pidfd: int | None = None) -> Ending:
     """Wait for our own child ``pid`` until ``deadline``, stopping it if need be; reap it.
+
+    Args:
+      pid: the child, just forked (or spawned).
+      capture: its channels; the parent's copies of the pipes' write ends are closed here.
+      deadline: when it must be done.
+      pidfd: a pidfd of the child (from :func:`first_wait`; closed here), or None.
 
     Returns:
       Its :class:`Ending`; ``timed_out`` if it was still running at the deadline.
@@ -318,22 +404,19 @@ def wait_direct(pid: int, capture: Capture, deadline: Deadline) -> Ending:
     The child is always reaped, also when the wait is interrupted (KeyboardInterrupt): then
     its group is killed first and the exception propagates.
     """
-    watch = _ExitWatch(pid)
     reaped = False
-
-    def stop(sig: int) -> None:
-        if watch.ours():
-            kill_group(pid, sig)
-
+    watch = None
     try:
+        watch = _ExitWatch(pid, pidfd)
+        capture.handed_over()
         ended = wait_out(
             lambda until: watch.wait(until, capture.streams),
             deadline,
-            lambda: watch.ours() and dump_stacks(pid, capture, deadline),
-            stop,
+            lambda: _ours(pid) and dump_stacks(pid, capture, deadline),
+            lambda sig: _stop_if_ours(pid, sig),
             capture.stderr,
         )
-        stop(signal.SIGKILL)  # leftovers in its group; pid not reusable until reaped
+        _stop_if_ours(pid, signal.SIGKILL)  # leftovers in its group; pid not reusable until reaped
         capture.disown()
         try:
             _, status = os.waitpid(pid, 0)
@@ -345,11 +428,7 @@ def wait_direct(pid: int, capture: Capture, deadline: Deadline) -> Ending:
         capture.finish()
         return ending_from_wait_status(pid, status, not ended, deadline)
     finally:
-        watch.close()
+        if watch is not None:
+            watch.close()
         if not reaped:
-            stop(signal.SIGKILL)
-            capture.disown()
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+            abandon(pid, capture)

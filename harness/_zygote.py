@@ -59,6 +59,8 @@ import sys
 _MAX_MESSAGE = 1 << 16
 _MAX_FD = os.sysconf("SC_OPEN_MAX")
 _CHILD_FDS = 4  # request, stdout, stderr, status
+_APPLIED = ("environ", "env", "sys_path", "sys_path_after", "cwd", "invalidate_caches")
+"""The parts of a request that the zygote applies before the fork (see ``Zygote._apply``)."""
 
 
 def _load_child():
@@ -328,6 +330,7 @@ class Zygote:
                 message=f"preloading failed ({detail}); see harness.set_forkserver_preload",
             )
             return
+        request = self._apply(request)
         zygote_pid = os.getpid()
         offset = request.get("seal_offset")
         table_map = client.table_map
@@ -335,6 +338,11 @@ class Zygote:
             isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - self.child.SEAL_BYTES
         )
         seal = (table_map, offset) if table_map is not None and fits else None
+        try:
+            info = os.fstat(status_fd)
+            identity: tuple[int, int] | None = (info.st_dev, info.st_ino)
+        except OSError:
+            identity = None
         try:
             pid = os.fork()
         except OSError as exc:
@@ -352,6 +360,7 @@ class Zygote:
                     status_fd=status_fd,
                     parent_pid=zygote_pid,
                     seal=seal,
+                    status_identity=identity,
                 )
             finally:
                 os._exit(self.child.EXIT_HARNESS_ERROR)
@@ -382,6 +391,22 @@ class Zygote:
             gc.collect()
             gc.freeze()
         return self.preloaded
+
+    def _apply(self, request: dict) -> dict:
+        """Set up here, before the fork, the environment, ``sys.path``, working directory and
+        import caches that the child would set up itself (after the preload, which sees the
+        zygote's own): the child inherits them, without the page copies that the work would
+        cost it. Each request sets them all again, so none leaks into the next.
+
+        Returns:
+          The request for the child: without those parts, or as it was if setting them up
+          failed here (the child then fails at it, and reports it as it would have).
+        """
+        try:
+            self.child._apply_request(request)
+        except Exception:
+            return request
+        return {key: value for key, value in request.items() if key not in _APPLIED}
 
     @staticmethod
     def _close_all_but(keep: tuple[int, ...]) -> None:

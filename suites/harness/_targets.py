@@ -403,3 +403,17 @@ def nested_fork_child() -> dict:
     print("outer child", flush=True)
     inner = harness.run_child(give_back, 1, style="fork", timeout=30)
     return {"inner_stdout": inner.stdout, "inner_kind": inner.kind}
+
+
+def collector_state() -> dict:
+    """Whether the cyclic garbage collector is on while the target runs, and whether a
+    collection finds a cycle made here."""
+    import gc
+
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node
+    del node
+    return {"enabled": gc.isenabled(), "collected": gc.collect() > 0}

@@ -1,0 +1,123 @@
+"""The paths made lean for speed (issue 18, item 13) keep their guarantees.
+
+- fork style: the parent's first wait, right after the fork, does next to nothing; an
+  interrupt there (KeyboardInterrupt) still kills the child and reaps it, in every style;
+- forkserver: the zygote sets up a request's environment, ``sys.path`` and working directory
+  itself before the fork; none of it carries over to the next child;
+- status records are written without the json module's encoder for plain values: what the
+  parent decodes is what ``json.dumps`` would have written.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+import harness
+from harness._child import encode_record
+from suites.harness import _procs, _targets
+
+
+def test_an_interrupted_wait_kills_and_reaps_the_child(style, tmp_path):
+    pid_file = str(tmp_path / "pids.json")
+
+    def interrupt_once_started(signum, frame):
+        if os.path.exists(pid_file):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt_once_started)
+    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            harness.run_child(
+                _targets.spawn_sleepers_and_hang, pid_file, 0, style=style, timeout=30.0
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with open(pid_file) as pids:
+        child = json.load(pids)["child"]
+    assert _procs.wait_until_dead(child), f"child {child} survived the interrupt"
+    assert child not in _procs.zombies_of({os.getpid()})  # reaped, not left a zombie
+
+
+def test_forkserver_children_do_not_inherit_an_earlier_request(monkeypatch, tmp_path):
+    monkeypatch.setenv("DEVMEM_T_KEPT", "kept")
+    monkeypatch.delenv("DEVMEM_T_SET", raising=False)
+    names = ("DEVMEM_T_SET", "DEVMEM_T_KEPT")
+    home = os.getcwd()
+    extra = str(tmp_path / "extra-path-entry")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(extra)
+    first = harness.run_child(
+        _targets.env_values,
+        *names,
+        env={"DEVMEM_T_SET": "1", "DEVMEM_T_KEPT": None},
+        style="forkserver",
+    )
+    first_cwd = harness.run_child("os:getcwd", style="forkserver")
+    first_path = harness.run_child("sys:path.copy", style="forkserver")
+    monkeypatch.chdir(home)
+    sys.path.remove(extra)
+    second = harness.run_child(_targets.env_values, *names, style="forkserver")
+    second_cwd = harness.run_child("os:getcwd", style="forkserver")
+    second_path = harness.run_child("sys:path.copy", style="forkserver")
+
+    assert first.returned == ["1", None]
+    assert second.returned == [None, "kept"]
+    assert first_cwd.returned == str(tmp_path)
+    assert second_cwd.returned == home
+    assert extra in first_path.returned
+    assert extra not in second_path.returned
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"event": "started", "pid": 4242},
+        {"event": "returned", "value": None},
+        {"event": "returned", "value": True},
+        {"event": "returned", "value": -(2**80)},
+        {"event": "returned", "value": 'é\u2028"\\\n\ud800 \x00'},
+        {"event": "returned", "value": ["a", 1, None, False]},
+        {"event": "returned", "value": 1.5},
+        {"event": "returned", "value": float("nan")},
+        {"event": "returned", "value": [1, [2]]},
+        {"event": "returned", "value": {"k": [1, {"z": None}]}},
+        {"event": "raised", "type": "E", "bases": ["Exception", "BaseException"], "message": ""},
+        {"event": "returned", "delivered": False, "error": "OSError: [Errno 9] x"},
+    ],
+)
+def test_records_are_what_json_dumps_writes(fields):
+    assert encode_record(fields) == json.dumps(fields, default=repr)
+
+
+def test_an_int_too_long_to_convert_raises_as_json_dumps_does():
+    huge = 10**5000 if hasattr(sys, "set_int_max_str_digits") else None
+    if huge is None:
+        pytest.skip("this Python converts ints of any length")
+    with pytest.raises(ValueError):
+        json.dumps({"value": huge})
+    with pytest.raises(ValueError):
+        encode_record({"value": huge})
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_target_runs_with_the_collector_as_the_test_process_has_it(run, style, enabled):
+    # the child turns the collector off for the harness's own steps, never for the target
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        outcome = run(_targets.collector_state)
+    finally:
+        (gc.enable if was else gc.disable)()
+    # a fresh interpreter (exec) and the zygote's children have it on, whatever this process does
+    expected = enabled or style != "fork"
+    assert outcome.returned == {"enabled": expected, "collected": True}
