@@ -31,9 +31,9 @@ It ends with "check passed." and the command that runs the suites alone: .venv/b
   --nightly   stress scale x100 on every available backend; JUnit XML and a one-page summary
               written to reports/ (nightly.xml, nightly-summary.md), with the memory timelines
               and summaries of the arena stress and the cache-cap run (reports/memory/);
-              then mutation testing of allocator/, harness/_outcome.py and runtime/tensormap/
-              (ci/mutation.py, mutmut, hours on 2 cores): the score per module and the
-              equivalent mutants in reports/mutation.md
+              then mutation testing of allocator/, harness/_outcome.py, runtime/tensormap/
+              and runtime/zero3.py (ci/mutation.py, mutmut, hours on 2 cores): the score per
+              module and the equivalent mutants in reports/mutation.md
   --no-build  do not create or update .venv
   --no-test   skip the test suites
   --no-lint   skip ruff check, ruff format --check and the workflows' schema check

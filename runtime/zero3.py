@@ -282,7 +282,7 @@ class Zero3:
                 view of its gathered storage (e.g. a view of another parameter).
         """
         entry = self._entry(param_id)
-        n_users = integer(n_users, "n_users", 1)
+        n_users = integer(n_users, "n_users")
         self._check_view(view, param_id, "release")
         if entry.countdown == 0:
             entry.countdown = n_users

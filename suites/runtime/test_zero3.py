@@ -190,6 +190,29 @@ def test_a_double_release_says_already_released(make_alloc):
     z3.release(again, "w", 1)
 
 
+def test_a_parameters_values_follow_the_documented_pattern(make_alloc):
+    """``(1 + (i + index) % 251) / 256`` for element ``i``: pinned, since the gathers are
+    checked against ``values()`` itself."""
+    z3 = Zero3(make_alloc(), 2)
+    first = z3.register("a", 253)
+    second = z3.register("b", 3)
+    i = np.arange(253)
+    np.testing.assert_array_equal(first.values(), ((1 + i % 251) / 256).astype(np.float32))
+    assert first.values()[[0, 250, 251]].tolist() == [1 / 256, 251 / 256, 1 / 256]
+    assert second.values().tolist() == [2 / 256, 3 / 256, 4 / 256]  # index 1 shifts by one
+
+
+def test_a_bad_rank_is_named(make_alloc):
+    z3 = Zero3(make_alloc(), 2)
+    z3.register("w", 8)
+    with pytest.raises(ValueError, match=r"^rank must be >= 0, got -1"):
+        z3.shard("w", -1)
+    with pytest.raises(TypeError, match=r"^rank must be an integer"):
+        z3.shard("w", 1.0)
+    with pytest.raises(ValueError, match=r"^rank must be < world_size=2, got 2"):
+        z3.shard("w", 2)
+
+
 def test_unknown_ids_and_bad_releases(make_alloc):
     alloc = make_alloc()
     z3 = Zero3(alloc, 2)
