@@ -255,6 +255,11 @@ class SimDevice(Device):
         moves to every stream's last completion). A block still in flight after that is a bug
         of the simulator itself, and aborts."""
         self.synchronize()
+        self._release(block)
+
+    def _release(self, block: SimBlock) -> None:
+        """Give ``block``'s bytes back to the device, aborting if a kernel still uses it (the
+        check a free made before it synchronized; the mutant probes call this alone)."""
         if block.busy_until > self.now_us:
             fatal(
                 f"devmem sim: fatal: free of block #{block.id} ({block.nbytes} bytes) while a"
@@ -292,16 +297,21 @@ class SimDevice(Device):
                 self.now_us = clock.tail_us
             self._observe(clock.vc)
 
-    def stream_done(self, stream: Stream) -> bool:
-        """Whether ``stream``'s kernels completed; the query itself takes
-        :data:`QUERY_COST_US` of host time, and a true answer orders the host after them."""
+    def _query(self, time_us: int, vc: dict) -> bool:
+        """Whether work completing at ``time_us`` (vector clock ``vc``) is done; the query
+        itself takes :data:`QUERY_COST_US` of host time, and a true answer orders the host
+        after that work."""
         with self._lock:
             self.now_us += QUERY_COST_US
-            clock = stream.handle
-            done = clock.tail_us <= self.now_us
+            done = time_us <= self.now_us
             if done:
-                self._observe(clock.vc)
+                self._observe(vc)
         return done
+
+    def stream_done(self, stream: Stream) -> bool:
+        """Whether ``stream``'s kernels completed (:meth:`_query`: it costs host time)."""
+        clock = stream.handle
+        return self._query(clock.tail_us, clock.vc)
 
     def new_event_handle(self) -> SimEvent:
         return SimEvent()
@@ -320,15 +330,9 @@ class SimDevice(Device):
             _join(clock.vc, handle.vc)
 
     def event_done(self, event) -> bool:
-        """Whether ``event`` completed; the query itself takes :data:`QUERY_COST_US` of host
-        time, and a true answer orders the host after the kernels before it."""
-        with self._lock:
-            self.now_us += QUERY_COST_US
-            handle = event.handle
-            done = handle.time_us <= self.now_us
-            if done:
-                self._observe(handle.vc)
-        return done
+        """Whether ``event`` completed (:meth:`_query`: it costs host time)."""
+        handle = event.handle
+        return self._query(handle.time_us, handle.vc)
 
     def synchronize_event(self, event) -> None:
         with self._lock:

@@ -39,20 +39,7 @@ def _evict_without_wait() -> None:
 def _free_without_device_sync() -> None:
     # The simulator before cudaFree synchronized the device: a free waited only on the events
     # recorded on the block, and aborted if another stream's kernel still used it.
-    from allocator.device.base import fatal
-
-    def free(self, block):
-        if block.busy_until > self.now_us:
-            fatal(
-                f"devmem sim: fatal: free of block #{block.id} ({block.nbytes} bytes) while a"
-                f" kernel using it is still in flight (completes at t={block.busy_until}us,"
-                f" now t={self.now_us}us)"
-            )
-        with self._lock:
-            self.used_bytes -= block.nbytes
-        block.array = None
-
-    SimDevice.free = free
+    SimDevice.free = SimDevice._release
 
 
 def _exit_forgets_free() -> None:
