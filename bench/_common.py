@@ -30,6 +30,7 @@ __all__ = [
     "finish",
     "interleaved_us",
     "machine",
+    "min_ratio",
     "paired_ratio",
     "parse",
     "parser",
@@ -43,7 +44,8 @@ def parser(name: str, doc: str, *, repeat: int, quick: str) -> argparse.Argument
     Args:
         name: the benchmark's name; the JSON goes to ``bench/results/<name>.json`` by default.
         doc: the module docstring; its first paragraph is the description.
-        repeat: the default ``--repeat`` (runs per figure; every figure is their median).
+        repeat: the default ``--repeat`` (runs per figure; each benchmark says whether a figure
+            is their median or their minimum).
         quick: what ``--quick`` cuts, for its help line.
 
     Returns:
@@ -108,17 +110,27 @@ def finish(args: argparse.Namespace, results: dict, table: str, verdicts: dict[s
     return 0
 
 
-def per_call_us(fn: Callable[[], None], number: int, repeat: int) -> list[float]:
-    """``repeat`` timings of ``number`` calls of ``fn``, each in microseconds per call."""
+def per_call_us(
+    fn: Callable[[], None],
+    number: int,
+    repeat: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """``repeat`` timings of ``number`` calls of ``fn``, each in microseconds per call.
+
+    ``clock`` is read before and after each run, in seconds: wall time by default;
+    ``time.thread_time`` (this thread's CPU time) for host-only code on a busy machine, where
+    the time the scheduler gives other processes is wall time but not this thread's CPU time.
+    """
     runs = []
     for _ in range(repeat):
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            start = time.perf_counter()
+            start = clock()
             for _ in range(number):
                 fn()
-            elapsed = time.perf_counter() - start
+            elapsed = clock() - start
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -145,6 +157,22 @@ def interleaved_us(
         for name in names[shift:] + names[:shift]:
             runs[name] += per_call_us(fns[name], number, 1)
     return runs
+
+
+def min_ratio(runs: list[float], reference: list[float]) -> float:
+    """``min(runs) / min(reference)``: the fastest run against the fastest reference run.
+
+    On a busy machine the load only ever adds time (preemption, caches shared with other
+    processes), and it hits a long run more often than a short one; the fastest of enough runs
+    is the one it disturbed least, so this ratio is the one that holds when the reference is
+    noisy (``bench/alloc.py``'s targets use it, with CPU time).
+
+    Raises:
+        ValueError: either list is empty.
+    """
+    if not runs or not reference:
+        raise ValueError("min_ratio needs at least one run and one reference run")
+    return min(runs) / min(reference)
 
 
 def paired_ratio(runs: list[float], reference: list[float]) -> float:

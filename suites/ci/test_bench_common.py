@@ -63,6 +63,25 @@ def test_per_call_us_times_each_run(common):
     assert len(runs) == 3 and all(us > 0 for us in runs) and len(calls) == 300
 
 
+def test_per_call_us_reads_the_clock_it_is_given(common):
+    # bench/alloc.py passes time.process_time: a run's figure is what that clock says
+    ticks = iter(range(0, 100, 2))  # each read 2 s after the last: every run lasts 2 s
+    runs = common.per_call_us(lambda: None, 4, 3, clock=lambda: next(ticks))
+    assert runs == [2 / 4 * 1e6] * 3
+
+
+def test_min_ratio_compares_the_fastest_runs(common):
+    # a burst of load slows most runs of either side; the fastest of each is what the code costs
+    assert common.min_ratio([9.0, 2.0, 7.0], [4.0, 1.0, 3.0, 8.0]) == 2.0
+    assert common.min_ratio([3.0], [4.0]) == 0.75
+
+
+def test_min_ratio_without_runs_names_what_it_needs(common):
+    for runs, reference in (([], [1.0]), ([1.0], [])):
+        with pytest.raises(ValueError, match="at least one run and one reference run"):
+            common.min_ratio(runs, reference)
+
+
 def test_paired_ratio_takes_each_run_over_the_one_beside_it(common):
     # the load doubles halfway: each pair still says 2x, a ratio of medians would not
     runs, reference = [2, 2, 4, 4, 4], [1, 1, 2, 2, 2]
