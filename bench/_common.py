@@ -75,7 +75,9 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 
 
 def machine() -> dict:
-    """The machine the figures come from: Python, NumPy, platform, processor, CPU count."""
+    """The machine the figures come from: Python, NumPy, platform, processor, CPU count, and
+    its load when the benchmark started (``os.getloadavg()``'s 1-minute figure: runnable
+    processes, on average; above the CPU count, the machine was shared)."""
     import numpy
 
     return {
@@ -84,6 +86,7 @@ def machine() -> dict:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
+        "load_average": round(os.getloadavg()[0], 2),
     }
 
 

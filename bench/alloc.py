@@ -8,9 +8,10 @@ measured runs on the host only, so every figure is the process's CPU time (``CLO
 other processes' load does not add to, and the fastest of many short runs
 (``_common.min_ratio``): the calls behind an (a), (b) or (e) figure are split into
 ``SHORT_RUNS x --repeat`` runs of about a millisecond, most of which a busy machine's scheduler
-leaves alone. Medians of long runs moved with the load: on the 2-core machine under the load of
-four mutation runs, (a) read 14x against 7.6x quiet and (c)'s growth 4.5x against 1.3x. The
-JSON keeps each figure's median beside it. (d) times a GPU, in wall time.
+leaves alone. On the 2-core machine under the load of four mutation runs, medians of long runs
+in wall time read (b) 1.06 and (c)'s growth 4.5x (0.97 and 1.3x quiet), and long runs in CPU
+time (a) 14x (7.6x quiet). The JSON keeps each figure's median beside it. (d) times a GPU, in
+wall time.
 
 (a) a cached alloc+release round trip of a 16 KiB buffer (4096 float32) on ``sim``, against
     ``numpy.empty(4096, numpy.float32)`` plus ``del``, interleaved; the ratio is the fastest

@@ -91,9 +91,11 @@ def render(json_path: Path) -> str:
         parts.append(f"verdict: {words}")
     machine = results.get("machine")
     if machine:  # bench/_common.py's machine(): where the figures come from
+        load = machine.get("load_average")  # absent from JSON written before it was recorded
         parts.append(
             f"Measured with Python {machine['python']}, NumPy {machine['numpy']},"
-            f" {machine['cpus']} CPUs ({machine['processor']}, {machine['platform']})."
+            f" {machine['cpus']} CPUs ({machine['processor']}, {machine['platform']})"
+            + (f", load average {load} at the start." if load is not None else ".")
         )
     return "\n\n".join(parts) + "\n"
 

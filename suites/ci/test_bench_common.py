@@ -151,3 +151,8 @@ def test_a_burst_of_load_moves_the_median_but_not_the_fastest_round(common, monk
     runs = common.interleaved_us({"small": lambda: "small", "big": lambda: "big"}, 1, 8)
     assert statistics.median(runs["big"]) / statistics.median(runs["small"]) == 3.0
     assert min(runs["big"]) / min(runs["small"]) == 1.0
+
+
+def test_the_machine_records_its_load_at_the_start(common, monkeypatch):
+    monkeypatch.setattr(common.os, "getloadavg", lambda: (6.534, 5.0, 4.0))
+    assert common.machine()["load_average"] == 6.53  # the 1-minute figure, as the docs print it

@@ -123,3 +123,14 @@ def test_a_json_of_an_older_benchmark_says_to_rerun_it(tmp_path):
     old.write_text(json.dumps({"raw_fork_ms": 2.0}))  # the fields a newer format_table reads
     with pytest.raises(doc_tables.TableError, match=r"cannot render it \(KeyError: .*rerun it: "):
         doc_tables.render(old)
+
+
+def test_the_machine_line_says_how_loaded_the_machine_was(tmp_path):
+    data = json.loads((ROOT / "docs" / "results" / "children.json").read_text())
+    data["machine"]["load_average"] = 6.53
+    loaded = tmp_path / "children.json"
+    loaded.write_text(json.dumps(data))
+    assert doc_tables.render(loaded).rstrip().endswith(", load average 6.53 at the start.")
+    del data["machine"]["load_average"]  # a JSON from before the figure was recorded
+    loaded.write_text(json.dumps(data))
+    assert doc_tables.render(loaded).rstrip().endswith(f"{data['machine']['platform']}).")
