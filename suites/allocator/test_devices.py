@@ -24,6 +24,9 @@ def test_cpu_blocks_are_numbered_float32_arrays_always_ready():
     first, second = cpu.malloc(64), cpu.malloc(128)
     assert (first.id, second.id, first.nbytes) == (1, 2, 64)
     assert first.array.dtype == np.float32 and first.array.shape == (16,)
+    # fresh: no event yet, no stream until the device layer sets one, no record_stream
+    assert (first.event, first.stream, first.stream_id) == (None, None, 0)
+    assert (first.stream_uses, first.use_events) == (None, None)
     stream = cpu.new_stream(default=True)
     first.stream = stream
     first.stream_uses = {cpu.new_stream("side")}
