@@ -181,6 +181,18 @@ def test_cap_evictions_are_annotated_before_their_segment_free(make_alloc):
     for note in evictions:
         after = trace[note["trace_index"]]
         assert (after["action"], after["addr"]) == ("segment_free", note["addr"])
+    # a release's free completes as the cache takes the block, before the eviction it causes
+    a, b, c = (event["addr"] for event in trace if event["action"] == "alloc")
+    assert [(e["action"], e["addr"]) for e in trace[6:]] == [
+        ("free_requested", a),
+        ("free_completed", a),
+        ("free_requested", b),
+        ("free_completed", b),
+        ("segment_free", a),
+        ("free_requested", c),
+        ("free_completed", c),
+        ("segment_free", b),
+    ]
     alloc.empty_cache()
 
 
@@ -243,6 +255,50 @@ def test_a_block_used_on_another_stream_awaits_its_event(make_alloc):
     assert states == {16: "inactive", 8: "active_allocated", 32: "active_allocated"}
     alloc.release(on_side)
     alloc.release(kept)
+
+
+@pytest.mark.backends("sim")
+def test_a_block_used_on_another_stream_completes_at_once_when_its_events_did(make_alloc):
+    # record_stream on a stream with nothing in flight: the cache takes the block reusable, so
+    # its free_completed follows at once, with the free's own time and stack
+    alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
+    with alloc.history():
+        buf, other = alloc.full(4, 1.0), alloc.full(2, 1.0)
+        alloc.device.advance(10)
+        buf.record_stream(side)
+        alloc.release(buf)
+        alloc.release(other)
+    trace = alloc.snapshot()["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in trace[4:]] == [
+        ("free_requested", 16),
+        ("free_completed", 16),
+        ("free_requested", 8),
+        ("free_completed", 8),
+    ]
+    requested, completed = trace[4], trace[5]
+    assert completed["time_us"] == requested["time_us"] == 10
+    assert completed["frames"] == requested["frames"] != trace[1]["frames"]  # not the alloc's
+    assert completed["frames"][0]["filename"] == HERE
+
+
+@pytest.mark.backends("sim")
+def test_a_pending_block_allocated_before_recording_has_no_frames(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
+    before = alloc.full(4, 1.0)  # allocated while history was off: no frames
+    with alloc.history():
+        recorded = alloc.full(2, 1.0)  # one block with frames, so the frames map is not empty
+        with alloc.use_stream(side):
+            on_side = alloc.full(2, 0.0)  # a kernel on side, until t=10
+        before.record_stream(side)
+        alloc.release(before)
+        snapshot = alloc.snapshot()
+    pending = [s["blocks"][0] for s in snapshot["segments"] if s["total_size"] == 16]
+    assert [(block["state"], block["frames"]) for block in pending] == [("active_pending_free", [])]
+    alloc.device.advance(10)
+    alloc.release(recorded)
+    alloc.release(on_side)
 
 
 @pytest.mark.backends("sim")
