@@ -24,6 +24,9 @@ def test_cpu_blocks_are_numbered_float32_arrays_always_ready():
     first, second = cpu.malloc(64), cpu.malloc(128)
     assert (first.id, second.id, first.nbytes) == (1, 2, 64)
     assert first.array.dtype == np.float32 and first.array.shape == (16,)
+    # fresh: no event yet, no stream until the device layer sets one, no record_stream
+    assert (first.event, first.stream, first.stream_id) == (None, None, 0)
+    assert (first.stream_uses, first.use_events) == (None, None)
     stream = cpu.new_stream(default=True)
     first.stream = stream
     first.stream_uses = {cpu.new_stream("side")}
@@ -220,3 +223,26 @@ def test_the_host_clock_is_whole_microseconds_since_the_epoch():
     before = time.time_ns() // 1000
     now = CpuDevice().clock_us()
     assert type(now) is int and before <= now <= time.time_ns() // 1000
+
+
+def test_the_sims_vector_clocks_count_kernels_and_events_start_empty():
+    sim = SimDevice(1 << 20, latency_us=1)
+    own, side = sim.new_stream(default=True), sim.new_stream("side")
+    event = sim.new_event_handle()
+    assert (event.time_us, event.vc, repr(event)) == (0, {}, "<SimEvent at t=0us>")
+    key = own.handle.key
+    assert own.handle.vc == {key: 0}  # no kernel of its own yet
+    block = sim.malloc(64)
+    block.stream = own
+    sim.launch(own, block)
+    sim.launch(own, None, block)
+    assert own.handle.vc == {key: 2}  # its own entry counts its own kernels
+    sim.record(block)  # no record_stream: no event on another stream
+    assert (block.event, block.use_events) == (2, None)
+    side.wait_stream(own)
+    sim.launch(side, None, block)
+    block.stream_uses = {side}
+    sim.record(block)
+    assert block.use_events == {side: 3}
+    sim.advance(3)
+    assert sim.take_ready(block) and block.use_events is None  # forgotten once queried done

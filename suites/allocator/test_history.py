@@ -181,6 +181,18 @@ def test_cap_evictions_are_annotated_before_their_segment_free(make_alloc):
     for note in evictions:
         after = trace[note["trace_index"]]
         assert (after["action"], after["addr"]) == ("segment_free", note["addr"])
+    # a release's free completes as the cache takes the block, before the eviction it causes
+    a, b, c = (event["addr"] for event in trace if event["action"] == "alloc")
+    assert [(e["action"], e["addr"]) for e in trace[6:]] == [
+        ("free_requested", a),
+        ("free_completed", a),
+        ("free_requested", b),
+        ("free_completed", b),
+        ("segment_free", a),
+        ("free_requested", c),
+        ("free_completed", c),
+        ("segment_free", b),
+    ]
     alloc.empty_cache()
 
 
@@ -243,6 +255,50 @@ def test_a_block_used_on_another_stream_awaits_its_event(make_alloc):
     assert states == {16: "inactive", 8: "active_allocated", 32: "active_allocated"}
     alloc.release(on_side)
     alloc.release(kept)
+
+
+@pytest.mark.backends("sim")
+def test_a_block_used_on_another_stream_completes_at_once_when_its_events_did(make_alloc):
+    # record_stream on a stream with nothing in flight: the cache takes the block reusable, so
+    # its free_completed follows at once, with the free's own time and stack
+    alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
+    with alloc.history():
+        buf, other = alloc.full(4, 1.0), alloc.full(2, 1.0)
+        alloc.device.advance(10)
+        buf.record_stream(side)
+        alloc.release(buf)
+        alloc.release(other)
+    trace = alloc.snapshot()["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in trace[4:]] == [
+        ("free_requested", 16),
+        ("free_completed", 16),
+        ("free_requested", 8),
+        ("free_completed", 8),
+    ]
+    requested, completed = trace[4], trace[5]
+    assert completed["time_us"] == requested["time_us"] == 10
+    assert completed["frames"] == requested["frames"] != trace[1]["frames"]  # not the alloc's
+    assert completed["frames"][0]["filename"] == HERE
+
+
+@pytest.mark.backends("sim")
+def test_a_pending_block_allocated_before_recording_has_no_frames(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
+    before = alloc.full(4, 1.0)  # allocated while history was off: no frames
+    with alloc.history():
+        recorded = alloc.full(2, 1.0)  # one block with frames, so the frames map is not empty
+        with alloc.use_stream(side):
+            on_side = alloc.full(2, 0.0)  # a kernel on side, until t=10
+        before.record_stream(side)
+        alloc.release(before)
+        snapshot = alloc.snapshot()
+    pending = [s["blocks"][0] for s in snapshot["segments"] if s["total_size"] == 16]
+    assert [(block["state"], block["frames"]) for block in pending] == [("active_pending_free", [])]
+    alloc.device.advance(10)
+    alloc.release(recorded)
+    alloc.release(on_side)
 
 
 @pytest.mark.backends("sim")
@@ -1041,3 +1097,83 @@ def test_teeth_the_consistency_check_fires_on_a_trace_left_at_the_stop(make_allo
     with pytest.raises(AssertionError, match=r"device_traces\[0\]\[\d+\] (alloc|segment_alloc)"):
         _snapshot_checks.check_consistent(snapshot)
     alloc.release(bufs.pop())
+
+
+# -- paths the tests above leave aside -----------------------------------------------------------
+
+
+@pytest.mark.backends("sim")
+def test_a_block_cached_before_recording_is_allocated_at_its_address(make_alloc):
+    alloc = make_alloc()
+    alloc.release(alloc.full(4, 1.0))  # cached while history is off
+    with alloc.history():
+        buf = alloc.full(4, 1.0)  # the cached block, whose address history never read
+        alloc.release(buf)
+    (segment,) = alloc.snapshot()["segments"]
+    trace = alloc.snapshot()["device_traces"][0]
+    assert [(e["action"], e["addr"]) for e in trace] == [
+        ("alloc", segment["address"]),
+        ("free_requested", segment["address"]),
+        ("free_completed", segment["address"]),
+    ]
+
+
+@pytest.mark.backends("sim")
+def test_an_arena_exit_keeps_each_pending_blocks_allocation_frames(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    side = alloc.new_stream("side")
+    with alloc.use_stream(side):
+        on_side = alloc.full(2, 0.0)  # a kernel on side, until t=10
+    alloc.arena_enter()
+    unrecorded = alloc.full(4, 1.0)  # allocated while history was off: no frames
+    with alloc.history():
+        alloc_line = line_of_next_statement()
+        recorded = alloc.full(16, 1.0)
+        for buf in (unrecorded, recorded):
+            buf.record_stream(side)
+        exit_line = line_of_next_statement()
+        alloc.arena_exit()  # both freed, awaiting side's event
+        snapshot = alloc.snapshot()
+    blocks = {s["total_size"]: s["blocks"][0] for s in snapshot["segments"]}
+    assert [blocks[size]["state"] for size in (16, 64)] == ["active_pending_free"] * 2
+    assert blocks[16]["frames"] == []
+    assert (blocks[64]["frames"][0]["filename"], blocks[64]["frames"][0]["line"]) == (
+        HERE,
+        alloc_line,
+    )
+    (requested,) = [e for e in snapshot["device_traces"][0] if e["action"] == "free_requested"][:1]
+    assert (requested["frames"][0]["filename"], requested["frames"][0]["line"]) == (
+        HERE,
+        exit_line,
+    )  # the exit's own stack, not the finalizer's marker
+    alloc.release(on_side)
+
+
+@pytest.mark.backends("sim")
+def test_a_device_free_that_did_not_move_the_clock_records_no_synchronize(make_alloc):
+    alloc = make_alloc(sim_latency_us=10)
+    with alloc.history():
+        alloc.release(alloc.full(4, 1.0))  # its fill runs until t=10
+        alloc.empty_cache()  # cudaFree: the host waits until t=10
+        alloc.release(alloc.full(4, 1.0))  # t = 10..20
+        alloc.device.advance(20)  # complete by now
+        alloc.empty_cache()  # nothing to wait for
+    syncs = [n for n in notes(alloc) if n["action"] == "device_synchronize"]
+    assert [(n["from_us"], n["to_us"]) for n in syncs] == [(0, 10)]
+
+
+@pytest.mark.backends("cpu")
+def test_a_block_used_on_another_stream_is_freed_to_the_device_at_once_on_cpu(make_alloc):
+    alloc = make_alloc()  # no cache: the device layer frees it, its events complete at once
+    side = alloc.new_stream("side")
+    with alloc.history():
+        buf = alloc.full(4, 1.0)
+        buf.record_stream(side)
+        alloc.release(buf)
+    assert actions(alloc) == [
+        "segment_alloc",
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_free",
+    ]

@@ -144,8 +144,9 @@ def _timing_decides(monkeypatch) -> None:  # the old rule: a kernel completed in
 
 
 # Programs that each direction of the check must get right, besides the random ones: a race
-# that only a snapshot's look at a freed block's events could hide (it orders nothing), and the
-# same program ordered by the reuse cache's query of those events.
+# that only a snapshot's look at a freed block's events could hide (it orders nothing), the
+# same program ordered by the reuse cache's query of those events, and a host wait for a freed
+# block's own event ordering what its stream wrote before.
 FIXED = [
     (
         [
@@ -169,6 +170,16 @@ FIXED = [
         10,
         (0, 0),
     ),
+    (
+        [
+            ("kernel", 1, 1, ()),  # stream a writes block #2
+            ("record", 0, ()),  # block #1 (stream a's) freed: its event follows that write
+            ("wait", 0),  # the host waits for block #1's event
+            ("kernel", 0, None, (1,)),  # so the default stream's read of block #2 is ordered
+        ],
+        10,
+        (1, 0),
+    ),
 ]
 
 
@@ -176,6 +187,7 @@ def test_the_fixed_programs(raising):
     verdicts = [_race_oracle.check(*case) for case in FIXED]
     assert verdicts == [
         "sim: stream default reads block #1 while stream a's write (until t=10) is not waited for",
+        None,
         None,
     ]
 

@@ -252,7 +252,7 @@ def test_one_scope_object_entered_from_two_threads_is_refused(alloc):
 def test_events_record_wait_query_and_synchronize_on_every_backend(alloc, make_alloc):
     side = alloc.new_stream("side")
     never = alloc.new_event()
-    assert isinstance(never, Event) and not never.recorded and never.device is alloc.device
+    assert isinstance(never, Event) and never.recorded is False and never.device is alloc.device
     assert repr(never) == f"<Event never recorded on {alloc.backend}>"
     assert never.query()  # an event never recorded is complete
     never.synchronize()
@@ -263,6 +263,7 @@ def test_events_record_wait_query_and_synchronize_on_every_backend(alloc, make_a
         y = alloc.mul(x, x)
     done = side.record_event()  # a new event, recorded after y's kernel
     assert isinstance(done, Event) and done.recorded and done is not never
+    assert repr(done) == f"<Event recorded on {alloc.backend}>"
     assert side.record_event(never) is never and never.recorded  # records the one given
     alloc.default_stream.wait_event(done)  # the default stream's next kernels follow y's
     assert alloc.sum(y) == 64.0
