@@ -1,0 +1,551 @@
+"""The child side on its own (``harness._child``): :func:`run_child` in a process this test
+forks, with the request, descriptors and seal it is given, checked against the protocol its
+module docstring documents (exit status, status records, seal, what lands on stdout/stderr);
+and the helpers the exec runner and the zygote load by path.
+
+The styles' own tests reach most of this through ``harness.run_child``; these reach the parts
+that only an exec'd child or a zygote's child take (whole environments, ``sys_path_after``,
+targets loaded by path or from a script's ``__main__``, a seal given as a descriptor) and the
+repro mode, in a fork, where they can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from harness import _child
+from harness._child import (
+    EXIT_HARNESS_ERROR,
+    SEAL_BYTES,
+    SEAL_FINAL_AT,
+    plain_problem,
+    read_all,
+    start_ticks,
+)
+from harness._protocol import decode_seal
+from suites.harness import _procs
+
+
+@dataclasses.dataclass
+class Child:
+    """What a child left: how it ended, its records, streams and seal page."""
+
+    status: int
+    records: list[dict]
+    stdout: str
+    stderr: str
+    seal: bytes
+
+    @property
+    def exit_code(self) -> int | None:
+        return os.waitstatus_to_exitcode(self.status) if os.WIFEXITED(self.status) else None
+
+    @property
+    def events(self) -> list[str]:
+        return [record["event"] for record in self.records]
+
+
+def _wait(pid: int, within_s: float = 20.0) -> int:
+    deadline = time.monotonic() + within_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"child {pid} did not end within {within_s} s")
+        time.sleep(0.005)
+
+
+def fork_child(
+    request: dict,
+    *,
+    target: object = None,
+    status: bool = True,
+    seal: str | None = "mapping",
+    identity: object = "parent",
+    before=None,
+) -> Child:
+    """Fork, and in the child call ``run_child(request, ...)`` with temp files for stdout,
+    stderr and the status channel (``status=False``: none, a repro run), and a seal page
+    (``"mapping"``: an inherited shared mapping; ``"fd"``: the second page of a file, by
+    descriptor; None: no seal). ``identity``: the channel's ``(st_dev, st_ino)`` as the
+    forking process takes it (``"parent"``), None (the child takes it) or a given pair.
+    ``before()`` runs in the child first."""
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(4)]
+        page = stack.enter_context(mmap.mmap(-1, SEAL_BYTES))
+        return _fork_child(request, files, page, target, status, seal, identity, before)
+
+
+def _fork_child(request, files, page, target, status, seal, identity, before) -> Child:
+    out, err, channel, table = (file.fileno() for file in files)
+    os.ftruncate(table, 2 * SEAL_BYTES)
+    seal_arg = {"mapping": (page, 0), "fd": (table, SEAL_BYTES), None: None}[seal]
+    if identity == "parent":
+        info = os.fstat(channel)
+        identity = (info.st_dev, info.st_ino)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if before is not None:
+                before()
+            _child.run_child(
+                request,
+                stdout_fd=out,
+                stderr_fd=err,
+                status_fd=channel if status else None,
+                parent_pid=parent,
+                target=target,
+                seal=seal_arg,
+                status_identity=identity,
+            )
+        finally:
+            os._exit(99)
+    wait_status = _wait(pid)
+    text = [os.pread(fd, 1 << 24, 0).decode() for fd in (out, err, channel)]
+    page_bytes = os.pread(table, SEAL_BYTES, SEAL_BYTES) if seal == "fd" else page[:]
+    records = [json.loads(line) for line in text[2].splitlines()]
+    return Child(wait_status, records, text[0], text[1], page_bytes)
+
+
+def request_for(target: str = "?", **fields: object) -> dict:
+    return {"target": target, "args": [], "cwd": None, **fields}
+
+
+# -- the protocol, in a fork ----------------------------------------------------------------
+
+
+def test_a_returned_value_is_one_started_and_one_returned_record_and_a_delivered_seal():
+    child = fork_child(request_for(args=[2, "x"]), target=lambda a, b: {"got": [a, b]})
+
+    assert child.exit_code == 0
+    assert child.records == [
+        {"event": "started", "pid": child.records[0]["pid"]},
+        {"event": "returned", "value": {"got": [2, "x"]}},
+    ]
+    seal = decode_seal(child.seal)
+    assert (seal.pid, seal.final, seal.delivered, seal.error) == (
+        child.records[0]["pid"],
+        "returned",
+        True,
+        None,
+    )
+    assert child.seal[SEAL_FINAL_AT:].rstrip(b"\0") == (
+        b'{"event": "returned", "delivered": true, "error": null}'
+    )
+
+
+def test_a_seal_given_as_a_descriptor_is_that_page_of_the_file():
+    child = fork_child(request_for(), target=lambda: 5, seal="fd")
+
+    assert child.exit_code == 0
+    assert child.seal.startswith(b"%d\n" % child.records[0]["pid"])
+    assert decode_seal(child.seal).final == "returned"
+
+
+def test_without_a_seal_the_records_still_go_out():
+    child = fork_child(request_for(), target=lambda: 5, seal=None)
+
+    assert (child.exit_code, child.events) == (0, ["started", "returned"])
+    assert child.seal == bytes(SEAL_BYTES)
+
+
+@pytest.mark.parametrize("identity", [None, "parent"])
+def test_the_final_record_goes_to_the_status_channel_checked_in_the_child(identity):
+    # None: the child takes the channel's identity itself, before the target runs
+    child = fork_child(request_for(), target=lambda: 1, identity=identity)
+    assert (child.exit_code, child.events) == (0, ["started", "returned"])
+    assert decode_seal(child.seal).delivered
+
+
+def test_a_channel_that_is_not_the_one_named_is_not_written_and_the_seal_says_so():
+    child = fork_child(request_for(), target=lambda: 1, identity=(0, 0))
+
+    assert child.exit_code == 0  # the parent reports the undelivered record from the seal
+    assert child.events == ["started"]
+    seal = decode_seal(child.seal)
+    assert (seal.final, seal.delivered) == ("returned", False)
+    assert seal.error is not None
+    assert seal.error.startswith("OSError: descriptor ")
+    assert seal.error.endswith(" is no longer the status channel")
+
+
+def test_a_raise_is_a_raised_record_with_its_bases_and_status_1():
+    def target():
+        raise KeyError("gone")
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.exit_code == _child.EXIT_RAISED == 1
+    raised = child.records[-1]
+    assert (raised["event"], raised["type"], raised["message"]) == ("raised", "KeyError", "'gone'")
+    assert raised["bases"] == ["LookupError", "Exception", "BaseException"]
+    assert raised["traceback"].startswith("Traceback (most recent call last):")
+    assert raised["traceback"].endswith("KeyError: 'gone'\n")
+    assert raised["traceback"] in child.stderr
+    assert decode_seal(child.seal).final == "raised"
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "stderr"),
+    [(None, 0, ""), (0, 0, ""), (3, 3, ""), (256 + 7, 7, ""), (-1, 255, ""), ("bye", 1, "bye\n")],
+)
+def test_system_exit_is_an_exit_record_and_that_status(code, status, stderr):
+    def target():
+        sys.exit(code)
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.exit_code == status
+    assert child.records[-1] == {"event": "exit", "code": status}
+    assert child.stderr == stderr
+    assert decode_seal(child.seal).final == "exit"
+
+
+def test_a_value_that_is_not_plain_data_is_a_harness_error_with_status_121():
+    child = fork_child(request_for(), target=lambda: (1, 2))
+
+    assert child.exit_code == EXIT_HARNESS_ERROR == 121
+    assert child.events == ["started", "harness_error"]
+    assert child.records[-1]["message"] == (
+        "the value returned by the target has type tuple, which is not JSON plain data "
+        f"({_child.PLAIN_TYPES})"
+    )
+    assert child.records[-1]["traceback"] == ""
+    assert child.stderr.startswith(
+        "devmem-death: harness error in the child: the value returned by the target has type tuple"
+    )
+    assert decode_seal(child.seal).final == "harness_error"
+
+
+def test_the_environment_is_set_up_as_documented(monkeypatch):
+    monkeypatch.setenv("DEVMEM_T_KEEP", "old")
+    monkeypatch.setenv("DEVMEM_T_DROP", "x")
+
+    def target():
+        return {
+            "keep": os.environ.get("DEVMEM_T_KEEP"),
+            "drop": os.environ.get("DEVMEM_T_DROP"),
+            "set": os.environ.get("DEVMEM_T_SET"),
+            "flag": os.environ.get(_child.ENV_FLAG),
+            "stdin": sys.stdin.read(),
+            "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+            "sigpipe": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
+            "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+            "group": os.getpgid(0) == os.getpid(),
+        }
+
+    def before():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    env = {"DEVMEM_T_DROP": None, "DEVMEM_T_SET": "new"}
+    child = fork_child(request_for(env=env), target=target, before=before)
+
+    assert child.records[-1]["value"] == {
+        "keep": "old",
+        "drop": None,
+        "set": "new",
+        "flag": "1",
+        "stdin": "",
+        "sigint": True,
+        "sigpipe": True,
+        "sigterm": True,
+        "group": True,
+    }
+
+
+def test_a_whole_environment_replaces_this_one(monkeypatch):
+    monkeypatch.setenv("DEVMEM_T_GONE", "x")
+    monkeypatch.setenv("DEVMEM_T_SAME", "same")
+    environ = {"DEVMEM_T_SAME": "same", "DEVMEM_T_NEW": "new", "PATH": os.environ["PATH"]}
+
+    child = fork_child(request_for(environ=environ), target=lambda: dict(os.environ))
+
+    assert child.records[-1]["value"] == {**environ, _child.ENV_FLAG: "1"}
+
+
+def test_sys_path_is_replaced_or_appended_to_and_cwd_is_set(tmp_path):
+    runner_dir = os.path.dirname(_child.__file__)
+    extra = str(tmp_path / "extra")
+
+    def before():
+        sys.path[:] = ["/own/a", runner_dir, "/own/b"]
+
+    got = fork_child(
+        request_for(sys_path=["/given/a", "/given/b"], cwd=str(tmp_path)),
+        target=lambda: [sys.path, os.getcwd()],
+        before=before,
+    )
+    assert got.records[-1]["value"] == [["/given/a", "/given/b"], str(tmp_path)]
+
+    after = fork_child(
+        request_for(sys_path=None, sys_path_after=["/own/b", extra, extra + "2"]),
+        target=lambda: sys.path,
+        before=before,
+    )
+    assert after.records[-1]["value"] == ["/own/a", "/own/b", extra, extra + "2"]
+
+    kept = fork_child(request_for(sys_path=None), target=lambda: sys.path, before=before)
+    assert kept.records[-1]["value"] == ["/own/a", runner_dir, "/own/b"]
+
+
+@pytest.mark.parametrize("invalidate", [True, False])
+def test_a_request_may_refresh_the_import_caches(invalidate):
+    def before():
+        importlib.invalidate_caches = lambda: os.environ.__setitem__("DEVMEM_T_FRESH", "1")
+
+    child = fork_child(
+        request_for(invalidate_caches=invalidate),
+        target=lambda: os.environ.get("DEVMEM_T_FRESH"),
+        before=before,
+    )
+    assert child.records[-1]["value"] == ("1" if invalidate else None)
+
+
+# -- targets by name ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["no colon", ":f", "os:", ""])
+def test_a_target_that_is_not_module_colon_qualname_is_a_harness_error(spec):
+    child = fork_child(request_for(spec))
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    assert child.records[-1]["message"] == (
+        f"could not import the target {spec!r} in the child: ValueError: target must be "
+        f"'module:qualname', got {spec!r}"
+    )
+    assert child.records[-1]["traceback"].startswith("Traceback (most recent call last):")
+
+
+def test_a_target_by_name_is_imported_and_its_qualname_followed():
+    child = fork_child(request_for("os.path:join", args=["a", "b"]))
+    assert child.records[-1] == {"event": "returned", "value": os.path.join("a", "b")}
+
+    nested = fork_child(request_for("json:JSONDecoder.decode", args=[None, "[]"]))
+    assert nested.exit_code == 1  # JSONDecoder.decode(None, "[]"): an AttributeError of None
+    assert nested.records[-1]["type"] == "AttributeError"
+
+
+def _write_module(directory, name: str, body: str) -> str:
+    path = directory / f"{name}.py"
+    path.write_text(body)
+    return str(path)
+
+
+def test_a_module_that_cannot_be_imported_by_name_is_loaded_from_its_file(tmp_path):
+    path = _write_module(tmp_path, "devmem_t_by_path", "def f(x):\n    return [__name__, x]\n")
+
+    child = fork_child(request_for("devmem_t_by_path:f", args=[3], module_path=path))
+
+    assert child.records[-1] == {"event": "returned", "value": ["devmem_t_by_path", 3]}
+
+
+def test_a_module_found_in_another_file_is_loaded_from_the_given_one(tmp_path):
+    first = tmp_path / "a"
+    second = tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    _write_module(first, "devmem_t_twice", "WHICH = 'first'\n")
+    path = _write_module(second, "devmem_t_twice", "WHICH = 'second'\n")
+
+    child = fork_child(
+        request_for("devmem_t_twice:WHICH.upper", module_path=path, sys_path=[str(first)])
+    )
+    assert child.records[-1] == {"event": "returned", "value": "SECOND"}
+
+    by_name = fork_child(
+        request_for("devmem_t_twice:WHICH.upper", module_path=None, sys_path=[str(first)])
+    )
+    assert by_name.records[-1] == {"event": "returned", "value": "FIRST"}
+
+
+def test_a_module_importable_as_its_file_is_imported_by_name(tmp_path):
+    package = tmp_path / "devmem_t_pkg"
+    package.mkdir()
+    _write_module(package, "__init__", "")
+    body = "import sys\ndef f():\n    return 'devmem_t_pkg' in sys.modules\n"
+    path = _write_module(package, "mod", body)
+
+    # imported by name, its package comes first; loaded by path, it would not
+    child = fork_child(
+        request_for("devmem_t_pkg.mod:f", module_path=path, sys_path=[str(tmp_path), *sys.path])
+    )
+    assert child.records[-1] == {"event": "returned", "value": True}
+
+
+def test_importable_as_compares_files():
+    assert _child._importable_as("json", json.__file__)
+    assert not _child._importable_as("json", os.__file__)
+    assert not _child._importable_as("devmem_t_no_such_module", os.__file__)
+    assert not _child._importable_as("devmem_t_no_such_package.x", os.__file__)
+    assert not _child._importable_as("sys", os.__file__)  # built in: no file
+    assert not _child._importable_as("json", "/devmem/t/no/such/file.py")
+
+
+def test_a_module_that_fails_to_load_by_path_is_not_left_in_sys_modules(tmp_path):
+    path = _write_module(tmp_path, "devmem_t_broken", "raise RuntimeError('broken at import')\n")
+
+    with pytest.raises(RuntimeError, match="broken at import"):
+        _child._load_by_path("devmem_t_broken", path)
+    assert "devmem_t_broken" not in sys.modules
+    with pytest.raises(ImportError, match="cannot load module 'devmem_t_x' from"):
+        _child._load_by_path("devmem_t_x", str(tmp_path / "not-python.txt"))
+
+
+def test_a_main_target_is_loaded_from_the_script_as_mp_main(tmp_path):
+    script = _write_module(tmp_path, "script", "def answer(x):\n    return [__name__, x * 2]\n")
+
+    child = fork_child(request_for("__main__:answer", args=[21], main_path=script))
+
+    assert child.records[-1] == {"event": "returned", "value": ["__mp_main__", 42]}
+    missing = fork_child(request_for("__main__:answer", main_path=str(tmp_path / "x.txt")))
+    assert missing.exit_code == EXIT_HARNESS_ERROR
+    assert "ImportError: cannot load the parent's __main__ from" in missing.records[-1]["message"]
+
+
+# -- repro mode: no status channel ----------------------------------------------------------
+
+
+def test_without_a_channel_the_ending_is_a_line_on_stderr():
+    returned = fork_child(request_for(), target=lambda: {"v": 5}, status=False, seal=None)
+    assert returned.exit_code == 0
+    assert returned.stderr == 'devmem-death: returned {"value": {"v": 5}}\n'
+
+    def leave():
+        sys.exit(4)
+
+    exited = fork_child(request_for(), target=leave, status=False, seal=None)
+    assert (exited.exit_code, exited.stderr) == (4, 'devmem-death: exit {"code": 4}\n')
+
+    def fail():
+        raise ValueError("v")
+
+    raised = fork_child(request_for(), target=fail, status=False, seal=None)
+    assert raised.exit_code == 1
+    assert raised.stderr.startswith("Traceback (most recent call last):")
+    assert raised.stderr.endswith("ValueError: v\n")  # the traceback only, as python prints it
+    assert "devmem-death" not in raised.stderr
+
+
+# -- helpers the exec runner and the zygote use ---------------------------------------------
+
+
+def test_read_all_reads_the_whole_file_from_its_start_and_leaves_the_offset():
+    data = bytes(range(256)) * (5 * 4096 + 3)  # over 5 MiB: several reads
+    with tempfile.TemporaryFile() as file:
+        file.write(data)
+        file.seek(100)
+        assert read_all(file.fileno()) == data
+        assert file.tell() == 100
+        assert read_all(file.fileno()) == data  # still open, and readable again
+    with tempfile.TemporaryFile() as empty:
+        assert read_all(empty.fileno()) == b""
+
+
+def _ticks(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        text = stat.read()
+    return text[text.rindex(b")") + 2 :].split()[19].decode()
+
+
+def test_start_ticks_is_field_22_of_proc_stat(tmp_path):
+    assert start_ticks(os.getpid()) == _ticks(os.getpid())
+    # a command name with ") " in it cannot shift the fields
+    odd = tmp_path / ") 1 2 3 4 5 6"
+    odd.symlink_to(sys.executable)
+    sleeper = subprocess.Popen([str(odd), "-c", "import time; time.sleep(30)"])
+    try:
+        with open(f"/proc/{sleeper.pid}/stat", "rb") as stat:
+            assert b") 1 2" in stat.read()
+        assert start_ticks(sleeper.pid) == _ticks(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert start_ticks(sleeper.pid) is None  # gone
+
+
+def test_die_with_parent_exits_at_once_when_the_parent_is_gone_already():
+    for parent, expected in ((lambda: os.getppid(), 0), (lambda: os.getppid() + 1, 121)):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child.die_with_parent(parent())
+            finally:
+                os._exit(0)
+        assert os.waitstatus_to_exitcode(_wait(pid)) == expected
+
+
+def test_a_child_dies_with_its_parent():
+    read_fd, write_fd = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the parent: fork the child, then wait to be killed
+        try:
+            os.close(read_fd)
+            child = os.fork()
+            if child == 0:
+                _child.die_with_parent(os.getppid())
+                os.write(write_fd, b"%d\n" % os.getpid())
+                time.sleep(60)
+            else:
+                time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        child = int(pipe.readline())
+    os.kill(middle, signal.SIGKILL)
+    _wait(middle)
+    assert _procs.wait_until_dead(child), f"child {child} outlived its parent"
+
+
+# -- plain data -----------------------------------------------------------------------------
+
+
+def _nested(depth: int, leaf: object) -> object:
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_problem_s_path_keeps_the_outermost_dozen_steps():
+    assert plain_problem(_nested(12, ()), "v") == (
+        "v" + "[0]" * 12 + f" has type tuple, which is not JSON plain data ({_child.PLAIN_TYPES})"
+    )
+    assert plain_problem(_nested(13, ()), "v") == (
+        "v" + "[0]" * 12 + f"[...] has type tuple, which is not JSON plain data "
+        f"({_child.PLAIN_TYPES})"
+    )
+    assert plain_problem({"a": [1, {"b": {3}}]}, "v") == (
+        f"v['a'][1]['b'] has type set, which is not JSON plain data ({_child.PLAIN_TYPES})"
+    )
+
+
+def test_plain_data_limits_are_exact():
+    assert plain_problem(_nested(100, 1), "v") is None
+    assert plain_problem(_nested(101, 1), "v") == (
+        "v" + "[0]" * 12 + "[...] nests lists and dicts more than 100 deep"
+    )
+    assert plain_problem(2**14_000 - 1, "v") is None
+    assert plain_problem(-(2**14_000), "v") == (
+        "v is an int of 14001 bits, too long to send as JSON (at most 14000 bits; pass it as a str)"
+    )
+    shared = [1]
+    assert plain_problem([shared, shared, {"k": shared}], "v") is None  # shared, not a cycle
+    assert plain_problem([True, 1.5, None, "s", {}], "v") is None
