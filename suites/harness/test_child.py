@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import importlib
+import io
 import json
 import mmap
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -75,26 +78,31 @@ def fork_child(
     *,
     target: object = None,
     status: bool = True,
-    seal: str | None = "mapping",
+    seal: object = "mapping",
     identity: object = "parent",
     before=None,
 ) -> Child:
     """Fork, and in the child call ``run_child(request, ...)`` with temp files for stdout,
     stderr and the status channel (``status=False``: none, a repro run), and a seal page
     (``"mapping"``: an inherited shared mapping; ``"fd"``: the second page of a file, by
-    descriptor; None: no seal). ``identity``: the channel's ``(st_dev, st_ino)`` as the
-    forking process takes it (``"parent"``), None (the child takes it) or a given pair.
-    ``before()`` runs in the child first."""
+    descriptor; None: no seal; anything else: given as it is). ``identity``: the channel's
+    ``(st_dev, st_ino)`` as the forking process takes it (``"parent"``), None (the child
+    takes it) or a given pair. ``before()`` runs in the child first."""
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(4)]
         page = stack.enter_context(mmap.mmap(-1, SEAL_BYTES))
         return _fork_child(request, files, page, target, status, seal, identity, before)
 
 
+GIVEN: dict[str, int] = {}
+"""The descriptors the last :func:`fork_child` gave its child (``stdout``, ``stderr``)."""
+
+
 def _fork_child(request, files, page, target, status, seal, identity, before) -> Child:
     out, err, channel, table = (file.fileno() for file in files)
+    GIVEN.update(stdout=out, stderr=err)
     os.ftruncate(table, 2 * SEAL_BYTES)
-    seal_arg = {"mapping": (page, 0), "fd": (table, SEAL_BYTES), None: None}[seal]
+    seal_arg = {"mapping": (page, 0), "fd": (table, SEAL_BYTES), None: None}.get(seal, seal)
     if identity == "parent":
         info = os.fstat(channel)
         identity = (info.st_dev, info.st_ino)
@@ -248,11 +256,15 @@ def test_the_environment_is_set_up_as_documented(monkeypatch):
             "sigpipe": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
             "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
             "group": os.getpgid(0) == os.getpid(),
+            "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "core": list(resource.getrlimit(resource.RLIMIT_CORE)),
+            "moved": [_is_open(GIVEN["stdout"]), _is_open(GIVEN["stderr"])],
         }
 
     def before():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGTERM])
 
     env = {"DEVMEM_T_DROP": None, "DEVMEM_T_SET": "new"}
     child = fork_child(request_for(env=env), target=target, before=before)
@@ -267,7 +279,71 @@ def test_the_environment_is_set_up_as_documented(monkeypatch):
         "sigpipe": True,
         "sigterm": True,
         "group": True,
+        "blocked": [],
+        "core": [0, 0],
+        "moved": [False, False],  # onto 1 and 2, the originals closed
     }
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_stdout_is_line_buffered_and_stderr_written_through_so_a_killed_child_leaves_both():
+    def target():
+        print("a line")
+        sys.stdout.write("no newline: kept in the buffer")
+        sys.stderr.write("straight out")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    child = fork_child(request_for(), target=target)
+
+    assert os.WTERMSIG(child.status) == signal.SIGKILL
+    assert (child.stdout, child.stderr) == ("a line\n", "straight out")
+
+
+def test_output_is_utf_8_with_undecodable_characters_escaped_and_flushed_at_the_end():
+    def target():
+        sys.stdout.write("é \udc80 end")  # a lone surrogate: escaped, not an error
+        sys.stderr.write("ü")
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.exit_code == 0
+    assert child.stdout == "é \\udc80 end"
+    assert child.stderr == "ü"
+
+
+def test_the_parents_buffered_output_never_reaches_the_child_s_files():
+    def before():
+        stale = io.TextIOWrapper(io.FileIO(os.dup(1), "w"), encoding="utf-8")
+        stale.write("the parent's unflushed text")  # buffered, never flushed by the parent
+        sys.stdout = stale
+
+    child = fork_child(request_for(), target=lambda: None, before=before)
+
+    assert child.exit_code == 0
+    assert child.stdout == ""
+
+
+def test_a_crash_dumps_every_thread_and_the_dump_signal_leaves_the_child_running():
+    def target():
+        os.kill(os.getpid(), _child.DUMP_SIGNAL)  # the parent's signal at a deadline
+        time.sleep(0.05)
+        print("still running", flush=True)
+        faulthandler._sigsegv()
+
+    child = fork_child(request_for(), target=target)
+
+    assert os.WTERMSIG(child.status) == signal.SIGSEGV
+    assert child.stdout == "still running\n"
+    # both the dump and the crash show the current thread among all threads
+    assert child.stderr.count("Current thread 0x") == 2, child.stderr
+    assert "Fatal Python error: Segmentation fault" in child.stderr
 
 
 def test_a_whole_environment_replaces_this_one(monkeypatch):
