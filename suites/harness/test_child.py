@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import pytest
 
@@ -625,3 +626,103 @@ def test_plain_data_limits_are_exact():
     shared = [1]
     assert plain_problem([shared, shared, {"k": shared}], "v") is None  # shared, not a cycle
     assert plain_problem([True, 1.5, None, "s", {}], "v") is None
+
+
+# -- failures of the harness's own steps ----------------------------------------------------
+
+
+def test_a_set_up_that_fails_is_a_harness_error_on_the_channel_and_stderr(tmp_path):
+    missing = str(tmp_path / "gone")
+    child = fork_child(request_for(cwd=missing), target=lambda: 1)
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    assert child.events == ["harness_error"]  # never started
+    message = child.records[0]["message"]
+    assert message.startswith("could not set up the child: FileNotFoundError: ")
+    assert missing in message
+    assert child.records[0]["traceback"].startswith("Traceback (most recent call last):")
+    assert child.stderr.startswith(f"devmem-death: harness error in the child: {message}\n")
+    assert decode_seal(child.seal).final == "harness_error"
+
+
+def test_a_request_without_args_calls_the_target_with_none_and_without_target_names_it_so():
+    child = fork_child({}, target=lambda *args: list(args))
+    assert child.records[-1] == {"event": "returned", "value": []}
+
+    nameless = fork_child({})
+    assert nameless.records[-1]["message"] == (
+        "could not import the target '?' in the child: ValueError: target must be "
+        "'module:qualname', got '?'"
+    )
+
+
+def test_a_value_json_cannot_take_after_all_is_a_harness_error():
+    def target():
+        sys.set_int_max_str_digits(640)  # the target's own limit: 10**700 has 701 digits
+        return 10**700
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    assert child.records[-1]["message"] == (
+        "the value returned by the target could not be encoded as JSON"
+    )
+
+
+def test_an_exception_that_cannot_be_printed_is_still_reported():
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    def target():
+        raise Unprintable
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.exit_code == 1
+    assert child.records[-1]["message"] == "<unprintable Unprintable>"
+    assert child.records[-1]["type"].endswith("Unprintable")
+
+
+def test_without_a_channel_a_harness_error_is_written_to_stderr_twice_over():
+    child = fork_child(request_for(), target=lambda: (1,), status=False, seal=None)
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    lines = child.stderr.splitlines()
+    problem = (
+        "the value returned by the target has type tuple, which is not JSON plain data "
+        f"({_child.PLAIN_TYPES})"
+    )
+    assert lines[0] == f"devmem-death: harness error in the child: {problem}"
+    assert lines[1] == (
+        "devmem-death: harness_error " + json.dumps({"message": problem, "traceback": ""})
+    )
+
+
+def test_a_seal_that_cannot_be_mapped_is_left_out():
+    child = fork_child(request_for(), target=lambda: 2, seal=(-1, 0))
+    assert child.records[-1] == {"event": "returned", "value": 2}
+    bad = fork_child(request_for(), target=lambda: 2, seal="not a pair")
+    assert bad.records[-1] == {"event": "returned", "value": 2}
+
+
+def test_a_main_target_of_the_running_main_module_is_not_loaded_again(tmp_path):
+    script = _write_module(tmp_path, "script", "def answer():\n    return 'loaded again'\n")
+
+    def before():
+        main = types.ModuleType("__main__")
+        main.__file__ = script
+        main.answer = lambda: "the running one"
+        sys.modules["__main__"] = main
+
+    child = fork_child(request_for("__main__:answer", main_path=script), before=before)
+    assert child.records[-1] == {"event": "returned", "value": "the running one"}
+
+
+def test_a_key_s_repr_is_cut_to_60_characters():
+    assert plain_problem({10**59: 1}, "v") == (
+        f"v has a key {10**59} of type int; keys must be str"  # 60 characters: whole
+    )
+    assert plain_problem({10**60: 1}, "v") == (
+        f"v has a key {str(10**60)[:55]}[...] of type int; keys must be str"
+    )
