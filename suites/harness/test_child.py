@@ -426,10 +426,12 @@ def _write_module(directory, name: str, body: str) -> str:
 
 
 def test_a_module_that_cannot_be_imported_by_name_is_loaded_from_its_file(tmp_path):
-    path = _write_module(tmp_path, "devmem_t_by_path", "def f(x):\n    return [__name__, x]\n")
+    body = "import sys\nSELF = sys.modules[__name__]\ndef f(x):\n    return [SELF.__name__, x]\n"
+    path = _write_module(tmp_path, "devmem_t_by_path", body)
 
     child = fork_child(request_for("devmem_t_by_path:f", args=[3], module_path=path))
 
+    # registered in sys.modules before its code runs, as an import does
     assert child.records[-1] == {"event": "returned", "value": ["devmem_t_by_path", 3]}
 
 
@@ -456,14 +458,28 @@ def test_a_module_importable_as_its_file_is_imported_by_name(tmp_path):
     package = tmp_path / "devmem_t_pkg"
     package.mkdir()
     _write_module(package, "__init__", "")
-    body = "import sys\ndef f():\n    return 'devmem_t_pkg' in sys.modules\n"
+    body = "import sys\ndef f():\n    return hasattr(sys.modules['devmem_t_pkg'], 'mod')\n"
     path = _write_module(package, "mod", body)
 
-    # imported by name, its package comes first; loaded by path, it would not
+    # imported by name, it is bound in its package; loaded by path, it would not be
     child = fork_child(
         request_for("devmem_t_pkg.mod:f", module_path=path, sys_path=[str(tmp_path), *sys.path])
     )
     assert child.records[-1] == {"event": "returned", "value": True}
+
+
+def test_a_module_registered_under_its_name_is_used_as_it_is(tmp_path):
+    # what pytest's importlib mode does: the test module is in sys.modules, not importable
+    path = _write_module(tmp_path, "devmem_t_registered", "def f():\n    return 'from the file'\n")
+
+    def before():
+        module = types.ModuleType("devmem_t_registered")
+        module.__file__ = path
+        module.f = lambda: "the registered one"
+        sys.modules["devmem_t_registered"] = module
+
+    child = fork_child(request_for("devmem_t_registered:f", module_path=path), before=before)
+    assert child.records[-1] == {"event": "returned", "value": "the registered one"}
 
 
 def test_importable_as_compares_files():
@@ -481,16 +497,30 @@ def test_a_module_that_fails_to_load_by_path_is_not_left_in_sys_modules(tmp_path
     with pytest.raises(RuntimeError, match="broken at import"):
         _child._load_by_path("devmem_t_broken", path)
     assert "devmem_t_broken" not in sys.modules
+    body = "import sys\ndel sys.modules[__name__]\nraise RuntimeError('gone at import')\n"
+    gone = _write_module(tmp_path, "devmem_t_gone", body)
+    with pytest.raises(RuntimeError, match="gone at import"):  # its own error, nothing else
+        _child._load_by_path("devmem_t_gone", gone)
     with pytest.raises(ImportError, match="cannot load module 'devmem_t_x' from"):
         _child._load_by_path("devmem_t_x", str(tmp_path / "not-python.txt"))
 
 
 def test_a_main_target_is_loaded_from_the_script_as_mp_main(tmp_path):
-    script = _write_module(tmp_path, "script", "def answer(x):\n    return [__name__, x * 2]\n")
+    body = (
+        "import sys\n"
+        "def answer(x):\n"
+        "    names = [n for n in sys.modules if getattr(sys.modules[n], 'answer', 0) is answer]\n"
+        "    return [__name__, x * 2, sorted(names)]\n"
+    )
+    script = _write_module(tmp_path, "script", body)
 
     child = fork_child(request_for("__main__:answer", args=[21], main_path=script))
 
-    assert child.records[-1] == {"event": "returned", "value": ["__mp_main__", 42]}
+    # what multiprocessing does: the script is both __mp_main__ and __main__ in the child
+    assert child.records[-1] == {
+        "event": "returned",
+        "value": ["__mp_main__", 42, ["__main__", "__mp_main__"]],
+    }
     missing = fork_child(request_for("__main__:answer", main_path=str(tmp_path / "x.txt")))
     assert missing.exit_code == EXIT_HARNESS_ERROR
     assert "ImportError: cannot load the parent's __main__ from" in missing.records[-1]["message"]
