@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import types
 
 import pytest
@@ -755,4 +756,80 @@ def test_a_key_s_repr_is_cut_to_60_characters():
     )
     assert plain_problem({10**60: 1}, "v") == (
         f"v has a key {str(10**60)[:55]}[...] of type int; keys must be str"
+    )
+
+
+def test_a_main_path_is_for_main_targets_only(tmp_path):
+    script = _write_module(tmp_path, "script", "raise SystemExit('the script ran')\n")
+
+    child = fork_child(request_for("os.path:join", args=["a", "b"], main_path=script))
+    assert child.records[-1] == {"event": "returned", "value": os.path.join("a", "b")}
+
+
+def test_a_main_module_without_a_file_is_replaced_by_the_script(tmp_path):
+    script = _write_module(tmp_path, "script", "def answer():\n    return 'the script'\n")
+
+    def before():
+        sys.modules["__main__"] = types.ModuleType("__main__")  # python -c: no __file__
+
+    child = fork_child(request_for("__main__:answer", main_path=script), before=before)
+    assert child.records[-1] == {"event": "returned", "value": "the script"}
+
+
+def test_a_qualname_is_everything_after_the_first_colon():
+    child = fork_child(request_for("os:path:join"))
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    assert child.records[-1]["message"] == (
+        "could not import the target 'os:path:join' in the child: AttributeError: module 'os' "
+        "has no attribute 'path:join'"
+    )
+
+
+def test_a_raise_s_traceback_is_python_s_own_text():
+    def target():
+        raise KeyError("gone")
+
+    child = fork_child(request_for(), target=target)
+
+    lines = child.records[-1]["traceback"].splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[1].startswith('  File "') and lines[1].endswith(", in target")
+    assert lines[-1] == "KeyError: 'gone'"
+
+
+def test_a_traceback_that_cannot_be_formatted_is_replaced_by_a_line_saying_so():
+    def before():
+        def refuse(*args, **kwargs):
+            raise RuntimeError("cannot format")
+
+        traceback.format_exception = refuse
+
+    def target():
+        raise KeyError("gone")
+
+    child = fork_child(request_for(), target=target, before=before)
+
+    expected = (
+        "KeyError: 'gone'\n(its traceback could not be formatted: RuntimeError: cannot format)\n"
+    )
+    assert child.exit_code == 1
+    assert child.records[-1]["traceback"] == expected
+    assert child.stderr == expected
+
+
+def test_an_exception_whose_str_leaves_the_interpreter_is_a_harness_error():
+    class Leaving(Exception):
+        def __str__(self):
+            raise SystemExit("no str")
+
+    def target():
+        raise Leaving
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    assert child.events == ["started", "harness_error"]
+    assert child.records[-1]["message"] == (
+        "reporting the exception the target raised failed: SystemExit: no str"
     )
