@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import importlib
 import io
 import json
+import locale
 import mmap
 import os
 import resource
@@ -30,6 +32,7 @@ import types
 
 import pytest
 
+import harness
 from harness import _child
 from harness._child import (
     EXIT_HARNESS_ERROR,
@@ -40,7 +43,7 @@ from harness._child import (
     start_ticks,
 )
 from harness._protocol import decode_seal
-from suites.harness import _procs
+from suites.harness import _procs, _targets
 
 
 @dataclasses.dataclass
@@ -83,54 +86,62 @@ def fork_child(
     seal: object = "mapping",
     identity: object = "parent",
     before=None,
+    given: bool = True,
 ) -> Child:
     """Fork, and in the child call ``run_child(request, ...)`` with temp files for stdout,
     stderr and the status channel (``status=False``: none, a repro run), and a seal page
     (``"mapping"``: an inherited shared mapping; ``"fd"``: the second page of a file, by
     descriptor; None: no seal; anything else: given as it is). ``identity``: the channel's
     ``(st_dev, st_ino)`` as the forking process takes it (``"parent"``), None (the child
-    takes it) or a given pair. ``before()`` runs in the child first."""
+    takes it) or a given pair. ``before()`` runs in the child first. ``given=False``: the
+    files are on descriptors 1 and 2 already, as in an exec'd child, and ``run_child`` is
+    given None for them."""
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(4)]
         page = stack.enter_context(mmap.mmap(-1, SEAL_BYTES))
-        return _fork_child(request, files, page, target, status, seal, identity, before)
+        out, err, channel, table = (file.fileno() for file in files)
+        GIVEN.update(stdout=out, stderr=err)
+        os.ftruncate(table, 2 * SEAL_BYTES)
+        seal_arg = {"mapping": (page, 0), "fd": (table, SEAL_BYTES), None: None}.get(seal, seal)
+        if identity == "parent":
+            info = os.fstat(channel)
+            identity = (info.st_dev, info.st_ino)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if not given:
+                    os.dup2(out, 1)
+                    os.dup2(err, 2)
+                    sys.stderr = _stderr_over_2()
+                if before is not None:
+                    before()
+                _child.run_child(
+                    request,
+                    stdout_fd=out if given else None,
+                    stderr_fd=err if given else None,
+                    status_fd=channel if status else None,
+                    parent_pid=parent,
+                    target=target,
+                    seal=seal_arg,
+                    status_identity=identity,
+                )
+            finally:
+                os._exit(99)
+        wait_status = _wait(pid)
+        text = [os.pread(fd, 1 << 24, 0).decode() for fd in (out, err, channel)]
+        page_bytes = os.pread(table, SEAL_BYTES, SEAL_BYTES) if seal == "fd" else page[:]
+    records = [json.loads(line) for line in text[2].splitlines()]
+    return Child(wait_status, records, text[0], text[1], page_bytes)
+
+
+def _stderr_over_2() -> io.TextIOWrapper:
+    """A ``sys.stderr`` over descriptor 2, as a fresh interpreter has."""
+    return io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
 
 
 GIVEN: dict[str, int] = {}
 """The descriptors the last :func:`fork_child` gave its child (``stdout``, ``stderr``)."""
-
-
-def _fork_child(request, files, page, target, status, seal, identity, before) -> Child:
-    out, err, channel, table = (file.fileno() for file in files)
-    GIVEN.update(stdout=out, stderr=err)
-    os.ftruncate(table, 2 * SEAL_BYTES)
-    seal_arg = {"mapping": (page, 0), "fd": (table, SEAL_BYTES), None: None}.get(seal, seal)
-    if identity == "parent":
-        info = os.fstat(channel)
-        identity = (info.st_dev, info.st_ino)
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            if before is not None:
-                before()
-            _child.run_child(
-                request,
-                stdout_fd=out,
-                stderr_fd=err,
-                status_fd=channel if status else None,
-                parent_pid=parent,
-                target=target,
-                seal=seal_arg,
-                status_identity=identity,
-            )
-        finally:
-            os._exit(99)
-    wait_status = _wait(pid)
-    text = [os.pread(fd, 1 << 24, 0).decode() for fd in (out, err, channel)]
-    page_bytes = os.pread(table, SEAL_BYTES, SEAL_BYTES) if seal == "fd" else page[:]
-    records = [json.loads(line) for line in text[2].splitlines()]
-    return Child(wait_status, records, text[0], text[1], page_bytes)
 
 
 def request_for(target: str = "?", **fields: object) -> dict:
@@ -836,3 +847,112 @@ def test_an_exception_whose_str_leaves_the_interpreter_is_a_harness_error():
     assert child.records[-1]["message"] == (
         "reporting the exception the target raised failed: SystemExit: no str"
     )
+
+
+def test_the_child_s_std_streams_are_over_0_1_2_and_never_close_them():
+    def target():
+        numbers = [stream.fileno() for stream in (sys.stdin, sys.stdout, sys.stderr)]
+        # the target drops the harness's stream objects: the descriptors stay open
+        sys.stdin = sys.__stdin__ = sys.stdout = sys.__stdout__ = io.StringIO()
+        sys.stderr = sys.__stderr__ = io.StringIO()
+        gc.collect()
+        os.write(1, b"fd 1 open")
+        os.write(2, b"fd 2 open")
+        return [numbers, os.read(0, 10).decode()]
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.records[-1] == {"event": "returned", "value": [[0, 1, 2], ""]}
+    assert (child.stdout, child.stderr) == ("fd 1 open", "fd 2 open")
+
+
+def test_output_is_utf_8_whatever_the_locale():
+    def before():
+        _child._streams = None  # made in the child, under its locale
+        locale.setlocale(locale.LC_CTYPE, "C")
+
+    def target():
+        sys.stdout.write("é")
+
+    child = fork_child(request_for(), target=target, before=before)
+
+    assert child.stdout == "é"
+
+
+class Outer:
+    class NestedError(Exception):
+        """Named by its qualified name."""
+
+
+def test_a_nested_exception_class_is_named_by_its_qualified_name():
+    def target():
+        raise Outer.NestedError("inner")
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.records[-1]["type"] == f"{__name__}.Outer.NestedError"
+
+
+def test_a_set_up_failure_before_the_streams_are_moved_is_echoed_only_onto_the_child_s_own():
+    def before():
+        os.setsid()  # a session leader cannot make a process group: set-up fails
+
+    # exec style: 1 and 2 are the capture pipes already, so the error is echoed there
+    own = fork_child(request_for(), target=lambda: 1, before=before, given=False)
+    assert own.exit_code == EXIT_HARNESS_ERROR
+    message = own.records[0]["message"]
+    assert message.startswith("could not set up the child: PermissionError: ")
+    assert own.stderr.startswith(f"devmem-death: harness error in the child: {message}\n")
+
+    # fork style: 2 is still the parent's stderr then, which must get nothing
+    with tempfile.TemporaryFile() as inherited:
+
+        def before_with_parent_stderr():
+            os.dup2(inherited.fileno(), 2)
+            sys.stderr = _stderr_over_2()
+            before()
+
+        forked = fork_child(request_for(), target=lambda: 1, before=before_with_parent_stderr)
+        assert forked.records[0]["message"] == message
+        assert (forked.stderr, os.pread(inherited.fileno(), 100, 0)) == ("", b"")
+
+
+def test_a_harness_error_s_traceback_is_python_s_text_or_nothing():
+    child = fork_child(request_for(cwd="/devmem/t/no/such/dir"), target=lambda: 1)
+    lines = child.records[0]["traceback"].splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[1].startswith('  File "')
+    assert lines[-1].startswith("FileNotFoundError: ")
+
+    def before():
+        def refuse(*args, **kwargs):
+            raise RuntimeError("cannot format")
+
+        traceback.format_exception = refuse
+
+    unformatted = fork_child(
+        request_for(cwd="/devmem/t/no/such/dir"), target=lambda: 1, before=before
+    )
+    record = unformatted.records[0]
+    assert (record["event"], record["traceback"]) == ("harness_error", "")
+    assert unformatted.stderr == f"devmem-death: harness error in the child: {record['message']}\n"
+
+
+def test_a_child_that_is_its_own_root_reaps_the_zygote_it_started_before_it_leaves():
+    from harness import _forkserver
+
+    def target():
+        # as in an exec'd child, which imports the harness afresh: the root is this process
+        _forkserver.ROOT = (os.getpid(), start_ticks(os.getpid()))
+        harness.run_child(_targets.give_back, style="forkserver", timeout=30).assert_clean()
+        return [connection.pid for connection in _forkserver._connections.values()]
+
+    child = fork_child(request_for(), target=target)
+
+    zygotes = child.records[-1]["value"]
+    assert len(zygotes) == 1
+    try:
+        assert _procs._stat(zygotes[0]) is None  # gone and reaped before the child ended
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(zygotes[0], signal.SIGKILL)
