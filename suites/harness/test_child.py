@@ -956,3 +956,12 @@ def test_a_child_that_is_its_own_root_reaps_the_zygote_it_started_before_it_leav
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(zygotes[0], signal.SIGKILL)
+
+
+def test_a_child_without_the_forkserver_module_leaves_as_usual():
+    def before():  # an exec'd child whose target never imported the harness
+        sys.modules.pop("harness._forkserver")
+
+    child = fork_child(request_for(), target=lambda: "done", before=before)
+
+    assert (child.exit_code, child.records[-1]) == (0, {"event": "returned", "value": "done"})
