@@ -965,3 +965,23 @@ def test_a_child_without_the_forkserver_module_leaves_as_usual():
     child = fork_child(request_for(), target=lambda: "done", before=before)
 
     assert (child.exit_code, child.records[-1]) == (0, {"event": "returned", "value": "done"})
+
+
+@pytest.mark.parametrize(("then", "status"), [("return", 0), ("raise", 1), ("exit", 5)])
+def test_a_copy_the_target_forks_exits_as_a_plain_interpreter_would(then, status):
+    def target():
+        pid = os.fork()
+        if pid == 0:  # the copy, with the harness's frames below it
+            if then == "raise":
+                raise ValueError("in the copy")
+            if then == "exit":
+                sys.exit(5)
+            return "from the copy"
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    child = fork_child(request_for(), target=target)
+
+    assert child.records == [
+        {"event": "started", "pid": child.records[0]["pid"]},
+        {"event": "returned", "value": status},
+    ]
