@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 
 import pytest
 
-from harness._capture import Capture, Stream, kept_text, read_kept
+from harness._capture import Capture, Stream, _pread_all, kept_text, read_kept
 from harness._child import SEAL_BYTES, read_all
 from harness._guard import GuardTable
 
@@ -195,12 +196,89 @@ def test_finish_reads_what_is_left_once_every_writer_is_gone():
 def test_finish_gives_up_on_a_pipe_still_held_open():
     table = GuardTable()
     with Capture(table) as capture:
-        held = os.dup(capture.stderr.write_fd)
+        held = os.dup(capture.stdout.write_fd)
+        late = os.dup(capture.stderr.write_fd)
         try:
             os.write(held, b"partial")
+            os.write(late, b"last")
+            os.close(late)
             capture.finish(within_s=0.05)
-            assert capture.stderr.text() == "partial"
-            assert not capture.stderr.eof  # a grandchild still holds it: not waited for
-            assert capture.stdout.eof
+            assert capture.stdout.text() == "partial"
+            assert not capture.stdout.eof  # a grandchild still holds it: not waited for
+            assert (capture.stderr.text(), capture.stderr.eof) == ("last", True)  # still read
         finally:
             os.close(held)
+
+
+def test_undecodable_bytes_are_replaced_wherever_they_are_kept():
+    assert kept_text(b"a\xff", b"\xfeb", 10, "x").startswith("a\ufffd\n[... devmem-harness cut 6")
+    assert kept_text(b"a\xff", b"\xfeb", 10, "x").endswith("...]\n\ufffdb")
+    with _file(b"\xffok\xfe") as file:
+        assert read_kept(file.fileno(), "x") == "\ufffdok\ufffd"
+    whole = Stream("stdout", head=2, tail=4)
+    cut = Stream("stdout", head=2, tail=4)
+    try:
+        whole.feed(b"\xff1\xfe")
+        assert whole.text() == "\ufffd1\ufffd"
+        cut.feed(b"\xff1" + b"-" * 10 + b"2\xfe34")
+        assert cut.text() == "\ufffd12\ufffd34"
+    finally:
+        whole.close()
+        cut.close()
+
+
+def test_a_one_byte_file_is_read_whole():
+    with _file(b"x") as file:
+        assert read_kept(file.fileno(), "x") == "x"
+    table = GuardTable()
+    with Capture(table) as capture:
+        os.pwrite(capture.status_fd, b"\n", 0)
+        assert capture.status() == b"\n"
+
+
+def test_pread_all_stops_at_the_end_of_a_shorter_file():
+    with _file(b"0123456789") as file:
+        assert _pread_all(file.fileno(), 100, 0) == b"0123456789"
+        assert _pread_all(file.fileno(), 100, 8) == b"89"
+        assert _pread_all(file.fileno(), 0, 0) == b""
+
+
+def test_a_stream_whose_pipe_got_descriptor_0_closes_it():
+    saved = os.dup(0)
+    try:
+        os.close(0)  # a process started without stdin: the pipe takes descriptor 0
+        stream = Stream("stdout")
+        assert stream.read_fd == 0
+        stream.close()
+        with pytest.raises(OSError):
+            os.fstat(0)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+class _Endless(Stream):
+    """A pipe that a writer keeps full: every drain finds more (for five seconds)."""
+
+    __slots__ = ("until",)
+
+    def drain(self) -> None:
+        if time.monotonic() < self.until:
+            self.feed(b"z" * 1024)
+        else:
+            self.eof = True
+
+
+def test_finish_does_not_wait_on_a_writer_that_never_stops():
+    table = GuardTable()
+    with Capture(table) as capture:
+        endless = _Endless("stderr")
+        endless.until = time.monotonic() + 5.0
+        capture.stderr.close()
+        capture.stderr = endless  # a grandchild that escaped the group kill, writing on
+        start = time.monotonic()
+        capture.finish(within_s=0.2)
+        took = time.monotonic() - start
+        assert 0.2 <= took < 3.0, f"finish took {took:.1f} s with a writer that never stops"
+        assert capture.stderr.total > 0 and not capture.stderr.eof
+        endless.close()
