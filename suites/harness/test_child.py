@@ -306,25 +306,44 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-def test_stdout_is_line_buffered_and_stderr_written_through_so_a_killed_child_leaves_both():
+def _streams_made(where: str):
+    """A ``before`` for :func:`fork_child`: the child's std streams made by ``prepare()`` in the
+    process that forks (``"prepared"``, the fork style) or in the child itself (``"fresh"``,
+    as an exec'd child makes them)."""
+
+    def before() -> None:
+        if where == "fresh":
+            _child._streams = None
+        else:
+            _child.prepare()
+
+    return before
+
+
+STREAMS_MADE = pytest.mark.parametrize("where", ["prepared", "fresh"])
+
+
+@STREAMS_MADE
+def test_stdout_is_line_buffered_and_stderr_written_through_so_a_killed_child_leaves_both(where):
     def target():
         print("a line")
         sys.stdout.write("no newline: kept in the buffer")
         sys.stderr.write("straight out")
         os.kill(os.getpid(), signal.SIGKILL)
 
-    child = fork_child(request_for(), target=target)
+    child = fork_child(request_for(), target=target, before=_streams_made(where))
 
     assert os.WTERMSIG(child.status) == signal.SIGKILL
     assert (child.stdout, child.stderr) == ("a line\n", "straight out")
 
 
-def test_output_is_utf_8_with_undecodable_characters_escaped_and_flushed_at_the_end():
+@STREAMS_MADE
+def test_output_is_utf_8_with_undecodable_characters_escaped_and_flushed_at_the_end(where):
     def target():
         sys.stdout.write("é \udc80 end")  # a lone surrogate: escaped, not an error
         sys.stderr.write("ü")
 
-    child = fork_child(request_for(), target=target)
+    child = fork_child(request_for(), target=target, before=_streams_made(where))
 
     assert child.exit_code == 0
     assert child.stdout == "é \\udc80 end"
@@ -849,7 +868,8 @@ def test_an_exception_whose_str_leaves_the_interpreter_is_a_harness_error():
     )
 
 
-def test_the_child_s_std_streams_are_over_0_1_2_and_never_close_them():
+@STREAMS_MADE
+def test_the_child_s_std_streams_are_over_0_1_2_and_never_close_them(where):
     def target():
         numbers = [stream.fileno() for stream in (sys.stdin, sys.stdout, sys.stderr)]
         # the target drops the harness's stream objects: the descriptors stay open
@@ -860,7 +880,7 @@ def test_the_child_s_std_streams_are_over_0_1_2_and_never_close_them():
         os.write(2, b"fd 2 open")
         return [numbers, os.read(0, 10).decode()]
 
-    child = fork_child(request_for(), target=target)
+    child = fork_child(request_for(), target=target, before=_streams_made(where))
 
     assert child.records[-1] == {"event": "returned", "value": [[0, 1, 2], ""]}
     assert (child.stdout, child.stderr) == ("fd 1 open", "fd 2 open")
