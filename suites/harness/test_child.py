@@ -1005,3 +1005,47 @@ def test_a_copy_the_target_forks_exits_as_a_plain_interpreter_would(then, status
         {"event": "started", "pid": child.records[0]["pid"]},
         {"event": "returned", "value": status},
     ]
+
+
+# -- what is prepared, and written, without the json module's encoder -----------------------
+
+
+def test_plain_records_are_written_without_the_json_module_s_encoder(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("json.dumps called for a plain record")
+
+    monkeypatch.setattr(_child.json, "dumps", refuse)
+    fields = {"event": "returned", "a": None, "b": True, "c": False, "d": -7, "e": "s\u2028"}
+    fields["f"] = [None, True, False, 3, "x"]
+    assert _child.encode_record(fields) == (
+        '{"event": "returned", "a": null, "b": true, "c": false, "d": -7, "e": "s\\u2028", '
+        '"f": [null, true, false, 3, "x"]}'
+    )
+
+
+def test_other_values_are_written_as_json_dumps_with_repr_writes_them():
+    for fields in ({"v": {3}}, {"v": [1, (2,)]}, {"v": 1.5, "w": {"k": None}}):
+        assert _child.encode_record(fields) == json.dumps(fields, default=repr)
+
+
+def test_prepare_makes_the_std_streams_a_forked_child_takes():
+    def target():
+        _child._streams = None
+        _child.prepare()
+        made = _child._streams
+        return [type(made).__name__, [stream.fileno() for stream in made]]
+
+    child = fork_child(request_for(), target=target)
+    assert child.records[-1]["value"] == ["tuple", [0, 1, 2]]
+
+
+def test_a_process_without_stdin_prepares_no_streams_and_its_children_make_their_own():
+    def before():
+        _child._streams = None
+        os.close(0)
+        _child.prepare()
+        assert _child._streams is None  # FileIO(0) failed: each child makes its own
+
+    child = fork_child(request_for(), target=lambda: sys.stdin.fileno(), before=before)
+
+    assert child.records[-1] == {"event": "returned", "value": 0}
