@@ -87,6 +87,7 @@ def fork_child(
     identity: object = "parent",
     before=None,
     given: bool = True,
+    parent: bool = True,
 ) -> Child:
     """Fork, and in the child call ``run_child(request, ...)`` with temp files for stdout,
     stderr and the status channel (``status=False``: none, a repro run), and a seal page
@@ -95,7 +96,7 @@ def fork_child(
     ``(st_dev, st_ino)`` as the forking process takes it (``"parent"``), None (the child
     takes it) or a given pair. ``before()`` runs in the child first. ``given=False``: the
     files are on descriptors 1 and 2 already, as in an exec'd child, and ``run_child`` is
-    given None for them."""
+    given None for them. ``parent=False``: no parent to die with (a repro run)."""
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(4)]
         page = stack.enter_context(mmap.mmap(-1, SEAL_BYTES))
@@ -106,7 +107,7 @@ def fork_child(
         if identity == "parent":
             info = os.fstat(channel)
             identity = (info.st_dev, info.st_ino)
-        parent = os.getpid()
+        parent_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
             try:
@@ -121,7 +122,7 @@ def fork_child(
                     stdout_fd=out if given else None,
                     stderr_fd=err if given else None,
                     status_fd=channel if status else None,
-                    parent_pid=parent,
+                    parent_pid=parent_pid if parent else None,
                     target=target,
                     seal=seal_arg,
                     status_identity=identity,
@@ -1049,3 +1050,29 @@ def test_a_process_without_stdin_prepares_no_streams_and_its_children_make_their
     child = fork_child(request_for(), target=lambda: sys.stdin.fileno(), before=before)
 
     assert child.records[-1] == {"event": "returned", "value": 0}
+
+
+def test_a_child_whose_streams_are_in_place_already_keeps_them():
+    def target():
+        print("out")
+        sys.stderr.write("err")
+        return [sys.stdin.read(), os.path.samefile("/proc/self/fd/0", os.devnull)]
+
+    child = fork_child(request_for(), target=target, given=False)  # as an exec'd child
+
+    assert child.records[-1] == {"event": "returned", "value": ["", True]}
+    assert (child.stdout, child.stderr) == ("out\n", "err")
+
+
+def test_without_a_parent_to_die_with_the_child_makes_its_streams_itself():
+    def before():
+        _child._streams = None  # nothing prepared: die_with_parent (which prepares) never runs
+
+    def target():
+        print("out")
+        return [stream.fileno() for stream in (sys.stdin, sys.stdout, sys.stderr)]
+
+    child = fork_child(request_for(), target=target, before=before, parent=False)
+
+    assert child.records[-1] == {"event": "returned", "value": [0, 1, 2]}
+    assert child.stdout == "out\n"
