@@ -1058,7 +1058,11 @@ def test_a_child_whose_streams_are_in_place_already_keeps_them():
         sys.stderr.write("err")
         return [sys.stdin.read(), os.path.samefile("/proc/self/fd/0", os.devnull)]
 
-    child = fork_child(request_for(), target=target, given=False)  # as an exec'd child
+    def before():  # stdin something else than /dev/null: a pipe
+        read_end, _ = os.pipe()
+        os.dup2(read_end, 0)
+
+    child = fork_child(request_for(), target=target, given=False, before=before)  # as exec'd
 
     assert child.records[-1] == {"event": "returned", "value": ["", True]}
     assert (child.stdout, child.stderr) == ("out\n", "err")
