@@ -558,8 +558,9 @@ def _make_streams() -> tuple:
 
 def _redirect(stdout_fd: int | None, stderr_fd: int | None) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
+    if devnull != 0:  # 0 itself when this process had no stdin: keep it, it is /dev/null now
+        os.dup2(devnull, 0)
+        os.close(devnull)
     for fd, target_fd in ((stdout_fd, 1), (stderr_fd, 2)):
         if fd is not None and fd != target_fd:
             os.dup2(fd, target_fd)

@@ -59,8 +59,11 @@ class _SpillingHits(set):
     def add(self, name: str) -> None:
         if name not in self:
             super().add(name)
-            with open(self.path, "a", encoding="utf-8") as spill:
-                spill.write(name + "\n")
+            try:
+                with open(self.path, "a", encoding="utf-8") as spill:
+                    spill.write(name + "\n")
+            except OSError:  # the target limited file sizes (RLIMIT_FSIZE) or descriptors
+                pass  # this hit is lost to the map; the target's own behaviour is untouched
 
 
 class _ChildHits:

@@ -62,3 +62,14 @@ def resident_bytes() -> int:
             if line.startswith(b"VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+EXEC_START_S = 1.5
+"""Extra seconds a test's deadline gives an exec-style child, a fresh interpreter: a test that
+needs the child to reach its target (handlers armed) before the deadline must not race its
+start-up on a loaded machine (or under mutmut, whose copy of ``_child.py`` imports mutmut)."""
+
+
+def deadline_s(style: str, seconds: float) -> float:
+    """``seconds``, plus :data:`EXEC_START_S` for the exec style."""
+    return seconds + EXEC_START_S if style == "exec" else seconds

@@ -9,6 +9,7 @@ import pytest
 
 import harness
 from suites.harness import _targets
+from suites.harness._procs import deadline_s
 
 
 def test_abort_with_message(run, style):
@@ -231,8 +232,8 @@ def test_assert_exited_fails_when_the_target_raised(run):
     run(_targets.system_exit, 1).assert_exited(1)  # sys.exit(1) is an exit
 
 
-def test_assert_timed_out(run):
-    outcome = run(_targets.hang_forever, timeout=0.5)
+def test_assert_timed_out(run, style):
+    outcome = run(_targets.hang_forever, timeout=deadline_s(style, 0.5))
 
     assert outcome.assert_timed_out() is outcome
     outcome.assert_timed_out(match="in hang_forever")  # its stacks, dumped at the deadline

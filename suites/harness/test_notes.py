@@ -8,6 +8,7 @@ import pytest
 import harness
 from harness._capture import HEAD_BYTES, TAIL_BYTES
 from suites.harness import _targets
+from suites.harness._procs import deadline_s
 
 
 def test_the_cut_notice_is_not_matched(run):
@@ -42,8 +43,8 @@ def test_a_match_never_spans_the_cut(run):
         outcome.assert_died("AB")
 
 
-def test_the_timeout_notes_are_not_in_the_stderr(run):
-    outcome = run(_targets.hang_forever, timeout=0.5)
+def test_the_timeout_notes_are_not_in_the_stderr(run, style):
+    outcome = run(_targets.hang_forever, timeout=deadline_s(style, 0.5))
 
     assert outcome.kind == "timed_out"
     assert "devmem-harness" not in outcome.stderr

@@ -11,22 +11,24 @@ import pytest
 import harness
 from harness._reap import GRACE_S
 from suites.harness import _procs, _targets
+from suites.harness._procs import deadline_s
 
 TIMEOUT_S = 1.0
 SHORT_S = 0.3
 
 
-def test_hang_is_timed_out_with_its_stack_and_its_grandchild_killed(run):
-    outcome = run(_targets.hang_with_grandchild, timeout=TIMEOUT_S)
+def test_hang_is_timed_out_with_its_stack_and_its_grandchild_killed(run, style):
+    timeout = deadline_s(style, TIMEOUT_S)
+    outcome = run(_targets.hang_with_grandchild, timeout=timeout)
 
     assert outcome.kind == "timed_out"
-    assert TIMEOUT_S <= outcome.duration_s <= TIMEOUT_S + 2.0
+    assert timeout <= outcome.duration_s <= timeout + 2.0
     assert outcome.signal is signal.SIGTERM
-    assert outcome.ending == "timed out after 1 s, then killed by SIGTERM"
+    assert outcome.ending == f"timed out after {timeout:g} s, then killed by SIGTERM"
     # once the deadline passed, the child's faulthandler dumped its Python stacks
     assert outcome.notes[0].startswith(
-        "devmem-harness: the child's 1 s timeout has passed; its Python stacks follow in its "
-        "stderr (after byte "
+        f"devmem-harness: the child's {timeout:g} s timeout has passed; its Python stacks follow "
+        "in its stderr (after byte "
     )
     assert "in hang_forever" in outcome.stderr
     assert "in hang_with_grandchild" in outcome.stderr
@@ -55,12 +57,13 @@ def test_a_hang_that_reset_the_dump_signal_is_timed_out_not_killed_by_it(run):
         outcome.assert_died()
 
 
-def test_a_hang_that_dies_of_the_dump_signal_is_still_timed_out(run):
-    outcome = run(_targets.abort_on_dump_signal_and_hang, timeout=SHORT_S)
+def test_a_hang_that_dies_of_the_dump_signal_is_still_timed_out(run, style):
+    timeout = deadline_s(style, SHORT_S)
+    outcome = run(_targets.abort_on_dump_signal_and_hang, timeout=timeout)
 
     assert outcome.kind == "timed_out", outcome
     assert outcome.signal is signal.SIGABRT  # its handler aborted when the dump came
-    assert outcome.ending == "timed out after 0.3 s, then killed by SIGABRT"
+    assert outcome.ending == f"timed out after {timeout:g} s, then killed by SIGABRT"
     for check in (outcome.assert_aborted, outcome.assert_died):
         with pytest.raises(harness.DeathTestFailure, match="the child did not die: it timed out"):
             check()
