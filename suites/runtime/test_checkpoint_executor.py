@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from functools import cache
 
 import pytest
@@ -283,7 +284,10 @@ def test_layer_queries_reject_a_layer_out_of_range(method):
         with pytest.raises(IndexError, match=rf"{method}\({layer}\): expected a layer in 0 \.\. 8"):
             query(layer)
     for layer in ("3", 3.0, True):
-        with pytest.raises(TypeError, match="layer must be an int"):
+        said = (
+            rf"{method}: layer must be an int, got {type(layer).__name__} {re.escape(repr(layer))}"
+        )
+        with pytest.raises(TypeError, match=said):
             query(layer)
 
 
@@ -293,8 +297,13 @@ def test_bad_executor_arguments(make_alloc):
         run_checkpointed(make_alloc(), plan, elems=0)
     with pytest.raises(TypeError, match="elems must be an int"):
         run_checkpointed(make_alloc(), plan, elems="8")
-    with pytest.raises(ValueError, match="layer_activation_bytes=-1"):
-        plan.saved_bytes(-1)
+    for method in ("saved_bytes", "avoided_bytes", "peak_activation_bytes", "peak_avoided_bytes"):
+        with pytest.raises(
+            ValueError, match=r"^layer_activation_bytes=-1: expected an integer >= 0"
+        ):
+            getattr(plan, method)(-1)
+        with pytest.raises(TypeError, match=r"^layer_activation_bytes must be an int, got float"):
+            getattr(plan, method)(1.0)
 
 
 def test_bytes_and_overhead():
