@@ -311,6 +311,9 @@ def test_bytes_and_overhead():
     assert (plan.saved_bytes(100), plan.avoided_bytes(100)) == (400, 600)
     assert plan.recompute_overhead == 0.6
     assert math.isclose(checkpoint_plan("revolve", 32, interval=5).recompute_overhead, 68 / 32)
+    sqrt = checkpoint_plan("sqrt", 32)  # 10 activations live at the peak, 22 of 32 avoided
+    assert (sqrt.peak_activation_bytes(100), sqrt.peak_avoided_bytes(100)) == (1000, 2200)
+    assert (sqrt.peak_activation_bytes(0), sqrt.peak_avoided_bytes(0)) == (0, 0)
 
 
 # -- closed forms instead of schedules (issue 21 item 11) --------------------------------------
