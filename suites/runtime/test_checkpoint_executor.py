@@ -314,6 +314,43 @@ def test_bytes_and_overhead():
     sqrt = checkpoint_plan("sqrt", 32)  # 10 activations live at the peak, 22 of 32 avoided
     assert (sqrt.peak_activation_bytes(100), sqrt.peak_avoided_bytes(100)) == (1000, 2200)
     assert (sqrt.peak_activation_bytes(0), sqrt.peak_avoided_bytes(0)) == (0, 0)
+    assert (sqrt.saved_bytes(0), sqrt.avoided_bytes(0)) == (0, 0)
+
+
+def test_to_dict_lists_the_boundary_layers_of_sequential_only():
+    plan = checkpoint_plan("sequential", 9, interval=3)  # keeps layer 2 as segment [3..5]'s input
+    assert plan.to_dict()["boundary_layers"] == [2]
+    assert "boundary_layers" not in checkpoint_plan("sequential", 9, interval=2).to_dict()
+    assert "boundary_layers" not in checkpoint_plan("sqrt", 9).to_dict()
+
+
+def test_scaled_elems():
+    """A model's per-layer activation bytes / 4 / scale, at least one element."""
+    from runtime.checkpoint import DEFAULT_SCALE, scaled_elems
+
+    assert scaled_elems(151_519_232) == 578 == 151_519_232 // 4 // DEFAULT_SCALE  # LLaMA-7B
+    assert (scaled_elems(4 * 7 * 3, 7), scaled_elems(4 * 7 * 3 - 1, 7)) == (3, 2)
+    assert (scaled_elems(0), scaled_elems(3, 1)) == (1, 1)
+    with pytest.raises(ValueError, match=r"^layer_activation_bytes=-1: expected an integer >= 0"):
+        scaled_elems(-1)
+    with pytest.raises(TypeError, match=r"^layer_activation_bytes must be an int, got str"):
+        scaled_elems("8")
+    with pytest.raises(ValueError, match=r"^scale=0: expected an integer >= 1"):
+        scaled_elems(8, 0)
+
+
+def test_default_interval_rejects_a_bad_policy_or_layer_count():
+    from runtime.checkpoint import default_interval
+
+    with pytest.raises(ValueError, match=r"^n_layers=0: expected an integer >= 1"):
+        default_interval("sqrt", 0)
+    with pytest.raises(TypeError, match=r"^n_layers must be an int, got float"):
+        default_interval("sqrt", 4.0)
+    expected = (
+        "policy='sqrtt': expected one of all, boundary, sqrt, every_n, none, sequential, revolve"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        default_interval("sqrtt", 4)
 
 
 # -- closed forms instead of schedules (issue 21 item 11) --------------------------------------
