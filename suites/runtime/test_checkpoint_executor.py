@@ -264,7 +264,11 @@ def test_with_the_collector_running_at_every_allocation(death, pin):
         ({"policy": "every_n", "n_layers": 4, "interval": 0}, ValueError, r"interval=0"),
         ({"policy": "revolve", "n_layers": 4, "interval": 0}, ValueError, r"snaps=0"),
         ({"policy": "sequential", "n_layers": 4, "interval": 5}, ValueError, r"segments=5"),
-        ({"policy": "none", "n_layers": 4, "interval": 2}, ValueError, r"takes none"),
+        (
+            {"policy": "none", "n_layers": 4, "interval": 2},
+            ValueError,
+            r"^interval=2: policy 'none' takes none; only every_n, sequential, revolve take one$",
+        ),
         ({"policy": "boundary", "n_layers": 4}, ValueError, r"needs group_starts"),
         ({"policy": "boundary", "n_layers": 4, "group_starts": [1]}, ValueError, r"starting"),
         ({"policy": "boundary", "n_layers": 4, "group_starts": [0, 4]}, ValueError, r"0 \.\. 3"),
