@@ -269,8 +269,16 @@ def test_with_the_collector_running_at_every_allocation(death, pin):
             ValueError,
             r"^interval=2: policy 'none' takes none; only every_n, sequential, revolve take one$",
         ),
-        ({"policy": "boundary", "n_layers": 4}, ValueError, r"needs group_starts"),
-        ({"policy": "boundary", "n_layers": 4, "group_starts": [1]}, ValueError, r"starting"),
+        (
+            {"policy": "boundary", "n_layers": 4},
+            ValueError,
+            r"^policy 'boundary' needs group_starts \(PipelinePlan\.group_starts\)$",
+        ),
+        (
+            {"policy": "boundary", "n_layers": 4, "group_starts": [1]},
+            ValueError,
+            r"^group_starts=\[1\]: expected layer indices in 0 \.\. 3, starting with 0$",
+        ),
         ({"policy": "boundary", "n_layers": 4, "group_starts": [0, 4]}, ValueError, r"0 \.\. 3"),
     ],
 )
