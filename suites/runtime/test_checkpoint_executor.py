@@ -329,6 +329,12 @@ def test_bytes_and_overhead():
     assert (sqrt.saved_bytes(0), sqrt.avoided_bytes(0)) == (0, 0)
 
 
+def test_boundary_keeps_its_group_starts_sorted_once():
+    plan = checkpoint_plan("boundary", 10, group_starts=[5, 0, 5])
+    assert (plan.group_starts, plan.saved, plan.boundaries) == ((0, 5), (0, 5, 9), ())
+    assert checkpoint_plan("sqrt", 10, group_starts=[0, 5]).group_starts == ()  # ignored
+
+
 def test_to_dict_lists_the_boundary_layers_of_sequential_only():
     plan = checkpoint_plan("sequential", 9, interval=3)  # keeps layer 2 as segment [3..5]'s input
     assert plan.to_dict()["boundary_layers"] == [2]
