@@ -20,9 +20,11 @@ from runtime.checkpoint import (
     ChainRun,
     CheckpointPlan,
     Op,
+    Replay,
     chain_result,
     checkpoint_plan,
     chen_peak_buffers,
+    chen_peaks,
     chen_schedule,
     replay,
     revolve_forward_count,
@@ -197,12 +199,90 @@ def test_the_segment_peak_formula_equals_the_counted_schedule(case):
         (((Op.RELEASE, 0),), "A_0 is not live"),
         (((Op.FORWARD, 0), (Op.BACKWARD, 0)), "before the loss"),
         (((Op.FORWARD, 0), (Op.LOSS, -1)), "ends with activations"),
-        (((Op.FORWARD, 0), (Op.LOSS, -1), (Op.LOSS, -1)), "exists already"),
+        (
+            ((Op.FORWARD, 0), (Op.LOSS, -1), (Op.LOSS, -1)),
+            "^LOSS: the loss gradient exists already$",
+        ),
     ],
 )
 def test_replay_rejects_a_broken_schedule(schedule, match):
     with pytest.raises(ValueError, match=match):
         replay(1, schedule)
+
+
+F, R, LOSS, B = Op.FORWARD, Op.RELEASE, (Op.LOSS, -1), Op.BACKWARD
+
+
+@pytest.mark.parametrize(
+    ("n", "schedule", "match"),
+    [
+        (
+            2,
+            [(F, 0), (F, 1), LOSS, (B, 0)],
+            r"^BACKWARD 0: out of order, before the loss or without A_0$",
+        ),
+        (1, [(F, 0), LOSS, (B, 0), (B, 0), (R, 0)], "BACKWARD 0: out of order"),  # twice
+        (2, [(F, 0), (F, 1), (R, 1), LOSS, (B, 1)], "BACKWARD 1: out of order"),  # A_1 not live
+        (1, [(F, 0), (F, 0)], r"^FORWARD 0: needs A_-1 live and A_0 not live$"),
+        (
+            1,
+            [(F, 0), LOSS, (B, 0)],
+            r"^schedule ends with activations \[0\] live or layers missed$",
+        ),
+        (
+            2,
+            [(F, 0), (F, 1), LOSS, (B, 1), (R, 1), (R, 0)],
+            r"activations \[\] live or layers missed",
+        ),
+    ],
+)
+def test_replay_rejects_a_backward_out_of_order_or_a_layer_left_over(n, schedule, match):
+    with pytest.raises(ValueError, match=match):
+        replay(n, schedule)
+
+
+# Three layers, whose forward pass holds all three activations (then frees 0 and 1): the
+# backward recomputes 0 and 1 in an arena, releasing A_0 inside it, then recomputes 0 again.
+HANDWRITTEN = [
+    (F, 0), (F, 1), (F, 2), (R, 0), (R, 1), LOSS, (B, 2), (R, 2),
+    (Op.ARENA_ENTER, -1), (F, 0), (F, 1), (R, 0), (B, 1), (Op.ARENA_EXIT, -1),
+    (F, 0), (B, 0), (R, 0),
+]  # fmt: skip
+
+
+def test_replay_counts_a_handwritten_schedule_as_the_executor_runs_it(make_alloc):
+    """The forward pass's peak (the input and three activations) is above every backward
+    step's (input, two gradients and one or two activations): 4 buffers, not 5. An activation
+    released inside an arena is not freed again at its exit."""
+    replayed = replay(3, HANDWRITTEN)
+    assert replayed == Replay(
+        forward_calls=(3, 2, 1), peak_buffers=4, peak_activations=3, kept=(2,), origins=(-1, -1, 2)
+    )
+
+    class Handwritten:
+        n_layers = 3
+
+        def schedule(self):
+            return HANDWRITTEN
+
+    run = run_checkpointed(make_alloc(), Handwritten(), elems=ELEMS)
+    assert run.forward_calls == replayed.forward_calls
+    assert (run.peak_bytes, run.peak_activations) == (4 * ELEMS * 4, 3)
+    assert run.kept == replayed.kept
+    assert run.result == chain_result(3)
+
+
+def test_chen_peaks_count_the_boundaries():
+    # sequential(9, 3 segments) keeps layer 2 as a restart point: 7 buffers, 9 without it
+    assert (
+        chen_peak_buffers(9, (6, 7, 8), (2,))
+        == 7
+        == replay(9, chen_schedule(9, (6, 7, 8), (2,))).peak_buffers
+    )
+    assert chen_peak_buffers(9, (6, 7, 8)) == 9
+    for saved, boundaries in [((4,), ()), ((), (4,)), ((-1,), (2,))]:
+        with pytest.raises(ValueError, match=r"^kept layers \S+ \.\. \S+: expected 0 \.\. 3$"):
+            chen_peaks(4, saved, boundaries)
 
 
 # -- the executor in context --------------------------------------------------------------------
@@ -380,8 +460,6 @@ def test_default_interval_rejects_a_bad_policy_or_layer_count():
 
 
 def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
-    from runtime.checkpoint import chen_peaks
-
     for n in range(1, 11):
         for mask in range(1 << n):
             saved = [i for i in range(n) if mask >> i & 1]
@@ -393,8 +471,6 @@ def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
 
 
 def test_chen_peaks_equal_the_replay_for_every_policy_plan_up_to_40_layers():
-    from runtime.checkpoint import chen_peaks
-
     for n in range(1, 41):
         plans = [checkpoint_plan("sequential", n, interval=k) for k in range(1, n + 1)]
         plans += [checkpoint_plan("every_n", n, interval=k) for k in range(1, n + 1)]
