@@ -6,6 +6,7 @@ PyTorch's documented counts; ``revolve`` reaches Griewank and Walther's minimum 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -472,6 +473,25 @@ def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
                 n,
                 saved,
             )
+
+
+def test_chen_peaks_equal_the_replay_for_every_saved_and_boundary_set_up_to_7_layers():
+    """Boundaries anywhere, not only where ``sequential`` puts them (there the segment below a
+    boundary never holds the peak): each layer plain, saved or a boundary, a boundary followed
+    by a plain layer (the segment it restarts; ``chen_schedule`` needs one)."""
+    for n in range(1, 8):
+        for kinds in itertools.product("psb", repeat=n):
+            if any(k == "b" and (i + 1 == n or kinds[i + 1] != "p") for i, k in enumerate(kinds)):
+                continue
+            saved = [i for i, k in enumerate(kinds) if k == "s"]
+            boundaries = [i for i, k in enumerate(kinds) if k == "b"]
+            replayed = replay(n, chen_schedule(n, saved, boundaries))
+            assert chen_peaks(n, saved, boundaries) == (
+                replayed.peak_buffers,
+                replayed.peak_activations,
+            ), (n, saved, boundaries)
+    # the segment below boundary 3 (layers 0..3) holds the peak: 4 activations, 7 buffers
+    assert chen_peaks(6, (5,), (3,)) == (7, 4)
 
 
 def test_chen_peaks_equal_the_replay_for_every_policy_plan_up_to_40_layers():
