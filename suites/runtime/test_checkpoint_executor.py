@@ -6,8 +6,10 @@ PyTorch's documented counts; ``revolve`` reaches Griewank and Walther's minimum 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+import re
 from functools import cache
 
 import pytest
@@ -19,9 +21,11 @@ from runtime.checkpoint import (
     ChainRun,
     CheckpointPlan,
     Op,
+    Replay,
     chain_result,
     checkpoint_plan,
     chen_peak_buffers,
+    chen_peaks,
     chen_schedule,
     replay,
     revolve_forward_count,
@@ -196,12 +200,94 @@ def test_the_segment_peak_formula_equals_the_counted_schedule(case):
         (((Op.RELEASE, 0),), "A_0 is not live"),
         (((Op.FORWARD, 0), (Op.BACKWARD, 0)), "before the loss"),
         (((Op.FORWARD, 0), (Op.LOSS, -1)), "ends with activations"),
-        (((Op.FORWARD, 0), (Op.LOSS, -1), (Op.LOSS, -1)), "exists already"),
+        (
+            ((Op.FORWARD, 0), (Op.LOSS, -1), (Op.LOSS, -1)),
+            "^LOSS: the loss gradient exists already$",
+        ),
     ],
 )
 def test_replay_rejects_a_broken_schedule(schedule, match):
     with pytest.raises(ValueError, match=match):
         replay(1, schedule)
+
+
+F, R, LOSS, B = Op.FORWARD, Op.RELEASE, (Op.LOSS, -1), Op.BACKWARD
+
+
+@pytest.mark.parametrize(
+    ("n", "schedule", "match"),
+    [
+        (
+            2,
+            [(F, 0), (F, 1), LOSS, (B, 0)],
+            r"^BACKWARD 0: out of order, before the loss or without A_0$",
+        ),
+        (1, [(F, 0), LOSS, (B, 0), (B, 0), (R, 0)], "BACKWARD 0: out of order"),  # twice
+        (2, [(F, 0), (F, 1), (R, 1), LOSS, (B, 1)], "BACKWARD 1: out of order"),  # A_1 not live
+        (1, [(F, 0), (F, 0)], r"^FORWARD 0: needs A_-1 live and A_0 not live$"),
+        (
+            1,
+            [(F, 0), LOSS, (B, 0)],
+            r"^schedule ends with activations \[0\] live or layers missed$",
+        ),
+        (
+            2,
+            [(F, 0), (F, 1), LOSS, (B, 1), (R, 1), (R, 0)],
+            r"activations \[\] live or layers missed",
+        ),
+    ],
+)
+def test_replay_rejects_a_backward_out_of_order_or_a_layer_left_over(n, schedule, match):
+    with pytest.raises(ValueError, match=match):
+        replay(n, schedule)
+
+
+# Three layers, whose forward pass holds all three activations (then frees 0 and 1): the
+# backward recomputes 0 and 1 in an arena, releasing A_0 inside it, then recomputes 0 again.
+HANDWRITTEN = [
+    (F, 0), (F, 1), (F, 2), (R, 0), (R, 1), LOSS, (B, 2), (R, 2),
+    (Op.ARENA_ENTER, -1), (F, 0), (F, 1), (R, 0), (B, 1), (Op.ARENA_EXIT, -1),
+    (F, 0), (B, 0), (R, 0),
+]  # fmt: skip
+
+
+def test_replay_counts_a_handwritten_schedule_as_the_executor_runs_it(make_alloc):
+    """The forward pass's peak (the input and three activations) is above every backward
+    step's (input, two gradients and one or two activations): 4 buffers, not 5. An activation
+    released inside an arena is not freed again at its exit."""
+    replayed = replay(3, HANDWRITTEN)
+    assert replayed == Replay(
+        forward_calls=(3, 2, 1), peak_buffers=4, peak_activations=3, kept=(2,), origins=(-1, -1, 2)
+    )
+
+    class Handwritten:
+        n_layers = 3
+
+        def schedule(self):
+            return HANDWRITTEN
+
+    run = run_checkpointed(make_alloc(), Handwritten(), elems=ELEMS)
+    assert run.forward_calls == replayed.forward_calls
+    assert (run.peak_bytes, run.peak_activations) == (4 * ELEMS * 4, 3)
+    assert run.kept == replayed.kept
+    assert run.result == chain_result(3)
+
+
+def test_chen_peaks_count_the_boundaries():
+    # sequential(9, 3 segments) keeps layer 2 as a restart point: 7 buffers, 9 without it
+    assert (
+        chen_peak_buffers(9, (6, 7, 8), (2,))
+        == 7
+        == replay(9, chen_schedule(9, (6, 7, 8), (2,))).peak_buffers
+    )
+    assert chen_peak_buffers(9, (6, 7, 8)) == 9
+    for saved, boundaries, said in [
+        ((4,), (), "kept layers 4 .. 4: expected 0 .. 3"),
+        ((), (4,), "kept layers 4 .. 4: expected 0 .. 3"),
+        ((-1,), (2,), "kept layers -1 .. 2: expected 0 .. 3"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
+            chen_peaks(4, saved, boundaries)
 
 
 # -- the executor in context --------------------------------------------------------------------
@@ -262,10 +348,27 @@ def test_with_the_collector_running_at_every_allocation(death, pin):
         ({"policy": "all", "n_layers": 2.0}, TypeError, r"n_layers must be an int"),
         ({"policy": "every_n", "n_layers": 4, "interval": 0}, ValueError, r"interval=0"),
         ({"policy": "revolve", "n_layers": 4, "interval": 0}, ValueError, r"snaps=0"),
-        ({"policy": "sequential", "n_layers": 4, "interval": 5}, ValueError, r"segments=5"),
-        ({"policy": "none", "n_layers": 4, "interval": 2}, ValueError, r"takes none"),
-        ({"policy": "boundary", "n_layers": 4}, ValueError, r"needs group_starts"),
-        ({"policy": "boundary", "n_layers": 4, "group_starts": [1]}, ValueError, r"starting"),
+        (
+            {"policy": "sequential", "n_layers": 4, "interval": 5},
+            ValueError,
+            r"^segments=5: expected 1 <= segments <= n_layers=4 \(PyTorch's checkpoint_sequential"
+            r" fails for more segments than functions\)$",
+        ),
+        (
+            {"policy": "none", "n_layers": 4, "interval": 2},
+            ValueError,
+            r"^interval=2: policy 'none' takes none; only every_n, sequential, revolve take one$",
+        ),
+        (
+            {"policy": "boundary", "n_layers": 4},
+            ValueError,
+            r"^policy 'boundary' needs group_starts \(PipelinePlan\.group_starts\)$",
+        ),
+        (
+            {"policy": "boundary", "n_layers": 4, "group_starts": [1]},
+            ValueError,
+            r"^group_starts=\[1\]: expected layer indices in 0 \.\. 3, starting with 0$",
+        ),
         ({"policy": "boundary", "n_layers": 4, "group_starts": [0, 4]}, ValueError, r"0 \.\. 3"),
     ],
 )
@@ -283,7 +386,10 @@ def test_layer_queries_reject_a_layer_out_of_range(method):
         with pytest.raises(IndexError, match=rf"{method}\({layer}\): expected a layer in 0 \.\. 8"):
             query(layer)
     for layer in ("3", 3.0, True):
-        with pytest.raises(TypeError, match="layer must be an int"):
+        said = (
+            rf"{method}: layer must be an int, got {type(layer).__name__} {re.escape(repr(layer))}"
+        )
+        with pytest.raises(TypeError, match=said):
             query(layer)
 
 
@@ -293,8 +399,13 @@ def test_bad_executor_arguments(make_alloc):
         run_checkpointed(make_alloc(), plan, elems=0)
     with pytest.raises(TypeError, match="elems must be an int"):
         run_checkpointed(make_alloc(), plan, elems="8")
-    with pytest.raises(ValueError, match="layer_activation_bytes=-1"):
-        plan.saved_bytes(-1)
+    for method in ("saved_bytes", "avoided_bytes", "peak_activation_bytes", "peak_avoided_bytes"):
+        with pytest.raises(
+            ValueError, match=r"^layer_activation_bytes=-1: expected an integer >= 0"
+        ):
+            getattr(plan, method)(-1)
+        with pytest.raises(TypeError, match=r"^layer_activation_bytes must be an int, got float"):
+            getattr(plan, method)(1.0)
 
 
 def test_bytes_and_overhead():
@@ -302,14 +413,58 @@ def test_bytes_and_overhead():
     assert (plan.saved_bytes(100), plan.avoided_bytes(100)) == (400, 600)
     assert plan.recompute_overhead == 0.6
     assert math.isclose(checkpoint_plan("revolve", 32, interval=5).recompute_overhead, 68 / 32)
+    sqrt = checkpoint_plan("sqrt", 32)  # 10 activations live at the peak, 22 of 32 avoided
+    assert (sqrt.peak_activation_bytes(100), sqrt.peak_avoided_bytes(100)) == (1000, 2200)
+    assert (sqrt.peak_activation_bytes(0), sqrt.peak_avoided_bytes(0)) == (0, 0)
+    assert (sqrt.saved_bytes(0), sqrt.avoided_bytes(0)) == (0, 0)
+
+
+def test_boundary_keeps_its_group_starts_sorted_once():
+    plan = checkpoint_plan("boundary", 10, group_starts=[5, 0, 5])
+    assert (plan.group_starts, plan.saved, plan.boundaries) == ((0, 5), (0, 5, 9), ())
+    assert checkpoint_plan("sqrt", 10, group_starts=[0, 5]).group_starts == ()  # ignored
+
+
+def test_to_dict_lists_the_boundary_layers_of_sequential_only():
+    plan = checkpoint_plan("sequential", 9, interval=3)  # keeps layer 2 as segment [3..5]'s input
+    assert plan.to_dict()["boundary_layers"] == [2]
+    assert "boundary_layers" not in checkpoint_plan("sequential", 9, interval=2).to_dict()
+    assert "boundary_layers" not in checkpoint_plan("sqrt", 9).to_dict()
+
+
+def test_scaled_elems():
+    """A model's per-layer activation bytes / 4 / scale, at least one element."""
+    from runtime.checkpoint import DEFAULT_SCALE, scaled_elems
+
+    assert scaled_elems(151_519_232) == 578 == 151_519_232 // 4 // DEFAULT_SCALE  # LLaMA-7B
+    assert (scaled_elems(4 * 7 * 3, 7), scaled_elems(4 * 7 * 3 - 1, 7)) == (3, 2)
+    assert (scaled_elems(0), scaled_elems(3, 1)) == (1, 1)
+    with pytest.raises(ValueError, match=r"^layer_activation_bytes=-1: expected an integer >= 0"):
+        scaled_elems(-1)
+    with pytest.raises(TypeError, match=r"^layer_activation_bytes must be an int, got str"):
+        scaled_elems("8")
+    with pytest.raises(ValueError, match=r"^scale=0: expected an integer >= 1"):
+        scaled_elems(8, 0)
+
+
+def test_default_interval_rejects_a_bad_policy_or_layer_count():
+    from runtime.checkpoint import default_interval
+
+    with pytest.raises(ValueError, match=r"^n_layers=0: expected an integer >= 1"):
+        default_interval("sqrt", 0)
+    with pytest.raises(TypeError, match=r"^n_layers must be an int, got float"):
+        default_interval("sqrt", 4.0)
+    expected = (
+        "policy='sqrtt': expected one of all, boundary, sqrt, every_n, none, sequential, revolve"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        default_interval("sqrtt", 4)
 
 
 # -- closed forms instead of schedules (issue 21 item 11) --------------------------------------
 
 
 def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
-    from runtime.checkpoint import chen_peaks
-
     for n in range(1, 11):
         for mask in range(1 << n):
             saved = [i for i in range(n) if mask >> i & 1]
@@ -320,9 +475,26 @@ def test_chen_peaks_equal_the_replay_for_every_saved_set_up_to_10_layers():
             )
 
 
-def test_chen_peaks_equal_the_replay_for_every_policy_plan_up_to_40_layers():
-    from runtime.checkpoint import chen_peaks
+def test_chen_peaks_equal_the_replay_for_every_saved_and_boundary_set_up_to_7_layers():
+    """Boundaries anywhere, not only where ``sequential`` puts them (there the segment below a
+    boundary never holds the peak): each layer plain, saved or a boundary, a boundary followed
+    by a plain layer (the segment it restarts; ``chen_schedule`` needs one)."""
+    for n in range(1, 8):
+        for kinds in itertools.product("psb", repeat=n):
+            if any(k == "b" and (i + 1 == n or kinds[i + 1] != "p") for i, k in enumerate(kinds)):
+                continue
+            saved = [i for i, k in enumerate(kinds) if k == "s"]
+            boundaries = [i for i, k in enumerate(kinds) if k == "b"]
+            replayed = replay(n, chen_schedule(n, saved, boundaries))
+            assert chen_peaks(n, saved, boundaries) == (
+                replayed.peak_buffers,
+                replayed.peak_activations,
+            ), (n, saved, boundaries)
+    # the segment below boundary 3 (layers 0..3) holds the peak: 4 activations, 7 buffers
+    assert chen_peaks(6, (5,), (3,)) == (7, 4)
 
+
+def test_chen_peaks_equal_the_replay_for_every_policy_plan_up_to_40_layers():
     for n in range(1, 41):
         plans = [checkpoint_plan("sequential", n, interval=k) for k in range(1, n + 1)]
         plans += [checkpoint_plan("every_n", n, interval=k) for k in range(1, n + 1)]

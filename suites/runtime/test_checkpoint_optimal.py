@@ -93,7 +93,12 @@ def test_revolve_is_not_the_minimum_in_this_executor():
     [
         ((0, 2), ValueError, "n_layers=0"),
         ((3, 0), ValueError, "activations=0"),
-        ((3, 1), ValueError, "activations=1: a chain of 3 layers needs 2"),
+        (
+            (3, 1),
+            ValueError,
+            r"^activations=1: a chain of 3 layers needs 2 \(advancing holds the activation before"
+            r" a layer and its own\)$",
+        ),
         ((3.0, 2), TypeError, "n_layers must be an int"),
     ],
 )
@@ -123,3 +128,21 @@ def test_the_optimal_schedule_runs_on_the_allocator(make_alloc, n, activations):
     assert sum(run.forward_calls) == min_forward_calls(n, activations)
     assert run.peak_activations <= activations
     assert run.result == chain_result(n)  # the gradient is right: nothing recomputed wrongly
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((0, 2), ValueError, r"^n_layers=0: expected an integer >= 1$"),
+        ((3, 0), ValueError, r"^snaps=0: expected an integer >= 1$"),
+        ((3.0, 2), TypeError, r"^n_layers must be an int, got float 3\.0$"),
+        ((3, "2"), TypeError, r"^snaps must be an int, got str '2'$"),
+    ],
+)
+def test_revolve_counts_and_schedules_reject_bad_arguments_naming_them(args, error, match):
+    from runtime.checkpoint import revolve_forward_calls
+
+    with pytest.raises(error, match=match):
+        revolve_forward_calls(*args)
+    with pytest.raises(error, match=match):
+        revolve_schedule(*args)
