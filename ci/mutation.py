@@ -258,7 +258,10 @@ def run_mutmut(module: str, max_children: int, mutmut: str) -> float:
     times: Python (and pytest's assertion rewriter) would then load the copied bytecode, whose
     code objects name the original files, and a test comparing a frame's file with its own
     ``__file__`` would fail in mutmut's runs only. ``PYTHONPYCACHEPREFIX`` (:data:`PYCACHE_DIR`)
-    gives mutmut's runs a bytecode cache of their own.
+    gives mutmut's runs a bytecode cache of their own; ``PYTHONDONTWRITEBYTECODE`` is dropped,
+    so that cache is written: with it set, every exec-style child and forkserver zygote of the
+    harness's suites compiled the mutated ``harness/_child.py`` (1.3 MB with its trampolines)
+    again, 1-2 s each, and the deadline tests timed out unmutated.
 
     Raises:
         MutationError: mutmut could not be started, or failed (its output is in the message).
@@ -267,6 +270,7 @@ def run_mutmut(module: str, max_children: int, mutmut: str) -> float:
     command = [mutmut, "run", f"{module}.x*", "--max-children", str(max_children)]
     print(f"+ {' '.join(command)}", flush=True)
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(PYCACHE_DIR)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
         done = subprocess.run(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

@@ -130,13 +130,16 @@ def test_mutmut_runs_with_a_bytecode_cache_of_its_own(tmp_path, monkeypatch):
     # above shows why, this shows how, for --mutmut and the default alike
     seen = tmp_path / "seen"
     fake = tmp_path / "mutmut"
-    fake.write_text(f'#!/bin/sh\necho "$PYTHONPYCACHEPREFIX" > {seen}\n')
+    fake.write_text(
+        f'#!/bin/sh\necho "$PYTHONPYCACHEPREFIX ${{PYTHONDONTWRITEBYTECODE-unset}}" > {seen}\n'
+    )
     fake.chmod(0o755)
     monkeypatch.setattr(mutation, "MUTANTS_DIR", tmp_path / "mutants")
     monkeypatch.setattr(mutation, "PYCACHE_DIR", tmp_path / "mutants" / ".pycache")
     monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "theirs"))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # ci/check.sh's: the cache is written
     mutation.run_mutmut("fine", 1, str(fake))
-    assert seen.read_text() == f"{tmp_path / 'mutants' / '.pycache'}\n"
+    assert seen.read_text() == f"{tmp_path / 'mutants' / '.pycache'} unset\n"
 
 
 def test_a_missing_mutmut_is_one_clear_line(tmp_path):
