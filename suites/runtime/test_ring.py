@@ -704,3 +704,17 @@ def test_the_orchestrator_names_bad_tensors_indices_and_costs():
     ]:
         with pytest.raises(error, match=match):
             ring.plan(bad, limits, case=case)
+
+
+def test_a_span_fatal_names_the_span_from_a_later_owner():
+    def program(rt):
+        outs = [rt.submit("step", outputs=[16]).get_ref(0) for _ in range(4)]
+        rt.submit("read", inputs=[outs[1]])
+
+    plan = ring.plan(program, ring.PlanLimits(ring_bytes=1024, reclaim="window", h=2))
+    assert plan.fatal == (4, "heap span exceeded: task 4 reads task 1's output (span 3 > H=2)")
+
+
+def test_an_external_tensor_name_must_be_a_str():
+    with pytest.raises(ValueError, match="external tensor name must be a non-empty str"):
+        ring.plan(lambda rt: rt.external(3, 4), ring.PlanLimits(ring_bytes=1024))
