@@ -670,6 +670,9 @@ def test_views_keep_their_tensor_s_owner_and_scope_and_may_reach_its_last_elemen
             ):
                 t.view(3, (6,))
             rt.submit("use", inputs=[v])
+            u = rt.alloc_tensors(4).get_ref(0)  # bytes [64, 80): not at the heap's start
+            with pytest.raises(ValueError, match="reaches outside its tensor's 4 elements"):
+                u.view(1, (4,))
 
     out = []
     plan = ring.plan(program, ring.PlanLimits(ring_bytes=1024), out=out)
