@@ -721,3 +721,8 @@ def test_a_span_fatal_names_the_span_from_a_later_owner():
 def test_an_external_tensor_name_must_be_a_str():
     with pytest.raises(ValueError, match="external tensor name must be a non-empty str"):
         ring.plan(lambda rt: rt.external(3, 4), ring.PlanLimits(ring_bytes=1024))
+
+
+def test_alloc_tensors_without_sizes_is_one_exact_error():
+    with pytest.raises(ValueError, match=r"^alloc_tensors needs at least one size$"):
+        ring.plan(lambda rt: rt.alloc_tensors(), ring.PlanLimits(ring_bytes=1024))
