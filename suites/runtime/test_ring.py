@@ -8,6 +8,7 @@ checker: every task's inputs were complete when it ran, and no live heap byte wa
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from runtime import ring
 from runtime.ring import RingConfig
+from runtime.tensormap import Region
 
 from . import _ring_mutants
 
@@ -585,3 +587,142 @@ def test_the_documented_synopsis_names_every_option_of_the_command_line():
         "--help",
     }
     assert set(re.findall(r"--[a-z][a-z-]*", synopsis)) == options
+
+
+# -- planning: the documented details ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"ring_bytes": 64, "align": 2}, ValueError, "align must be >= 4, got 2"),
+        ({"ring_bytes": 64, "align": "64"}, TypeError, "align must be an integer"),
+        ({"ring_bytes": "1024"}, TypeError, "ring_bytes must be an integer"),
+        ({"ring_bytes": 1024, "h": "8"}, TypeError, "h must be an integer"),
+        ({"ring_bytes": 1024, "max_fanin": 2.0}, TypeError, "max_fanin must be an integer"),
+    ],
+)
+def test_plan_limits_name_the_bad_field(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ring.PlanLimits(**kwargs)
+
+
+def test_plan_limits_accept_their_smallest_values():
+    """align 4 (one float), h 0, a fan-in cap of 1, a ring of one alignment unit."""
+    limits = ring.PlanLimits(ring_bytes=4, align=4, reclaim="window", h=0, max_fanin=1)
+    assert (limits.ring_bytes, limits.align, limits.h, limits.max_fanin) == (4, 4, 0, 1)
+
+
+def test_a_plan_records_names_kinds_costs_and_refs():
+    """The plan's name is the workload function's (or "workload" for a callable without one),
+    alloc tasks cost nothing, kernels default to 1000 ns, and ``refs`` is one more than the
+    highest ``get_ref`` index the orchestration used."""
+
+    def program(rt):
+        x = rt.external("x", 8)
+        outs = rt.alloc_tensors(4, 4, 4)
+        outs.get_ref(1)
+        outs.get_ref(0)
+        rt.submit("k", inputs=[x, outs.get_ref(1)])
+
+    limits = ring.PlanLimits(ring_bytes=1024)
+    plan = ring.plan(program, limits)
+    assert plan.name == "program" and plan.fatal is None and plan.externals == {"x": 8}
+    alloc, kernel = plan.tasks
+    assert (alloc.kind, alloc.name, alloc.cost_ns, alloc.refs) == ("alloc", "alloc_tensors", 0, 2)
+    assert (kernel.kind, kernel.name, kernel.cost_ns, kernel.refs) == ("kernel", "k", 1000, 0)
+    assert kernel.reads[0] == Region.contiguous("x", 0, 8)
+    assert ring.plan(program, limits, name="named").name == "named"
+    assert ring.plan(functools.partial(program), limits).name == "workload"
+
+
+def test_a_task_as_large_as_the_ring_fits():
+    plan = ring.plan(lambda rt: rt.alloc_tensors(256), ring.PlanLimits(ring_bytes=1024))
+    assert plan.fatal is None and plan.tasks[0].heap_bytes == 1024
+
+
+def test_close_positions_mark_scope_ends_and_the_root_scope_never_closes():
+    """A scoped slice may be reclaimed once a core replayed past its scope's end; a slice of
+    the root scope never (its close position is beyond every task)."""
+
+    def program(rt):
+        root = rt.alloc_tensors(4).get_ref(0)
+        with rt.scope():
+            inner = rt.alloc_tensors(4).get_ref(0)
+            rt.submit("use", inputs=[root, inner])
+        rt.submit("late", inputs=[root])  # a root tensor outlives the scope
+
+    plan = ring.plan(program, ring.PlanLimits(ring_bytes=1024))
+    n = len(plan.tasks)
+    assert plan.close_pos[1] == 3
+    assert all(plan.close_pos[t] > n for t in (0, 2, 3))
+    assert plan.consumers == {0: (2, 3), 1: (2,)}
+
+
+def test_views_keep_their_tensor_s_owner_and_scope_and_may_reach_its_last_element():
+    def program(rt, out):
+        with rt.scope():
+            t = rt.alloc_tensors(8).get_ref(0)
+            v = t.view(2, (6,))
+            out.append((t, v, t.view(0, (2, 2), (4, 1))))
+            with pytest.raises(
+                ValueError, match=r"view \(offset 3, shape \(6,\), strides \(1,\)\)"
+            ):
+                t.view(3, (6,))
+            rt.submit("use", inputs=[v])
+            u = rt.alloc_tensors(4).get_ref(0)  # bytes [64, 80): not at the heap's start
+            with pytest.raises(ValueError, match="reaches outside its tensor's 4 elements"):
+                u.view(1, (4,))
+
+    out = []
+    plan = ring.plan(program, ring.PlanLimits(ring_bytes=1024), out=out)
+    t, v, tile = out[0]
+    assert (v.owner, v.scope) == (t.owner, t.scope) == (0, 1)
+    assert v.region.byte_range == (8, 32) and tile.region.byte_range == (0, 24)
+    assert plan.tasks[1].deps == (0,)
+
+
+def test_the_orchestrator_names_bad_tensors_indices_and_costs():
+    limits = ring.PlanLimits(ring_bytes=1 << 16)
+
+    def bad(rt, case):
+        refs = rt.alloc_tensors(4)
+        if case == "not a tensor":
+            rt.submit("k", inputs=[3])
+        elif case == "bool index":
+            refs.get_ref(True)
+        elif case == "empty external":
+            rt.external("", 4)
+        elif case == "no elements":
+            rt.external("x", 0)
+        elif case == "cost":
+            rt.submit("k", cost_ns=-1)
+
+    for case, error, match in [
+        ("not a tensor", TypeError, "inputs must be Tensors, got int"),
+        ("bool index", TypeError, "index must be an integer, got bool"),
+        ("empty external", ValueError, "external tensor name must be a non-empty str"),
+        ("no elements", ValueError, "n must be >= 1, got 0"),
+        ("cost", ValueError, "cost_ns must be >= 0, got -1"),
+    ]:
+        with pytest.raises(error, match=match):
+            ring.plan(bad, limits, case=case)
+
+
+def test_a_span_fatal_names_the_span_from_a_later_owner():
+    def program(rt):
+        outs = [rt.submit("step", outputs=[16]).get_ref(0) for _ in range(4)]
+        rt.submit("read", inputs=[outs[1]])
+
+    plan = ring.plan(program, ring.PlanLimits(ring_bytes=1024, reclaim="window", h=2))
+    assert plan.fatal == (4, "heap span exceeded: task 4 reads task 1's output (span 3 > H=2)")
+
+
+def test_an_external_tensor_name_must_be_a_str():
+    with pytest.raises(ValueError, match="external tensor name must be a non-empty str"):
+        ring.plan(lambda rt: rt.external(3, 4), ring.PlanLimits(ring_bytes=1024))
+
+
+def test_alloc_tensors_without_sizes_is_one_exact_error():
+    with pytest.raises(ValueError, match=r"^alloc_tensors needs at least one size$"):
+        ring.plan(lambda rt: rt.alloc_tensors(), ring.PlanLimits(ring_bytes=1024))

@@ -8,6 +8,8 @@ in as mutants and caught by the same checks.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -562,3 +564,124 @@ def test_strided_blocks_covered_by_interleaved_layouts_agree_with_brute_force(st
         assert outer.covers(inner) == truth, (outer, inner)
 
     check()
+
+
+# -- the strided geometry's canonical form and its documented cost ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("base", "run", "dims", "canonical"),
+    [
+        # a count-1 dimension is no dimension
+        (0, 4, [(1, 100), (3, 8)], _strided.ByteSet(0, 4, ((3, 8),))),
+        # adjacent runs (stride == run) and overlapping ones (stride < run) are one run
+        (0, 4, [(3, 4)], _strided.ByteSet(0, 12, ())),
+        (8, 4, [(3, 2)], _strided.ByteSet(8, 8, ())),
+        # a dimension continuing the one below's progression (6 == 3 * 2) merges with it
+        (0, 1, [(2, 6), (3, 2)], _strided.ByteSet(0, 1, ((6, 2),))),
+        (0, 1, [(2, 7), (3, 2)], _strided.ByteSet(0, 1, ((3, 2), (2, 7)))),
+    ],
+)
+def test_byte_sets_take_their_canonical_form(base, run, dims, canonical):
+    """``ByteSet.of`` drops count-1 dimensions, merges dimensions whose stride is at most the
+    run into the run, and merges a dimension that continues the progression of the one below
+    (the canonical form the shortcut and ``==`` rely on)."""
+    got = _strided.ByteSet.of(base, run, dims)
+    assert (got.base, got.run, got.dims) == (canonical.base, canonical.run, canonical.dims)
+    assert got.hi == canonical.hi
+
+
+def search_nodes(fn) -> tuple[object, int]:
+    """``fn()`` and the nodes its strided searches visited (calls of ``_search``'s ``visit``,
+    the branch-and-bound's unit of work), counted with a profile hook."""
+    nodes = 0
+
+    def profile(frame, event, arg):
+        nonlocal nodes
+        code = frame.f_code
+        if event == "call" and code.co_name == "visit" and code.co_filename.endswith("_strided.py"):
+            nodes += 1
+
+    sys.setprofile(profile)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, nodes
+
+
+def _m(offset, shape, strides, elem_size=4) -> Region:
+    return Region("m", offset, shape, strides, elem_size)
+
+
+@pytest.mark.parametrize(
+    ("question", "expected", "max_nodes"),
+    [
+        # column blocks of one row-major matrix: byte ranges overlap, no byte is shared
+        (lambda: _m(0, (64, 64), (1024, 1)).intersects(_m(64, (64, 64), (1024, 1))), False, 2),
+        # even and odd columns (gcd 8 bytes, and gcd 2 with 1-byte elements): the gcd prunes
+        (lambda: _m(0, (64, 64), (256, 2)).intersects(_m(1, (64, 64), (256, 2))), False, 1),
+        (lambda: _m(0, (64, 64), (256, 2), 1).intersects(_m(1, (64, 64), (256, 2), 1)), False, 1),
+        (
+            lambda: _m(0, (16, 16, 16), (4096, 64, 2)).intersects(
+                _m(1, (16, 16, 16), (4096, 64, 2))
+            ),
+            False,
+            1,
+        ),
+        # one term per dimension, largest stride first: two values of each k at most
+        (lambda: _strided.hits(5, [(1000, 1), (1000, 1000)], 10**6, 10**6 + 2), True, 3),
+        (lambda: _strided.hits(0, [(999, 1), (1000, 1000)], 999, 999), False, 1),
+        # terms that contribute nothing (count 1, stride 0) cost nothing
+        (lambda: _strided.hits(0, [(1, 5), (4, 0), (3, 7)], 14, 14), True, 2),
+        # every value below the interval (negative strides): refused at the root
+        (lambda: _strided.hits(-1, [(3, -5), (3, -3)], 0, 0), False, 1),
+        # a range whose first byte lies one byte before a run of the outer layout (in a gap)
+        # is refused at once, though its last byte is covered
+        (lambda: _m(0, (64, 32), (64, 1), 1).covers(_m(63, (10,), (1,), 1)), False, 1),
+    ],
+    ids=[
+        "column-blocks",
+        "even-odd",
+        "even-odd-bytes",
+        "3d",
+        "hit",
+        "miss",
+        "no-op-terms",
+        "below",
+        "gap-first-byte",
+    ],
+)
+def test_nested_layouts_cost_o_dims(question, expected, max_nodes):
+    """The documented cost of the strided geometry: for nested layouts at most two values of
+    each ``k`` survive, so a test visits O(dims) search nodes (a search without its bounds, its
+    gcd pruning or its largest-stride-first order visits hundreds to thousands here)."""
+    result, nodes = search_nodes(question)
+    assert result is expected
+    assert nodes <= max_nodes, nodes
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        # a tile inside a tile of one matrix, at an offset, inside an outer tile at an offset
+        lambda: _m(1032, (512, 512), (1024, 1)).covers(_m(4 * 1024 + 13, (100, 200), (1024, 1))),
+        # at the outer tile's first byte, as wide as it
+        lambda: _m(1032, (512, 512), (1024, 1)).covers(_m(1032, (100, 512), (1024, 1))),
+        # a strided tile (every other column) inside a dense tile: its rows taken as runs
+        lambda: _m(0, (256, 256), (512, 1)).covers(_m(0, (256, 128), (512, 2))),
+    ],
+    ids=["offset", "origin", "strided"],
+)
+def test_a_tile_inside_a_tile_of_the_same_tensor_is_covered_without_a_search(question):
+    """``covers``'s O(dims**2) case: a tile that shares the outer tile's strides (once its
+    smallest dimensions are taken as one run) is decided by digits alone, no search."""
+    assert search_nodes(question) == (True, 0)
+
+
+def test_byte_ranges_that_only_abut_are_refused_without_a_search():
+    a = _m(0, (64, 64), (128, 1))
+    b = _m(63 * 128 + 64, (64, 64), (128, 1))
+    assert a.byte_range[1] == b.byte_range[0]
+    assert search_nodes(lambda: a.intersects(b)) == (False, 0)
+    assert search_nodes(lambda: b.intersects(a)) == (False, 0)
