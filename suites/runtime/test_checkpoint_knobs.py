@@ -80,8 +80,13 @@ def test_read_once_per_process_with_one_warning(death):
 
 
 def test_a_fork_child_rereads_its_own_environment(monkeypatch):
+    from runtime.checkpoint import _knobs
+
+    # the value cached here must not outlive the test: with the cache left at 'none', a later
+    # in-process `train` in this worker saw 'none' where its death-test children read 'all'
+    monkeypatch.setattr(_knobs, "_cached", None)
     monkeypatch.setenv("DEVMEM_CKPT_POLICY", "none")
-    knobs()  # the parent's value is read (and cached, or was already)
+    assert knobs().policy == "none"  # the parent's value is read and cached
     try:
         outcome = harness.run_child(
             _targets.knobs_policy, env=pinned_env("cpu", DEVMEM_CKPT_POLICY="revolve"), style="fork"
