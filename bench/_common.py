@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "parse",
     "parser",
     "per_call_us",
+    "write_atomically",
 ]
 
 
@@ -102,7 +104,7 @@ def finish(args: argparse.Namespace, results: dict, table: str, verdicts: dict[s
     results = {**results, "verdicts": verdicts}
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_atomically(args.out, json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     words = "; ".join(f"{label} {'met' if met else 'MISSED'}" for label, met in verdicts.items())
     print(f"verdict: {words}")
@@ -111,6 +113,28 @@ def finish(args: argparse.Namespace, results: dict, table: str, verdicts: dict[s
         print(f"{Path(sys.argv[0]).name} --check: missed {', '.join(missed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all: a temporary file in the same
+    directory, flushed to disk, then ``os.replace``. The checked-in results under
+    ``docs/results/`` and the docs ``ci/doc_tables.py`` rewrites are kept by the user: a
+    benchmark killed while writing leaves the old file, never a truncated one.
+
+    Raises:
+        OSError: the directory cannot be written (the temporary file is removed, ``path``
+            is left as it was).
+    """
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
 
 
 def per_call_us(

@@ -23,10 +23,8 @@ import argparse
 import importlib.util
 import inspect
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +39,15 @@ _TABLE = re.compile(
 
 class TableError(ValueError):
     """A marker names a JSON file that cannot be read or rendered."""
+
+
+def _common():
+    """``bench/_common.py``, which benchmarks and this script share (its crash-safe writer)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import _common
+
+    return _common
 
 
 def _benchmark(name: str):
@@ -119,17 +126,6 @@ def refresh(text: str, base: Path | None = None) -> tuple[str, list[str]]:
     return _TABLE.sub(replace, text), stale
 
 
-def _write(path: Path, text: str) -> None:
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -155,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for json_path in stale:
             print(f"{path}: the table of {json_path} is stale")
         if not args.check:
-            _write(path, new)
+            _common().write_atomically(path, new)
     if args.check and stale_files:
         print("run .venv/bin/python ci/doc_tables.py to regenerate them", file=sys.stderr)
         return 1

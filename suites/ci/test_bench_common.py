@@ -156,3 +156,42 @@ def test_a_burst_of_load_moves_the_median_but_not_the_fastest_round(common, monk
 def test_the_machine_records_its_load_at_the_start(common, monkeypatch):
     monkeypatch.setattr(common.os, "getloadavg", lambda: (6.534, 5.0, 4.0))
     assert common.machine()["load_average"] == 6.53  # the 1-minute figure, as the docs print it
+
+
+def test_a_failed_write_leaves_the_old_results_and_no_temporary_file(common, tmp_path, monkeypatch):
+    out = tmp_path / "alloc.json"
+    out.write_text('{"old": true}\n')
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(common.os, "replace", refuse)
+    with pytest.raises(OSError, match="No space left"):
+        common.write_atomically(out, '{"new": true}\n')
+    assert out.read_text() == '{"old": true}\n'
+    assert [path.name for path in tmp_path.iterdir()] == ["alloc.json"]
+
+
+def test_a_writer_killed_mid_write_leaves_the_old_results(tmp_path):
+    # a child that writes a large results file and is SIGKILLed while doing so, at a point
+    # chosen by a write hook: the file the user keeps is the old one, whole
+    out = tmp_path / "alloc.json"
+    out.write_text('{"old": true}\n')
+    code = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        "import _common\n"
+        "real = os.fdopen\n"
+        "class Dying:\n"
+        "    def __init__(self, f): self.f = f\n"
+        "    def __enter__(self): return self\n"
+        "    def __exit__(self, *a): return False\n"
+        "    def write(self, text):\n"
+        "        self.f.write(text[: len(text) // 2]); self.f.flush()\n"
+        "        os.kill(os.getpid(), 9)\n"
+        "_common.os.fdopen = lambda fd, *a, **k: Dying(real(fd, *a, **k))\n"
+        f"_common.write_atomically(__import__('pathlib').Path({str(out)!r}), 'x' * 10**6)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == -9, done.stderr
+    assert out.read_text() == '{"old": true}\n'
