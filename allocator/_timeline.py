@@ -33,10 +33,13 @@ __all__ = [
     "Overview",
     "Site",
     "Timeline",
+    "TraceScan",
+    "check_one",
     "check_snapshot",
     "device_of",
     "format_bytes",
     "overview",
+    "overview_of",
     "site_of",
     "sites",
     "timeline",
@@ -148,7 +151,7 @@ def check_snapshot(snapshot: object) -> dict:
             _check_frames(segment["frames"], where)
     traces = snapshot.get("device_traces", [])
     _need(isinstance(traces, list), "", "device_traces", traces, "a list of lists of events")
-    seen: set[tuple] = set()  # frame lists checked already, by their frames' ids
+    seen: dict[tuple, object] = {}  # frame lists checked already, by their frames' ids
     for device, trace in enumerate(traces):
         where = f"device_traces[{device}]"
         _need(isinstance(trace, list), where, "", trace, "a list of events")
@@ -166,35 +169,53 @@ _ACTION_SET = frozenset(ACTIONS)
 _NONE: tuple = ()
 
 
-def _check_trace(trace: list, where: str, seen: set[tuple]) -> None:
-    """:func:`_check_event` for each event, fast: the fields are read once and a frame list
-    whose frames were all checked before (the same dicts: a pickle shares equal ones) is not
-    checked again; any doubt goes to the slow check, which names the field."""
+_CACHE_LIMIT = 1 << 16
+"""Entries kept in a cache of frame lists by their frames' ids (each entry holds its frames, so
+their ids stay theirs); when a reader that drops events as it goes meets more distinct frame
+lists than this, the cache is emptied and starts again."""
+
+
+def _check_trace(trace: list, where: str, seen: dict[tuple, object]) -> None:
+    """:func:`check_one` for each event of ``trace``."""
     for i, event in enumerate(trace):
-        if type(event) is not dict:
-            _check_event(event, f"{where}[{i}]")
-        get = event.get
-        action = get("action")
-        if (
-            type(action) is not str
-            or action not in _ACTION_SET
-            or type(get("size")) is not int
-            or (action != "oom" and type(get("addr")) is not int)
-            or type(get("stream", 0)) is not int
-            or type(get("device_free", 0)) is not int
-            or type(get("time_us", 0)) not in (int, float)
-            or type(get("compile_context", "")) is not str
-            or type(get("user_metadata", "")) is not str
-        ):
-            _check_event(event, f"{where}[{i}]")
-        frames = get("frames", _NONE)
-        if frames is not _NONE:
-            if type(frames) is not list:
-                _check_event(event, f"{where}[{i}]")
-            key = tuple(map(id, frames))
-            if key not in seen:
-                _check_frames(frames, f"{where}[{i}]")
-                seen.add(key)
+        check_one(event, i, where, seen)
+
+
+def check_one(event: object, index: int, where: str, seen: dict[tuple, object]) -> None:
+    """Check one trace event, ``where[index]`` in the message, fast: the fields are read once
+    and a frame list whose frames were all checked before (the same dicts: a pickle shares
+    equal ones) is not checked again (``seen``: a cache, keyed by the frames' ids); any doubt
+    goes to the slow check, which names the field.
+
+    Raises:
+        ValueError: the first field that is wrong, by its path.
+    """
+    if type(event) is not dict:
+        _check_event(event, f"{where}[{index}]")
+    get = event.get
+    action = get("action")
+    if (
+        type(action) is not str
+        or action not in _ACTION_SET
+        or type(get("size")) is not int
+        or (action != "oom" and type(get("addr")) is not int)
+        or type(get("stream", 0)) is not int
+        or type(get("device_free", 0)) is not int
+        or type(get("time_us", 0)) not in (int, float)
+        or type(get("compile_context", "")) is not str
+        or type(get("user_metadata", "")) is not str
+    ):
+        _check_event(event, f"{where}[{index}]")
+    frames = get("frames", _NONE)
+    if frames is not _NONE:
+        if type(frames) is not list:
+            _check_event(event, f"{where}[{index}]")
+        key = tuple(map(id, frames))
+        if key not in seen:
+            _check_frames(frames, f"{where}[{index}]")
+            if len(seen) >= _CACHE_LIMIT:
+                seen.clear()
+            seen[key] = frames  # held: its frames' ids cannot be reused while cached
 
 
 def _check_event(event: object, where: str) -> None:
@@ -373,65 +394,79 @@ _RESERVES = ("segment_alloc", "segment_map")  # an expandable segment maps more 
 _RELEASES = ("segment_free", "segment_unmap")
 
 
-class _Scan:
-    """One pass over a trace: the level changes, and per allocation site (each distinct frame
-    list named once) its bytes live, their highest level, its allocations and the largest.
+class TraceScan:
+    """One pass over a trace, an event at a time (:meth:`add`): the level changes, and per
+    allocation site (each distinct frame list named once) its bytes live, their highest level,
+    its allocations and the largest; and the trace's own markers (OOMs, snapshots taken).
 
     Levels are relative to the trace's start (the bytes live before it are worked out from the
     segments afterwards). With ``series``, the relative levels after every event, each event's
     time, and each event's site of a live-bytes change (``None`` for the bytes live before the
     trace)."""
 
-    def __init__(self, trace: list[dict], short: bool, series: bool) -> None:
-        names: dict[tuple, str] = {}  # a frame list, by its frames' ids -> its site
-        files: dict[str, str] = {}
-        site_at: dict[int, str] = {}  # address -> the site of the block live there
-        live: dict[str | None, int] = defaultdict(int)  # None: live before the trace
-        peak: dict[str | None, int] = defaultdict(int)
-        allocs: dict[str, int] = defaultdict(int)
-        largest: dict[str, int] = defaultdict(int)
-        level = reserved = top = top_at = 0
-        levels, reserves, times, owners = [0], [0], [], []
-        time_us = trace[0].get("time_us", 0) if trace else 0
-        for i, event in enumerate(trace, start=1):
-            action = event.get("action")
-            size = event.get("size", 0)
-            site = None
-            if action == "alloc":
-                frames = event.get("frames", ())
-                key = tuple(map(id, frames))
-                site = names.get(key)
-                if site is None:
-                    site = names[key] = site_of(frames, short, files)
-                site_at[event.get("addr")] = site
-                allocs[site] += 1
-                if size > largest[site]:
-                    largest[site] = size
-                now = live[site] = live[site] + size
-                if now > peak[site]:
-                    peak[site] = now
-                level += size
-                if level > top:
-                    top, top_at = level, i
-            elif action == "free_requested":
-                site = site_at.pop(event.get("addr"), None)
-                live[site] -= size
-                level -= size
-            elif action in _RESERVES:
-                reserved += size
-            elif action in _RELEASES:
-                reserved -= size
-            if series:
-                levels.append(level)
-                reserves.append(reserved)
-                time_us = event.get("time_us", time_us)
-                times.append(time_us)
-                owners.append(site)
-        self.events = len(trace)
-        self.delta_live, self.delta_reserved = level, reserved
-        self.top, self.top_at = top, top_at  # the highest relative level, first reached after
-        self.live, self.peak, self.allocs, self.largest = live, peak, allocs, largest
-        self.levels, self.reserves, self.times, self.owners = levels, reserves, times, owners
+    def __init__(self, short: bool, series: bool) -> None:
+        self.short, self.series = short, series
+        self.names: dict[tuple, tuple[str, object]] = {}  # frames' ids -> (site, the frames)
+        self.files: dict[str, str] = {}
+        self.site_at: dict[int, str] = {}  # address -> the site of the block live there
+        self.live: dict[str | None, int] = defaultdict(int)  # None: live before the trace
+        self.peak: dict[str | None, int] = defaultdict(int)
+        self.allocs: dict[str, int] = defaultdict(int)
+        self.largest: dict[str, int] = defaultdict(int)
+        self.markers: list[Marker] = []
+        self.events = 0
+        self.delta_live = self.delta_reserved = 0  # the levels, relative to the start
+        self.top = self.top_at = 0  # the highest relative level, first reached after event top_at
+        self.levels, self.reserves, self.times, self.owners = [0], [0], [], []
+        self.time_us: int | float | None = None  # the last time seen (series)
+
+    def add(self, event: dict) -> None:
+        """Count one more event (a checked event dict, see :func:`check_one`)."""
+        self.events = i = self.events + 1
+        action = event.get("action")
+        size = event.get("size", 0)
+        site = None
+        if action == "alloc":
+            frames = event.get("frames", ())
+            key = tuple(map(id, frames))
+            named = self.names.get(key)
+            if named is None:
+                if len(self.names) >= _CACHE_LIMIT:
+                    self.names.clear()
+                site = site_of(frames, self.short, self.files)
+                self.names[key] = (site, frames)  # held: the ids cannot be reused while cached
+            else:
+                site = named[0]
+            self.site_at[event.get("addr")] = site
+            self.allocs[site] += 1
+            if size > self.largest[site]:
+                self.largest[site] = size
+            now = self.live[site] = self.live[site] + size
+            if now > self.peak[site]:
+                self.peak[site] = now
+            self.delta_live = level = self.delta_live + size
+            if level > self.top:
+                self.top, self.top_at = level, i
+        elif action == "free_requested":
+            site = self.site_at.pop(event.get("addr"), None)
+            self.live[site] -= size
+            self.delta_live -= size
+        elif action in _RESERVES:
+            self.delta_reserved += size
+        elif action in _RELEASES:
+            self.delta_reserved -= size
+        elif action == "oom":
+            self.markers.append(Marker(i - 1, "oom", f"OOM {format_bytes(size)}"))
+        elif action == "snapshot":
+            self.markers.append(Marker(i - 1, "snapshot", "snapshot"))
+        if self.series:
+            self.levels.append(self.delta_live)
+            self.reserves.append(self.delta_reserved)
+            if self.time_us is None:
+                self.time_us = event.get("time_us", 0)
+            self.time_us = event.get("time_us", self.time_us)
+            self.times.append(self.time_us)
+            self.owners.append(site)
 
     def sites(self, before: int) -> list[Site]:
         """The sites, given the bytes live before the trace."""
@@ -444,6 +479,13 @@ class _Scan:
             # the bytes live before the trace: their own level starts at ``before``
             out.append(Site(BEFORE_TRACE, before + self.peak[None], 0, 0, before + self.live[None]))
         return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
+
+
+def _scan(trace: list[dict], short: bool, series: bool) -> TraceScan:
+    scan = TraceScan(short, series)
+    for event in trace:
+        scan.add(event)
+    return scan
 
 
 def sites(snapshot: dict, device: int | None = None, short: bool = False) -> list[Site]:
@@ -463,7 +505,7 @@ def sites(snapshot: dict, device: int | None = None, short: bool = False) -> lis
         ValueError: ``device`` has no trace.
     """
     device = device_of(snapshot, device)
-    scan = _Scan(_trace(snapshot, device), short, series=False)
+    scan = _scan(_trace(snapshot, device), short, series=False)
     end_live, _ = _end_levels(snapshot, device)
     return scan.sites(end_live - scan.delta_live)
 
@@ -499,8 +541,13 @@ def overview(snapshot: dict, device: int | None = None) -> Overview:
         ValueError: ``device`` has no trace.
     """
     device = device_of(snapshot, device)
-    trace = _trace(snapshot, device)
-    scan = _Scan(trace, False, series=False)
+    return overview_of(snapshot, device, _scan(_trace(snapshot, device), False, series=False))
+
+
+def overview_of(snapshot: dict, device: int, scan: TraceScan) -> Overview:
+    """:func:`overview` of ``device``, from its trace's events already counted into ``scan``
+    (``TraceScan(short=False, series=False)``; ``snapshot``'s own trace is not read: a streaming
+    reader drops the events)."""
     end_live, end_reserved = _end_levels(snapshot, device)
     before = end_live - scan.delta_live
     peak = (before + scan.top, scan.top_at) if scan.top > 0 else (before, 0)
@@ -511,22 +558,16 @@ def overview(snapshot: dict, device: int | None = None) -> Overview:
         end_live,
         end_reserved - end_live,
         end_reserved,
-        _markers(snapshot, trace, device),
+        _markers(snapshot, scan, device),
         backend,
         scan.sites(before),
     )
 
 
-def _markers(snapshot: dict, trace: list[dict], device: int) -> list[Marker]:
-    """The OOMs of ``trace`` and, on device 0 (whose trace their ``trace_index`` counts), our
-    annotations."""
-    markers = []
-    for i, event in enumerate(trace):
-        action = event.get("action")
-        if action == "oom":
-            markers.append(Marker(i, "oom", f"OOM {format_bytes(event.get('size', 0))}"))
-        elif action == "snapshot":
-            markers.append(Marker(i, "snapshot", "snapshot"))
+def _markers(snapshot: dict, scan: TraceScan, device: int) -> list[Marker]:
+    """The OOMs and snapshots of the scanned trace and, on device 0 (whose trace their
+    ``trace_index`` counts), our annotations."""
+    markers = list(scan.markers)
     notes = (snapshot.get("devmem") or {}).get("annotations", []) if device == 0 else []
     for note in notes:
         kind, index = note.get("action"), note.get("trace_index", 0)
@@ -560,7 +601,7 @@ def timeline(
         raise ValueError(f"top must be >= 0, got {top}")
     device = device_of(snapshot, device)
     trace = _trace(snapshot, device)
-    scan = _Scan(trace, short, series=True)
+    scan = _scan(trace, short, series=True)
     end_live, end_reserved = _end_levels(snapshot, device)
     before = end_live - scan.delta_live
     chosen = [site.name for site in scan.sites(before)[:top]] if top else []
@@ -580,5 +621,5 @@ def timeline(
             series.append(level)
         by_site[name] = series
     backend = (snapshot.get("devmem") or {}).get("backend", "torch")
-    markers = _markers(snapshot, trace, device)
+    markers = _markers(snapshot, scan, device)
     return Timeline(time_us, live, reserved, by_site, markers, backend)

@@ -29,12 +29,18 @@ import pickle
 import sys
 from pathlib import Path
 
+from . import _pickle_stream
 from ._timeline import (
     BEFORE_TRACE,
+    Overview,
     Timeline,
+    TraceScan,
+    check_one,
     check_snapshot,
+    device_of,
     format_bytes,
     overview,
+    overview_of,
     timeline,
 )
 
@@ -62,6 +68,22 @@ class _SnapshotUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("it holds a persistent id; a snapshot has none")
 
 
+def _loaded(path: str | os.PathLike, data: object) -> dict:
+    """``data`` unpickled from ``path``, as a checked snapshot (see :func:`load`)."""
+    if isinstance(data, list):
+        data = {"segments": data, "device_traces": []}
+    if not isinstance(data, dict) or "segments" not in data:  # a wrong type: check_snapshot
+        got = f"keys {sorted(map(str, data))}" if isinstance(data, dict) else type(data).__name__
+        raise ValueError(
+            f"{path}: not a memory snapshot: expected a dict with 'segments' and 'device_traces'"
+            f" (the format of torch.cuda.memory._snapshot()), got {got}"
+        )
+    try:
+        return check_snapshot(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a memory snapshot: {exc}") from None
+
+
 def load(path: str | os.PathLike) -> dict:
     """The snapshot pickled at ``path``, read with a restricted unpickler (no global is ever
     looked up, so loading runs no code from the file) and checked by
@@ -79,25 +101,60 @@ def load(path: str | os.PathLike) -> dict:
             data = _SnapshotUnpickler(f).load()
         except Exception as exc:  # a pickle can fail in many ways; all mean "not a snapshot"
             raise ValueError(f"{path}: not a pickled memory snapshot ({exc})") from None
-    if isinstance(data, list):
-        data = {"segments": data, "device_traces": []}
-    if not isinstance(data, dict) or "segments" not in data:  # a wrong type: check_snapshot
-        got = f"keys {sorted(map(str, data))}" if isinstance(data, dict) else type(data).__name__
-        raise ValueError(
-            f"{path}: not a memory snapshot: expected a dict with 'segments' and 'device_traces'"
-            f" (the format of torch.cuda.memory._snapshot()), got {got}"
-        )
-    try:
-        return check_snapshot(data)
-    except ValueError as exc:
-        raise ValueError(f"{path}: not a memory snapshot: {exc}") from None
+    return _loaded(path, data)
 
 
-def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
+_NOT_STREAMED = object()
+
+
+def _read_overview(path: str | os.PathLike, device: int | None) -> tuple[dict, Overview, int]:
+    """``(snapshot, overview, events of device 0)`` of the snapshot pickled at ``path``, its
+    trace events counted as they are read and then dropped (:mod:`allocator._pickle_stream`;
+    the snapshot comes back with empty traces). A pickle that reader does not handle is read
+    whole with :func:`load`. Raises as :func:`load`, and ``ValueError`` for ``device`` as
+    :func:`~allocator._timeline.device_of`."""
+    scans: dict[int, TraceScan] = {}
+    seen: dict[tuple, object] = {}
+
+    def count(index: int, event: object) -> None:
+        scan = scans.get(index)
+        if scan is None:
+            scan = scans[index] = TraceScan(False, False)
+        check_one(event, scan.events, f"device_traces[{index}]", seen)
+        scan.add(event)
+
+    with open(path, "rb") as f:
+        try:
+            data = _pickle_stream.stream(f, count)
+        except _pickle_stream.NotStreamable:
+            data = _NOT_STREAMED  # load() reads it whole, or says what is wrong with it
+        except ValueError as exc:  # an event is not what a snapshot holds
+            raise ValueError(f"{path}: not a memory snapshot: {exc}") from None
+    if data is _NOT_STREAMED:
+        snapshot = load(path)
+        traces = snapshot.get("device_traces") or [[]]
+        return snapshot, overview(snapshot, device), len(traces[0])
+    snapshot = _loaded(path, data)
+    for index, trace in enumerate(snapshot.get("device_traces") or []):
+        for event in trace:  # a trace the pickle built in one step (not streamed): checked
+            count(index, event)
+    if device is None:  # the first with events, as device_of
+        chosen = next((i for i in sorted(scans) if scans[i].events), 0)
+    else:
+        chosen = device_of(snapshot, device)
+    scan = scans.get(chosen) or TraceScan(False, False)
+    first = scans.get(0)
+    return snapshot, overview_of(snapshot, chosen, scan), first.events if first else 0
+
+
+def summary(snapshot: dict | str | os.PathLike, *, top: int = 10, device: int | None = None) -> str:
     """The snapshot's levels and its ``top`` allocation sites by peak live bytes, as text.
 
     Args:
-        snapshot: a snapshot dict (ours, or ``torch.cuda.memory._snapshot()``'s).
+        snapshot: a snapshot dict (ours, or ``torch.cuda.memory._snapshot()``'s), or the path
+            of a pickled one: read as :func:`load` reads it, but one trace event at a time, each
+            dropped once counted, so the memory used does not grow with the trace (what
+            ``python -m allocator.memory summary`` does).
         top: how many sites to list, >= 1 (the others are counted).
         device: the device to read (default: the first with events).
 
@@ -106,17 +163,23 @@ def summary(snapshot: dict, *, top: int = 10, device: int | None = None) -> str:
         live, cached and reserved bytes, marker counts, then the sites' table.
 
     Raises:
-        ValueError: ``top`` < 1, or ``device`` has no trace.
+        ValueError: ``top`` < 1, ``device`` has no trace, or (a path) the file is not a
+            snapshot, as :func:`load`.
+        OSError: (a path) the file cannot be read.
     """
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
-    line = overview(snapshot, device)
+    if isinstance(snapshot, dict):
+        line = overview(snapshot, device)
+        device0 = len((snapshot.get("device_traces") or [[]])[0])
+    else:
+        snapshot, line, device0 = _read_overview(snapshot, device)
     peak, at = line.peak
     notes = {kind: sum(m.kind == kind for m in line.markers) for kind in _MARKER_STYLE}
     devmem = snapshot.get("devmem") or {}
     # the ring holds device 0's events and the annotations
     # (less the events a snapshot added for what changed after recording stopped)
-    kept = len((snapshot.get("device_traces") or [[]])[0]) + len(devmem.get("annotations", ()))
+    kept = device0 + len(devmem.get("annotations", ()))
     kept -= devmem.get("reconciled", 0)
     full = devmem.get("max_entries") and kept >= devmem["max_entries"]
     lines = [
@@ -394,12 +457,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     args = parser.parse_args(argv)
     try:
-        snapshot = load(args.snapshot)
         if args.command == "summary":
-            sys.stdout.write(summary(snapshot, top=args.top, device=args.device))
+            sys.stdout.write(summary(args.snapshot, top=args.top, device=args.device))
         else:
             path = plot(
-                snapshot,
+                load(args.snapshot),
                 args.output,
                 top=args.top,
                 device=args.device,

@@ -1,0 +1,359 @@
+"""The streaming snapshot reader (``allocator/_pickle_stream.py``) against ``pickle`` itself, and
+``summary`` of a file (read streaming, the events dropped as counted) against ``summary`` of the
+same snapshot read whole.
+
+The oracle is the standard library: whatever ``pickle.loads`` builds, the streaming reader must
+build too, less the trace events, which it must hand over in order with their device."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import pickletools
+import re
+import sys
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from allocator import _pickle_stream, _timeline, memory
+
+from .test_memory_cli import random_snapshots
+
+PROTOCOLS = (2, 3, 4, 5)
+
+_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(-(2**80), 2**80)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.text(min_size=250, max_size=300)  # longer than SHORT_BINUNICODE's 255 bytes
+    | st.binary(max_size=8)
+)
+values = st.recursive(
+    _leaves,
+    lambda kids: (
+        st.lists(kids, max_size=4)
+        | st.tuples(kids)
+        | st.tuples(kids, kids, kids)
+        | st.lists(kids, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=4), kids, max_size=4)
+        | st.frozensets(st.integers(), max_size=3)
+        | st.sets(st.integers(), max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+_REFUSED = object()
+
+
+def _stream(data: bytes, may_refuse_late: bool = False):
+    """``(what stream built or _REFUSED, the (device, event) pairs handed over)``; a refusal
+    after events were handed over only if ``may_refuse_late``."""
+    events: list[tuple[int, object]] = []
+    try:
+        result = _pickle_stream.stream(io.BytesIO(data), lambda d, e: events.append((d, e)))
+    except _pickle_stream.NotStreamable as exc:
+        if exc.handed:
+            assert may_refuse_late, exc
+        else:
+            assert not events
+        return _REFUSED, events
+    return result, events
+
+
+def _uses_a_global(data: bytes) -> bool:
+    return any(op.name in ("GLOBAL", "STACK_GLOBAL") for op, _, _ in pickletools.genops(data))
+
+
+def _check_against_pickle(snapshot: dict, protocol: int, may_refuse_late: bool = False) -> None:
+    """What :func:`_pickle_stream.stream` builds and hands over is what ``pickle`` builds;
+    refused only for a global (and, if ``may_refuse_late``, after the fact)."""
+    data = pickle.dumps(snapshot, protocol=protocol)
+    result, events = _stream(data, may_refuse_late)
+    if result is _REFUSED:  # protocol 2 and 3 write bytes and sets through a global
+        assert may_refuse_late or (protocol < 4 and _uses_a_global(data))
+        return
+    expected = pickle.loads(data)
+    traces = expected.get("device_traces", [])
+    if all(type(trace) is list for trace in traces):  # else: read whole (nothing to stream)
+        assert events == [(d, event) for d, trace in enumerate(traces) for event in trace]
+        if "device_traces" in expected:
+            expected["device_traces"] = [[] for _ in traces]
+    assert result == expected
+
+
+@st.composite
+def snapshots_of_values(draw, events=values):
+    """A dict shaped like a snapshot, of any builtin values: other keys before and after
+    ``device_traces``, traces of any length (a batch of APPENDS is 1,000 items), ``events``
+    shared by identity (memoized, fetched again) and values shared between events."""
+    shared = draw(values)
+    traces = []
+    for _ in range(draw(st.integers(0, 3))):
+        length = draw(st.sampled_from([0, 1, 2, 3, 999, 1000, 1001, 2001]))
+        if length > 3:  # long: small events, some sharing a value
+            trace = [
+                {"action": "alloc", "i": i, "x": shared if i % 7 else i} for i in range(length)
+            ]
+        else:
+            trace = draw(st.lists(events, min_size=length, max_size=length))
+        if trace and draw(st.booleans()):
+            trace.append(trace[0])  # the same object twice
+        traces.append(trace)
+    snapshot = {}
+    for key in draw(st.lists(st.text(max_size=3), max_size=2)):
+        snapshot[key] = draw(values)
+    snapshot["device_traces"] = traces
+    for key in draw(st.lists(st.text(min_size=4, max_size=5), max_size=2)):
+        snapshot[key] = shared
+    return snapshot
+
+
+@settings(max_examples=120, deadline=None)
+@given(snapshot=snapshots_of_values(), protocol=st.sampled_from(PROTOCOLS))
+def test_the_stream_builds_what_pickle_builds_less_the_events_handed_over(snapshot, protocol):
+    # events of any value: one built without a MARK of its own (a list, a dict of one key)
+    # can look like another trace while it is built; the stream is then refused afterwards
+    _check_against_pickle(snapshot, protocol, may_refuse_late=True)
+
+
+_event_like = st.fixed_dictionaries(
+    {"action": st.sampled_from(["alloc", "free_requested"]), "size": st.integers(0, 2**40)},
+    optional={"addr": st.integers(0, 2**64), "frames": st.lists(values, max_size=3), "x": values},
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(snapshot=snapshots_of_values(_event_like), protocol=st.sampled_from(PROTOCOLS))
+def test_traces_of_event_dicts_are_always_streamed(snapshot, protocol):
+    # what a snapshot holds (events are dicts of two keys or more) is never refused (but
+    # through a global, in protocols 2 and 3)
+    _check_against_pickle(snapshot, protocol)
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=values, protocol=st.sampled_from(PROTOCOLS))
+def test_a_pickle_without_traces_is_built_whole(value, protocol):
+    data = pickle.dumps(value, protocol=protocol)
+    result, events = _stream(data)
+    assert events == []
+    if result is _REFUSED:
+        assert protocol < 4 and _uses_a_global(data)
+    else:
+        assert result == value
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_more_than_a_batch_of_devices_each_with_its_events(protocol):
+    # 1,003 devices: the traces list itself needs two APPENDS batches and an APPEND; a device
+    # with one event is written with APPEND, one with many with APPENDS
+    traces = [[{"i": d, "j": j} for j in range(d % 3)] for d in range(1003)]
+    _check_against_pickle({"device_traces": traces}, protocol)  # SETITEM: the only key
+    _check_against_pickle({"a": 1, "device_traces": traces, "segments": []}, protocol)
+    _check_against_pickle({"device_traces": [[{"i": 0}]]}, protocol)  # one device, one event
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_only_the_top_level_dicts_traces_are_streamed(protocol):
+    # a nested dict's key looks like the top-level one's while it is read: its events are
+    # handed over, and then the stream is refused (the caller reads the file whole)
+    nested = {"inner": {"device_traces": [[{"i": 1}, {"i": 2}]]}, "device_traces": []}
+    with pytest.raises(_pickle_stream.NotStreamable, match="not the top-level") as refused:
+        _pickle_stream.stream(io.BytesIO(pickle.dumps(nested, protocol=protocol)), print)
+    assert refused.value.handed
+    _check_against_pickle({"inner": {"device_traces": [[{"i": 1}, {"i": 2}]]}}, protocol)
+    # a list of them inside a trace, fetched again: refused as well
+    traces: list = [[]]
+    traces[0].extend([traces, [{"i": 1}]])
+    with pytest.raises(_pickle_stream.NotStreamable):
+        _pickle_stream.stream(io.BytesIO(pickle.dumps({"device_traces": traces}, protocol)), print)
+    result, events = _stream(pickle.dumps([{"device_traces": [[{"i": 1}]]}], protocol=protocol))
+    assert result == [{"device_traces": [[{"i": 1}]]}] and events == []
+    value = {"segments": [], "device_traces": "not a list"}
+    assert _stream(pickle.dumps(value, protocol=protocol)) == (value, [])
+
+
+class _Thing:  # a global: a pickle of it calls something to build it
+    pass
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=0),
+        pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=1),
+        pickle.dumps({"device_traces": [[_Thing()]]}, protocol=4),
+        pickle.dumps({"device_traces": [[{"i": 1}] * 2000]}, protocol=4)[:-20],  # truncated
+        b"",
+        b"\x80",
+        b"not a pickle",
+    ],
+    ids=["protocol-0", "protocol-1", "global", "truncated", "empty", "proto-only", "text"],
+)
+def test_what_it_does_not_handle_is_refused_before_any_event_and_the_file_rewound(data):
+    f = io.BytesIO(b"head" + data)
+    f.seek(4)
+    events = []
+    with pytest.raises(_pickle_stream.NotStreamable) as refused:
+        _pickle_stream.stream(f, lambda d, e: events.append(e))
+    assert not refused.value.handed and events == [] and f.tell() == 4
+
+
+def test_a_pickle_malformed_after_its_events_raises_not_streamable():
+    data = pickle.dumps({"device_traces": [[{"i": 1}, {"i": 2}]]}, protocol=4)
+    assert data.endswith(b".")
+    broken = data[:-1] + b"00."  # POP the top-level dict and one more: STOP finds nothing
+    events = []
+    with pytest.raises(_pickle_stream.NotStreamable) as refused:
+        _pickle_stream.stream(io.BytesIO(broken), lambda d, e: events.append(e))
+    assert refused.value.handed and len(events) == 2  # handed over before the damage
+
+
+def test_what_the_callback_raises_is_raised_as_it_is():
+    data = pickle.dumps({"device_traces": [[{"i": 1}, {"i": 2}], [{"i": 3}]]}, protocol=4)
+
+    def refuse(device, event):
+        if event == {"i": 3}:
+            raise ValueError("device 1 refused")
+
+    with pytest.raises(ValueError, match="device 1 refused"):
+        _pickle_stream.stream(io.BytesIO(data), refuse)
+
+
+# --- summary of a file: streamed, the same text as of the snapshot read whole ---
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    snapshot=random_snapshots(),
+    protocol=st.sampled_from(PROTOCOLS),
+    top=st.integers(1, 4),
+    devices=st.integers(1, 3),
+)
+def test_summary_of_a_file_is_the_summary_of_its_snapshot(
+    snapshot, protocol, top, devices, tmp_path_factory
+):
+    trace = snapshot["device_traces"][0]
+    # the events on device `devices - 1`, the others empty: the default is the first with events
+    snapshot["device_traces"] = [[] for _ in range(devices - 1)] + [trace]
+    path = tmp_path_factory.mktemp("s") / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=protocol))
+    whole = memory.load(path)
+    assert memory.summary(path, top=top) == memory.summary(whole, top=top)
+    for device in range(devices):
+        assert memory.summary(str(path), top=top, device=device) == memory.summary(
+            whole, top=top, device=device
+        )
+    with pytest.raises(ValueError, match=f"device={devices}:"):
+        memory.summary(path, device=devices)
+
+
+@pytest.mark.parametrize(
+    "damage, field",
+    [
+        (lambda s: s["device_traces"][0][5].update(size="12"), r"device_traces\[0\]\[5\]\.size"),
+        (
+            lambda s: s["device_traces"][0][7].update(frames=None),
+            r"device_traces\[0\]\[7\]\.frames",
+        ),
+        (lambda s: s["device_traces"][0].__setitem__(3, "alloc"), r"device_traces\[0\]\[3\] is"),
+        (lambda s: s["device_traces"][0][2].pop("size"), r"device_traces\[0\]\[2\]\.size is miss"),
+        (lambda s: s["segments"][0].update(total_size="1"), r"segments\[0\]\.total_size"),
+        (lambda s: s.update(device_traces="x"), "device_traces is str"),
+    ],
+)
+def test_a_file_that_is_not_a_snapshot_is_named_as_load_names_it(damage, field, tmp_path):
+    events = [
+        {"action": "alloc", "addr": i * 64, "size": 64, "frames": [{"filename": "a.py", "line": i}]}
+        for i in range(10)
+    ]
+    snapshot = {"segments": [{"total_size": 640, "blocks": []}], "device_traces": [events]}
+    damage(snapshot)
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    with pytest.raises(ValueError) as loaded:
+        memory.load(path)
+    with pytest.raises(ValueError) as streamed:
+        memory.summary(path)
+    assert str(streamed.value) == str(loaded.value)
+    assert str(streamed.value).startswith(f"{path}: not a memory snapshot:")
+    assert re.search(field, str(streamed.value))
+
+
+def test_summary_of_a_malformed_file_says_what_load_says(tmp_path):
+    event = {"action": "alloc", "addr": 0, "size": 64}
+    data = pickle.dumps({"segments": [], "device_traces": [[event, event]]}, protocol=4)
+    path = tmp_path / "broken.pickle"
+    path.write_bytes(data[:-1] + b"00.")
+    with pytest.raises(ValueError, match="not a pickled memory snapshot") as streamed:
+        memory.summary(path)
+    with pytest.raises(ValueError) as loaded:
+        memory.load(path)
+    assert str(streamed.value) == str(loaded.value)
+
+
+def _distinct_stacks(events: int) -> dict:
+    """A trace whose every allocation has frames of its own (no dict shared between events):
+    the streaming reader frees each event's frames once counted, so their ids are reused."""
+    trace = []
+    for i in range(events):
+        frames = [{"filename": f"/src/site_{i % 50}.py", "line": i % 50, "name": f"f{i % 50}"}]
+        trace.append(
+            {"action": "alloc", "addr": i * 64, "size": 64 * (1 + i % 50), "frames": frames}
+        )
+        trace.append({"action": "free_requested", "addr": i * 64, "size": 64 * (1 + i % 50)})
+    return {"segments": [], "device_traces": [trace]}
+
+
+@pytest.mark.parametrize("limit", [7, _timeline._CACHE_LIMIT])
+def test_frames_freed_as_read_never_name_a_later_allocation(limit, tmp_path, monkeypatch):
+    # a cache of frame lists by their frames' ids must hold the frames it names: freed (a batch
+    # of 1,000 events at a time), their ids are reused by later frames, and a stale entry would
+    # name the wrong site; the cache is emptied when full (often, with a limit of 7)
+    monkeypatch.setattr(_timeline, "_CACHE_LIMIT", limit)
+    snapshot = _distinct_stacks(3000)
+    path = tmp_path / "distinct.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    assert memory.summary(path, top=50) == memory.summary(snapshot, top=50)
+    assert "/src/site_49.py:49 in f49" in memory.summary(path, top=1)
+
+
+def _round_trips(path, events: int) -> int:
+    """Write a snapshot of ``events`` allocations, each freed by the next; returns its bytes."""
+    trace, frames = [], [[{"filename": f"/s/m{i}.py", "line": 1, "name": "f"}] for i in range(8)]
+    for i in range(events):
+        if i:
+            trace.append({"action": "free_requested", "addr": i - 1, "size": 64, "time_us": i})
+        alloc = {"action": "alloc", "addr": i, "size": 64, "stream": 0, "time_us": i}
+        trace.append({**alloc, "frames": list(frames[i % 8])})
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
+    return path.stat().st_size
+
+
+def test_summary_of_a_file_holds_no_event(tmp_path, monkeypatch):
+    # the events are counted and dropped: the memory blocks allocated stay flat while 60,000
+    # events go by (each event kept would hold three blocks or more: its dict, its frames list,
+    # its numbers), where reading the snapshot whole holds them all
+    path = tmp_path / "trips.pickle"
+    _round_trips(path, 30_000)
+    blocks: list[int] = []
+    add = _timeline.TraceScan.add
+
+    def sampled(scan, event):
+        if scan.events % 1000 == 0:
+            blocks.append(sys.getallocatedblocks())
+        add(scan, event)
+
+    monkeypatch.setattr(_timeline.TraceScan, "add", sampled)
+    memory.summary(path)
+    streamed = blocks[5:]
+    assert len(blocks) == 60
+    assert max(streamed) - min(streamed) < 6_000, blocks  # a tenth of a block an event
+    blocks.clear()
+    memory.summary(memory.load(path))  # the same samples, the snapshot read whole
+    assert min(blocks) - max(streamed) > 2 * 60_000  # what the streaming does not hold
