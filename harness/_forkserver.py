@@ -455,12 +455,15 @@ _child_closes: list[int] = []  # descriptors a forked child closes at once (the 
 
 def _close_in_child() -> None:
     """After a fork: close our copies of the connections' descriptors, raw (their objects
-    are the parent's; a fork-style child must touch as little of its memory as it can)."""
+    are the parent's; a fork-style child must touch as little of its memory as it can), and
+    forget their numbers: this process may reuse them for its own files, which a child it
+    forks in turn must keep (``pytest --forked``'s child forking a fork-style death test)."""
     for fd in _child_closes:
         try:
             os.close(fd)
         except OSError:
             pass
+    _child_closes.clear()
 
 
 def _adopt_after_fork() -> None:

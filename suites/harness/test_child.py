@@ -65,16 +65,6 @@ class Child:
         return [record["event"] for record in self.records]
 
 
-@pytest.fixture(autouse=True)
-def _not_inside_a_pytest_forked_child(request):
-    # These tests fork and call run_child by hand with descriptors they open; inside
-    # pytest-forked's own child the descriptors reach run_child's dup2 closed (EBADF), not yet
-    # understood. They run in ci/check.sh's other harness steps (-n auto and -n 2); only the
-    # --forked repeat of suites/harness leaves them out.
-    if request.config.getoption("forked", default=False):
-        pytest.skip("hand-forked run_child tests: not inside a pytest-forked child (see fixture)")
-
-
 def _wait(pid: int, within_s: float = 20.0) -> int:
     deadline = time.monotonic() + within_s
     while True:

@@ -135,3 +135,48 @@ def test_no_zombies_left(run, style):
         assert zygote is not None
         parents.add(zygote)
     assert _procs.zombies_of(parents) == []
+
+
+def _fork_and_wait(body) -> int:
+    """Run ``body()`` in a forked child; its return value is the child's exit status (an
+    exception is 70)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            code = body()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_process_forked_from_a_forkserver_user_keeps_its_own_descriptors_in_its_children():
+    # The forkserver's connection descriptors are closed in every child forked from the process
+    # that opened them. A process forked from that one (pytest --forked's child) has them
+    # closed already, and reuses their numbers for its own files: its own children, fork-style
+    # death tests among them, must keep those files (a hook closing the numbers again took the
+    # capture files away: EBADF, a harness error instead of the target's outcome).
+    harness.run_child(_targets.hygiene, style="forkserver").assert_clean()
+    closes = list(_forkserver._child_closes)
+    assert closes, "the forkserver connection registers descriptors to close in children"
+
+    def forked_like_pytest_forked() -> int:
+        held: list[int] = []
+        while not set(closes) <= set(held) and len(held) < 256:  # lowest numbers first
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        if not set(closes) <= set(held):
+            return 3  # the numbers were not reused: the check below would prove nothing
+
+        def grandchild() -> int:
+            for fd in held:
+                os.fstat(fd)  # OSError (EBADF): closed by the at-fork hook
+            return 0
+
+        if _fork_and_wait(grandchild) != 0:
+            return 4
+        outcome = harness.run_child(_targets.abort_with, "still mine", style="fork")
+        outcome.assert_aborted("still mine")  # AssertionError: the child exits 70
+        return 0
+
+    assert _fork_and_wait(forked_like_pytest_forked) == 0
