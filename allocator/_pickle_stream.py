@@ -147,12 +147,29 @@ def _data(reader: _Reader, buf: bytes, pos: int, width: int) -> tuple[bytes, byt
     return buf[pos:end], buf, end
 
 
+def _steps(protocol: int) -> list[int]:
+    """Per opcode: the bytes it takes (opcode and fixed argument), 0 for one with a length
+    prefixed argument (:data:`_DATA`), -1 for one this reader refuses. Memo indices are
+    implicit (MEMOIZE) from protocol 4 on and explicit (PUT) before: mixing them would make
+    ``len(memo)`` differ from a count, so each protocol gets only its own kind."""
+    steps = [-1] * 256
+    for op, size in _FIXED.items():
+        steps[op] = 1 + size
+    for op in _DATA:
+        steps[op] = 0
+    if protocol >= 4:
+        steps[0x71] = steps[0x72] = -1  # BINPUT, LONG_BINPUT
+    else:
+        steps[0x94] = -1  # MEMOIZE
+    return steps
+
+
 def _fetched(f: BinaryIO) -> set[int]:
     """Pass 1: the memo indices the pickle fetches.
 
     Raises:
-        NotStreamable: an opcode this reader does not handle, memo indices both implicit
-            (MEMOIZE) and explicit (PUT), or a truncated pickle.
+        NotStreamable: an opcode this reader does not handle (see :func:`_steps`), or a
+            truncated pickle.
     """
     reader = _Reader(f)
     buf, pos = reader.buf, 0
@@ -160,9 +177,8 @@ def _fetched(f: BinaryIO) -> set[int]:
         raise NotStreamable("not a pickle of protocol 2 or later")
     fetched: set[int] = set()
     add = fetched.add
-    fixed, data = _FIXED, _DATA
+    steps = _steps(buf[1])
     limit = len(buf) - _SLACK
-    memoize = put = False
     while True:
         if pos > limit:
             buf, pos = reader.fill(pos)
@@ -170,30 +186,26 @@ def _fetched(f: BinaryIO) -> set[int]:
             if pos >= len(buf):
                 raise NotStreamable("the pickle is truncated")
         op = buf[pos]
-        if op == 0x6A:  # LONG_BINGET
+        if op == 0x6A:  # LONG_BINGET, in runs (a list of shared frames)
             add(_U32(buf, pos + 1)[0])
             pos += 5
+            while pos <= limit and buf[pos] == 0x6A:
+                add(_U32(buf, pos + 1)[0])
+                pos += 5
         elif op == 0x68:  # BINGET
             add(buf[pos + 1])
             pos += 2
         elif op == 0x2E:  # STOP
-            if memoize and put:
-                raise NotStreamable("the pickle numbers its memo both ways")
             return fetched
         else:
-            size = fixed.get(op)
-            if size is not None:
-                pos += 1 + size
-                if op == 0x94:
-                    memoize = True
-                elif op == 0x71 or op == 0x72:
-                    put = True
-            else:
-                width = data.get(op)
-                if width is None:
-                    raise NotStreamable(f"opcode {bytes([op])!r} at byte {pos}")
-                _, buf, pos = _data(reader, buf, pos + 1, width)
+            step = steps[op]
+            if step > 0:
+                pos += step
+            elif step == 0:
+                _, buf, pos = _data(reader, buf, pos + 1, _DATA[op])
                 limit = len(buf) - _SLACK
+            else:
+                raise NotStreamable(f"opcode {bytes([op])!r} at byte {pos}")
 
 
 OnEvent = Callable[[int, object], None]
@@ -231,6 +243,9 @@ def _build(f: BinaryIO, keep: set[int], on_event: OnEvent) -> object:
             elif op == 0x28:  # MARK
                 metastack.append(stack)
                 stack = []
+                while pos <= limit and buf[pos] == 0x6A:  # LONG_BINGETs: a list of frames
+                    stack.append(memo[_U32(buf, pos + 1)[0]])
+                    pos += 5
             elif op == 0x4A:  # BININT
                 stack.append(_I32(buf, pos)[0])
                 pos += 4
