@@ -192,8 +192,20 @@ class _Thing:  # a global: a pickle of it calls something to build it
         b"",
         b"\x80",
         b"not a pickle",
+        b"\x80\x04}q\x00.",  # protocol 4 numbering its memo by PUT: refused, never mixed
+        b"\x80\x02}\x94.",  # protocol 2 with MEMOIZE
     ],
-    ids=["protocol-0", "protocol-1", "global", "truncated", "empty", "proto-only", "text"],
+    ids=[
+        "protocol-0",
+        "protocol-1",
+        "global",
+        "truncated",
+        "empty",
+        "proto-only",
+        "text",
+        "put-in-protocol-4",
+        "memoize-in-protocol-2",
+    ],
 )
 def test_what_it_does_not_handle_is_refused_before_any_event_and_the_file_rewound(data):
     f = io.BytesIO(b"head" + data)
