@@ -33,6 +33,7 @@ __all__ = ["NotStreamable", "stream"]
 
 _CHUNK = 1 << 20  # bytes read at a time
 _SLACK = 16  # the longest fixed part of an opcode (FRAME, BINFLOAT: 1 + 8 bytes)
+_PIECE = 1 << 26  # the most bytes asked of one read (a string may be longer: read in pieces)
 
 _U16 = struct.Struct("<H").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -121,10 +122,20 @@ class _Reader:
         self.pos = 0
 
     def fill(self, pos: int, need: int = _SLACK) -> tuple[bytes, int]:
-        """Keep ``buf[pos:]`` and read on until ``need`` bytes are there (or the file ends)."""
-        rest = self.buf[pos:]
-        more = self.f.read(max(_CHUNK, need - len(rest)))
-        self.buf, self.pos = rest + more, 0
+        """Keep ``buf[pos:]`` and read on until ``need`` bytes are there (or the file ends).
+        Read in pieces of at most :data:`_PIECE`: a length field claiming more than the file
+        holds costs what the file holds, never what it claims."""
+        parts = [self.buf[pos:]]
+        have = len(parts[0])
+        while True:
+            more = self.f.read(min(max(_CHUNK, need - have), _PIECE))
+            if not more:
+                break
+            parts.append(more)
+            have += len(more)
+            if have >= need:
+                break
+        self.buf, self.pos = b"".join(parts), 0
         return self.buf, 0
 
 

@@ -100,7 +100,8 @@ def load(path: str | os.PathLike) -> dict:
         try:
             data = _SnapshotUnpickler(f).load()
         except Exception as exc:  # a pickle can fail in many ways; all mean "not a snapshot"
-            raise ValueError(f"{path}: not a pickled memory snapshot ({exc})") from None
+            reason = str(exc) or type(exc).__name__  # a MemoryError says nothing
+            raise ValueError(f"{path}: not a pickled memory snapshot ({reason})") from None
     return _loaded(path, data)
 
 

@@ -194,6 +194,7 @@ class _Thing:  # a global: a pickle of it calls something to build it
         b"not a pickle",
         b"\x80\x04}q\x00.",  # protocol 4 numbering its memo by PUT: refused, never mixed
         b"\x80\x02}\x94.",  # protocol 2 with MEMOIZE
+        b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.",  # a string of 4 EiB
     ],
     ids=[
         "protocol-0",
@@ -205,6 +206,7 @@ class _Thing:  # a global: a pickle of it calls something to build it
         "text",
         "put-in-protocol-4",
         "memoize-in-protocol-2",
+        "a-length-beyond-the-file",
     ],
 )
 def test_what_it_does_not_handle_is_refused_before_any_event_and_the_file_rewound(data):
@@ -295,6 +297,17 @@ def test_a_file_that_is_not_a_snapshot_is_named_as_load_names_it(damage, field, 
     assert str(streamed.value) == str(loaded.value)
     assert str(streamed.value).startswith(f"{path}: not a memory snapshot:")
     assert re.search(field, str(streamed.value))
+
+
+def test_a_length_beyond_the_file_is_one_error_not_a_memory_error(tmp_path, capsys):
+    # a BINUNICODE8 claiming 4 EiB: read as it claims, it would be a MemoryError (a traceback)
+    path = tmp_path / "claims.pickle"
+    path.write_bytes(b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.")
+    assert memory.main(["summary", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"python -m allocator.memory summary: error: {path}: not a pickled memory snapshot"
+        " (MemoryError)\n"
+    )
 
 
 def test_summary_of_a_malformed_file_says_what_load_says(tmp_path):
