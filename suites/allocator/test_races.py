@@ -200,6 +200,22 @@ def test_reads_of_several_streams_do_not_conflict(raced):
         sim.launch(own, block)
 
 
+@pytest.mark.parametrize("readback", ["sum", "to_numpy"])
+def test_a_readback_is_a_read_beside_another_streams_unwaited_read(raced, readback):
+    # A readback reads its operand: another stream still reading the block does not conflict
+    # with it (a write there would be a race).
+    alloc = _sim()
+    reader = alloc.new_stream("R")
+    x = alloc.full(N, 1.0)  # written on the default stream: t = 0..100
+    reader.wait_stream(alloc.default_stream)
+    with alloc.use_stream(reader):
+        y = alloc.mul(x, x)  # R reads x at t = 100..200, which the default stream never waits for
+    got = getattr(alloc, readback)(x)  # on the default stream, while R may still read x
+    assert float(got if readback == "sum" else got.sum()) == float(N)
+    with alloc.use_stream(reader):
+        assert alloc.sum(y) == float(N)
+
+
 def test_the_race_check_aborts_the_process(death):
     outcome = death.run(_race_probes.read_without_wait)
     outcome.assert_aborted(match=READ_RACE.replace("^", "(?m)^"))

@@ -413,6 +413,7 @@ HIDDEN_CHECKS = [
     pytest.param(lambda: _outcome(**EXITED_0).assert_exited(3), id="exited"),
     pytest.param(lambda: _outcome(**EXITED_1, raised=RAISED).assert_clean(), id="clean"),
     pytest.param(lambda: _outcome(**EXITED_0).assert_raised(), id="raised"),
+    pytest.param(lambda: _outcome(**EXITED_0).assert_timed_out(), id="timed-out"),
     pytest.param(lambda: _outcome().assert_aborted(match="("), id="bad-regex"),
     pytest.param(lambda: _outcome().assert_died(signal="SIGNOPE"), id="bad-signal"),
     pytest.param(lambda: _outcome().assert_raised(3), id="bad-exception"),
@@ -496,6 +497,45 @@ def test_a_match_searches_head_and_tail_each_on_its_own():
     beyond = _outcome(stderr="ab", stderr_cut_at=3)  # a bad index: searched whole, shown as is
     beyond.assert_aborted("ab")
     assert "cut" not in "\n".join(_failure(beyond, lambda o: o.assert_aborted("x"))[6:])
+
+
+def test_a_cut_at_either_end_of_the_kept_stderr_is_a_cut():
+    # The bounds are part of the rule: a cut at index 0 (an empty head) or at the end (an
+    # empty tail) still splits the stderr in two parts, each searched on its own and marked.
+    marker = "[  DEATH   ] [... devmem-harness cut 7 bytes here (see notes) ...]"
+    at_start = _outcome(stderr="tail line\n", stderr_cut_at=0, stderr_cut_bytes=7)
+    at_start.assert_aborted(r"^$")  # the empty head, alone
+    assert _failure(at_start, lambda o: o.assert_aborted("x"))[-4:-2] == [
+        marker,
+        "[  DEATH   ] tail line",
+    ]
+    at_end = _outcome(stderr="head line\n", stderr_cut_at=10, stderr_cut_bytes=7)
+    at_end.assert_aborted(r"^$")  # the empty tail, alone
+    assert _failure(at_end, lambda o: o.assert_aborted("x"))[-4:-2] == [
+        "[  DEATH   ] head line",
+        marker,
+    ]
+    whole = _outcome(stderr="tail line\n")  # the same text uncut has no empty part
+    with pytest.raises(harness.DeathTestFailure, match="does not match '\\^\\$'"):
+        whole.assert_aborted(r"^$")
+
+
+def test_a_raise_fails_assert_exited_with_the_match_it_was_given():
+    raised = _outcome(**EXITED_1, raised=RAISED, stderr="ValueError: bad size\n")
+    lines = _failure(raised, lambda o: o.assert_exited(1, match="bad size"))
+    assert lines[0].startswith("death test failed: a raise is not an exit (assert_raised checks")
+    assert "  expected: exited with status 1, with stderr matching 'bad size'" in lines
+    with pytest.raises(harness.HarnessError, match=r"^match='\(' is not a valid regex"):
+        raised.assert_exited(1, match="(")
+
+
+def test_a_bad_signal_is_refused_with_the_ways_to_name_one():
+    with pytest.raises(harness.HarnessError) as refused:
+        _outcome().assert_died(signal="SIGNOPE")
+    assert str(refused.value) == (
+        "signal='SIGNOPE' is not a signal (use e.g. signal.SIGSEGV, 11, 'SIGSEGV', or a "
+        "real-time one such as 40 or 'SIGRTMIN+6')"
+    )
 
 
 def test_notes_and_host_are_shown_after_the_stderr():
