@@ -726,3 +726,26 @@ def test_an_external_tensor_name_must_be_a_str():
 def test_alloc_tensors_without_sizes_is_one_exact_error():
     with pytest.raises(ValueError, match=r"^alloc_tensors needs at least one size$"):
         ring.plan(lambda rt: rt.alloc_tensors(), ring.PlanLimits(ring_bytes=1024))
+
+
+@pytest.mark.parametrize("outputs", [3, "16", 2.5], ids=["int", "str", "float"])
+def test_outputs_must_be_a_sequence_of_sizes(outputs):
+    """A bare size, a string (iterable, but of characters) and a non-iterable are one error
+    naming the argument, not a failure deeper in planning."""
+    with pytest.raises(TypeError, match=r"^outputs must be a sequence of sizes, got "):
+        ring.plan(lambda rt: rt.submit("k", outputs=outputs), ring.PlanLimits(ring_bytes=1024))
+
+
+def test_touches_name_the_heap_owners_newest_first():
+    """A task's ``touches`` are the owners of the heap slices it reads or writes, newest first
+    whatever the order of its arguments (as its ``deps``); external tensors have no owner."""
+
+    def program(rt):
+        a = rt.alloc_tensors(4).get_ref(0)
+        b = rt.submit("b", outputs=[4]).get_ref(0)
+        c = rt.alloc_tensors(4).get_ref(0)
+        x = rt.external("x", 4)
+        rt.submit("use", inputs=[a, x, c], inouts=[b])
+
+    use = ring.plan(program, ring.PlanLimits(ring_bytes=1024)).tasks[-1]
+    assert use.touches == (2, 1, 0) and use.deps == (2, 1, 0)
