@@ -474,7 +474,9 @@ class _Engine:
         if users:
             shown = ", ".join(map(str, users[:8])) + (", ..." if len(users) > 8 else "")
             waits.append(f"its reader{'s' if len(users) > 1 else ''} (task {shown})")
-        if self.max_pos < self.close[p]:
+        if self.close[p] > self.n:  # the root scope's close position lies beyond every task
+            waits.append("the root scope to close, which it never does")
+        elif self.max_pos < self.close[p]:
             waits.append(f"its scope to close (after task {self.close[p] - 1})")
         return (
             f"the ring is held by task {p}'s slice [{self.first_byte[p]}, {t.end}), waiting for"

@@ -108,6 +108,25 @@ def test_a_fatal_on_an_alloc_task_keeps_its_materialized_outputs(make_alloc):
     assert outputs.get_ref(1) is outputs.outputs[1]
 
 
+def root_then_scoped(rt) -> None:
+    """A 1024-byte tensor in the root scope (never reclaimed), then a scoped 64-byte one."""
+    rt.alloc_tensors(256)
+    with rt.scope():
+        rt.alloc_tensors(16)
+
+
+def test_a_ring_held_by_the_root_scope_says_it_never_closes(make_alloc):
+    """The holder of a root-scope slice waits for no task: the message says its scope never
+    closes (before: "its scope to close (after task 2)", a task the program does not have)."""
+    result = checked(root_then_scoped, RingConfig(cores=1, ring_bytes=1024), make_alloc())
+    assert result.fatal == (
+        "heap ring too small: task 1 needs a live window of 1088 bytes, more than the ring's"
+        " 1024, and no core can make progress (frontier F=0): the ring is held by task 0's"
+        " slice [0, 1024), waiting for the root scope to close, which it never does"
+    )
+    assert result.fatal_task == 1 == _ring_programs.one_core_verdict(result.plan)
+
+
 def kernel_fatal(rt) -> None:
     """A kernel with a heap output that cannot fit (window mode), then independent work."""
     big = rt.submit("big", outputs=[200]).get_ref(0)
