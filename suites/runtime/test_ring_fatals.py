@@ -127,6 +127,34 @@ def test_a_ring_held_by_the_root_scope_says_it_never_closes(make_alloc):
     assert result.fatal_task == 1 == _ring_programs.one_core_verdict(result.plan)
 
 
+def readers_after(rt, k: int) -> None:
+    """In one scope: a 1024-byte tensor, a 64-byte one, then ``k`` readers of the first."""
+    with rt.scope():
+        p = rt.alloc_tensors(256).get_ref(0)
+        rt.alloc_tensors(16)
+        for _ in range(k):
+            rt.submit("read", inputs=[p], cost_ns=10)
+
+
+@pytest.mark.parametrize(
+    ("k", "readers"),
+    [
+        (2, "its readers (task 2, 3)"),
+        (8, "its readers (task 2, 3, 4, 5, 6, 7, 8, 9)"),
+        (9, "its readers (task 2, 3, 4, 5, 6, 7, 8, 9, ...)"),
+    ],
+)
+def test_the_holder_message_lists_at_most_eight_pending_readers(make_alloc, k, readers):
+    """One core stalls on the second allocation with every reader of the first still to come:
+    the message names the pending readers, the first eight of them, then "..."."""
+    result = checked(readers_after, RingConfig(cores=1, ring_bytes=1024), make_alloc(), k=k)
+    assert result.fatal == (
+        "heap ring too small: task 1 needs a live window of 1088 bytes, more than the ring's"
+        " 1024, and no core can make progress (frontier F=0): the ring is held by task 0's"
+        f" slice [0, 1024), waiting for {readers} and its scope to close (after task {k + 1})"
+    )
+
+
 def kernel_fatal(rt) -> None:
     """A kernel with a heap output that cannot fit (window mode), then independent work."""
     big = rt.submit("big", outputs=[200]).get_ref(0)
