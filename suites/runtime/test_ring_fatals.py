@@ -143,6 +143,7 @@ def readers_after(rt, k: int) -> None:
         (8, "its readers (task 2, 3, 4, 5, 6, 7, 8, 9)"),
         (9, "its readers (task 2, 3, 4, 5, 6, 7, 8, 9, ...)"),
     ],
+    ids=["2", "8", "9"],
 )
 def test_the_holder_message_lists_at_most_eight_pending_readers(make_alloc, k, readers):
     """One core stalls on the second allocation with every reader of the first still to come:
