@@ -156,6 +156,32 @@ def test_the_holder_message_lists_at_most_eight_pending_readers(make_alloc, k, r
     )
 
 
+def overwrite_and_grow(rt) -> None:
+    """In one scope: an 832-byte tensor, then a kernel that writes it and outputs 256 bytes
+    (which skip to the ring's next lap): the slice it needs waits for the kernel itself."""
+    with rt.scope():
+        p = rt.alloc_tensors(200).get_ref(0)
+        rt.submit("grow", writes=[p], outputs=[64], cost_ns=10)
+
+
+@pytest.mark.parametrize(
+    ("cores", "waits"),
+    [(1, "its reader (task 1) and its scope to close (after task 1)"), (2, "its reader (task 1)")],
+)
+def test_the_holder_message_drops_a_scope_another_core_replayed_past(make_alloc, cores, waits):
+    """One core stalls before the scope's end; with two, the core that lost the claim replays
+    past it, so the holder waits only for its reader (a true fatal: that reader is the
+    blocked task itself)."""
+    for seed in range(3):
+        config = RingConfig(cores=cores, ring_bytes=1024, seed=seed)
+        result = checked(overwrite_and_grow, config, make_alloc())
+        assert result.fatal == (
+            "heap ring too small: task 1 needs a live window of 1280 bytes, more than the"
+            " ring's 1024, and no core can make progress (frontier F=0): the ring is held by"
+            f" task 0's slice [0, 832), waiting for {waits}"
+        )
+
+
 def kernel_fatal(rt) -> None:
     """A kernel with a heap output that cannot fit (window mode), then independent work."""
     big = rt.submit("big", outputs=[200]).get_ref(0)
