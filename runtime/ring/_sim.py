@@ -248,7 +248,7 @@ class RunResult:
         waits: back-pressure waits (a core found the window full and waited for progress).
         trace: ``(time_ns, core, event, task)`` tuples in time order; events are ``claim``,
             ``alloc`` (the owner's back-pressure check passed), ``start``, ``end`` and
-            ``fatal``.
+            ``fatal`` (the last event, on core -1: the runtime ends the run, not a core).
         plan: the plan it replayed.
         ring: the heap ring (one allocator storage); outputs are views of it. It lives as long
             as this result or one of its views.

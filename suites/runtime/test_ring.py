@@ -193,6 +193,23 @@ def test_busy_wait_replay_spins_for_recorded_times(make_alloc):
     assert end - start == cost
 
 
+def test_the_summary_gives_simulated_time_in_microseconds_to_the_nanosecond(make_alloc):
+    """Two 10 ns replays, then the 50,123 ns kernel: 50,143 ns, reported as 50.143 us."""
+    config = RingConfig(cores=1, jitter=0.0, replay_ns=10)
+    result = simulate_checked(_one_kernel(50_123), config, make_alloc())
+    assert result.sim_time_ns == 50_143
+    assert result.summary()["sim_time_us"] == 50.143
+
+
+def test_a_fatal_is_the_trace_s_last_event_on_no_core(make_alloc):
+    """The fatal event names the fatal's task and no core (-1): the runtime, not a core,
+    ends the run, at the run's last simulated time."""
+    result = ring.run("long_span", RingConfig(reclaim="window", h=8), make_alloc(), span=20)
+    assert result.fatal_task == 9
+    assert result.trace[-1] == (result.sim_time_ns, -1, "fatal", 9)
+    assert all(core >= 0 for _, core, kind, _ in result.trace[:-1])
+
+
 def _one_kernel(cost):
     def one_kernel(rt):
         with rt.scope():
