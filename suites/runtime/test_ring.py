@@ -210,6 +210,25 @@ def test_a_fatal_is_the_trace_s_last_event_on_no_core(make_alloc):
     assert all(core >= 0 for _, core, kind, _ in result.trace[:-1])
 
 
+def test_kernel_replay_costs_a_launch_plus_each_element_it_reads(make_alloc):
+    """The ``kernel`` replay's cost model: ``launch_ns`` plus ``ns_per_element`` per element of
+    the regions it reads (of those it writes when it reads none), external and heap alike."""
+
+    def program(rt):
+        x = rt.external("x", 100)
+        rt.submit("all_of_x", inputs=[x])  # 100 elements
+        with rt.scope():
+            y = rt.alloc_tensors(30).get_ref(0)
+            rt.submit("part_of_x_and_y", inputs=[x.view(10, (20,)), y])  # 20 + 30 elements
+        rt.submit("write_only", writes=[x.view(0, (8,))])  # 8 elements
+
+    config = RingConfig(cores=1, replay="kernel", jitter=0.0, launch_ns=200, ns_per_element=2.0)
+    result = simulate_checked(program, config, make_alloc())
+    starts = {task: t for t, _, kind, task in result.trace if kind == "start"}
+    ends = {task: t for t, _, kind, task in result.trace if kind == "end" and task in starts}
+    assert {task: ends[task] - starts[task] for task in starts} == {0: 400, 2: 300, 3: 216}
+
+
 def _one_kernel(cost):
     def one_kernel(rt):
         with rt.scope():
