@@ -59,7 +59,8 @@ class Tensor:
     Attributes:
         region: its bytes (``buffer`` is :data:`HEAP` for heap tensors, with virtual offsets).
         owner: the id of the task whose heap slice holds it; ``None`` for external tensors.
-        scope: the id of the scope it was allocated in (``None`` for external tensors).
+        scope: the id of the scope it was allocated in: 0 for the root scope, then 1, 2, ... in
+            the order scopes open (``None`` for external tensors).
     """
 
     region: Region

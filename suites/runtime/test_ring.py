@@ -695,6 +695,22 @@ def test_close_positions_mark_scope_ends_and_the_root_scope_never_closes():
     assert plan.consumers == {0: (2, 3), 1: (2,)}
 
 
+def test_scope_ids_are_0_for_the_root_then_in_opening_order_and_none_for_externals():
+    out = []
+
+    def program(rt):
+        out.append(rt.alloc_tensors(4).get_ref(0))
+        out.append(rt.external("x", 4))
+        with rt.scope():
+            with rt.scope():
+                out.append(rt.alloc_tensors(4).get_ref(0))
+            out.append(rt.alloc_tensors(4).get_ref(0))
+        out.append(rt.submit("k", outputs=[4]).get_ref(0))
+
+    ring.plan(program, ring.PlanLimits(ring_bytes=1024))
+    assert [(t.owner, t.scope) for t in out] == [(0, 0), (None, None), (1, 2), (2, 1), (3, 0)]
+
+
 def test_views_keep_their_tensor_s_owner_and_scope_and_may_reach_its_last_element():
     def program(rt, out):
         with rt.scope():
