@@ -182,6 +182,31 @@ def test_the_holder_message_drops_a_scope_another_core_replayed_past(make_alloc,
         )
 
 
+def slow_then_two_slices(rt) -> None:
+    """A slow kernel with no heap slice, then two 64-byte slices in one scope (no get_ref)."""
+    rt.submit("slow", cost_ns=1_000_000)
+    with rt.scope():
+        rt.alloc_tensors(16)
+        rt.alloc_tensors(16)
+
+
+def test_the_pre_fix_path_wraps_in_exact_mode_too(make_alloc):
+    """The pre-fix path keeps the seed's rule in both modes, false fatals included: the core
+    that ran the slow kernel replays the first alloc after every slice died, so its window is
+    vend[1] minus the newest slice's end, which wraps (64 - 128, as uint64_t)."""
+    config = RingConfig(cores=2, ring_bytes=1024, alloc_election=False)
+    result = ring.run(slow_then_two_slices, config, make_alloc())
+    assert result.fatal == (
+        f"heap ring too small: task 1 needs a live window of {2**64 - 64} bytes, more than the"
+        " ring's 1024 (frontier F=2)"
+    )
+    assert result.completed == 3 and result.fatal_task == 1
+    with_election = ring.run(
+        slow_then_two_slices, RingConfig(cores=2, ring_bytes=1024), make_alloc()
+    )
+    assert with_election.fatal is None and with_election.completed == 3
+
+
 def kernel_fatal(rt) -> None:
     """A kernel with a heap output that cannot fit (window mode), then independent work."""
     big = rt.submit("big", outputs=[200]).get_ref(0)
