@@ -413,11 +413,47 @@ def _replace(result, **changes):
         ({"cores": 1025}, ValueError, "cores must be <= 1024, got 1025"),
         ({"lag": ((0, "x"),)}, TypeError, "lag factor must be a real number"),
         ({"lag": ((0,),)}, ValueError, r"lag entries must be \(core, factor\) pairs"),
+        ({"lag": ((0, 2.0, 3),)}, ValueError, r"pairs, got \(0, 2.0, 3\)$"),
+        ({"lag": ((-1, 2.0),)}, ValueError, "^lag core must be >= 0, got -1$"),
+        ({"lag": ((0, True),)}, TypeError, "^lag factor must be a real number, got True$"),
+        ({"lag": ((1, 2.0), (0, 3.0), (1, 2.0))}, ValueError, "gives core 1 more than one"),
+        ({"cores": True}, TypeError, "^cores must be an integer, got bool True$"),
+        ({"seed": -1}, ValueError, "^seed must be >= 0, got -1$"),
+        ({"launch_ns": -1}, ValueError, "^launch_ns must be >= 0, got -1$"),
+        ({"replay_ns": 1.5}, TypeError, "^replay_ns must be an integer, got float 1.5$"),
+        ({"jitter": -0.1}, ValueError, r"^jitter must be in \[0, 1\), got -0.1$"),
+        ({"jitter": True}, TypeError, "^jitter must be a real number, got True$"),
+        ({"ns_per_element": "x"}, TypeError, "^ns_per_element must be a real number, got 'x'$"),
+        ({"ns_per_element": -1.0}, ValueError, "^ns_per_element must be >= 0, got -1.0$"),
+        ({"ns_per_element": float("inf")}, ValueError, "^ns_per_element must be >= 0, got inf$"),
     ],
 )
 def test_ring_config_rejects_bad_values(kwargs, error, match):
     with pytest.raises(error, match=match):
         RingConfig(**kwargs)
+
+
+def test_ring_config_accepts_its_boundary_values():
+    """The smallest and largest accepted values; lag pairs given as lists are kept as tuples,
+    and a lagged core's factor is its speed."""
+    config = RingConfig(
+        cores=ring.MAX_CORES,
+        lag=[[0, 1], [1, ring.MAX_LAG]],
+        h=0,
+        ring_bytes=4,
+        align=4,
+        max_fanin=1,
+        replay_ns=1,
+        launch_ns=0,
+        ns_per_element=0,
+        jitter=0.0,
+    )
+    assert config.lag == ((0, 1), (1, 1e6))
+    speeds = config.speeds()
+    assert len(speeds) == 1024 and speeds[:3] == [1.0, 1e6, 1.0] and set(speeds[2:]) == {1.0}
+    assert all(type(s) is float for s in speeds[:2])
+    assert config.limits() == ring.PlanLimits(4, 4, "exact", 0, 1)
+    assert RingConfig(jitter=0.999).jitter == 0.999
 
 
 def test_the_orchestrator_rejects_misuse():
