@@ -201,6 +201,10 @@ def test_the_pre_fix_path_wraps_in_exact_mode_too(make_alloc):
         " ring's 1024 (frontier F=2)"
     )
     assert result.completed == 3 and result.fatal_task == 1
+    # the core that completed each alloc task logged its passed check (no owner is elected)
+    allocs = {task: core for _, core, kind, task in result.trace if kind == "alloc"}
+    ends = {task: core for _, core, kind, task in result.trace if kind == "end"}
+    assert allocs == {1: ends[1], 2: ends[2]}
     with_election = ring.run(
         slow_then_two_slices, RingConfig(cores=2, ring_bytes=1024), make_alloc()
     )
