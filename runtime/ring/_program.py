@@ -59,7 +59,8 @@ class Tensor:
     Attributes:
         region: its bytes (``buffer`` is :data:`HEAP` for heap tensors, with virtual offsets).
         owner: the id of the task whose heap slice holds it; ``None`` for external tensors.
-        scope: the id of the scope it was allocated in (``None`` for external tensors).
+        scope: the id of the scope it was allocated in: 0 for the root scope, then 1, 2, ... in
+            the order scopes open (``None`` for external tensors).
     """
 
     region: Region
@@ -137,7 +138,7 @@ class PlannedTask:
             into existing tensors, new outputs).
         deps: the producers it waits for (the TensorMap's fan-in over its reads and writes,
             plus the owners of the heap tensors it touches), newest first.
-        touches: owners of the heap slices it reads or writes.
+        touches: owners of the heap slices it reads or writes, newest first.
         cost_ns: its recorded execution time (what busy-wait replay spins for).
         refs: how many ``get_ref`` calls the orchestration makes on its result.
     """
@@ -209,7 +210,8 @@ class Plan:
         fatal: ``(task id, message)`` of a fatal found while planning, else ``None``; the
             runtime raises it when the first core replays that task.
         close_pos: per task id, the number of tasks submitted when its scope closed (its
-            region may be reclaimed in exact mode only once a core has replayed that far).
+            region may be reclaimed in exact mode only once a core has replayed that far);
+            beyond every replay position for the root scope, which never closes.
         consumers: per heap-owning task id, the ids of the later tasks that touch its slice.
         externals: external buffers, name -> elements.
         limits: the :class:`PlanLimits` it was planned for.

@@ -248,7 +248,7 @@ class RunResult:
         waits: back-pressure waits (a core found the window full and waited for progress).
         trace: ``(time_ns, core, event, task)`` tuples in time order; events are ``claim``,
             ``alloc`` (the owner's back-pressure check passed), ``start``, ``end`` and
-            ``fatal``.
+            ``fatal`` (the last event, on core -1: the runtime ends the run, not a core).
         plan: the plan it replayed.
         ring: the heap ring (one allocator storage); outputs are views of it. It lives as long
             as this result or one of its views.
@@ -474,7 +474,9 @@ class _Engine:
         if users:
             shown = ", ".join(map(str, users[:8])) + (", ..." if len(users) > 8 else "")
             waits.append(f"its reader{'s' if len(users) > 1 else ''} (task {shown})")
-        if self.max_pos < self.close[p]:
+        if self.close[p] > self.n:  # the root scope's close position lies beyond every task
+            waits.append("the root scope to close, which it never does")
+        elif self.max_pos < self.close[p]:
             waits.append(f"its scope to close (after task {self.close[p] - 1})")
         return (
             f"the ring is held by task {p}'s slice [{self.first_byte[p]}, {t.end}), waiting for"

@@ -193,6 +193,42 @@ def test_busy_wait_replay_spins_for_recorded_times(make_alloc):
     assert end - start == cost
 
 
+def test_the_summary_gives_simulated_time_in_microseconds_to_the_nanosecond(make_alloc):
+    """Two 10 ns replays, then the 50,123 ns kernel: 50,143 ns, reported as 50.143 us."""
+    config = RingConfig(cores=1, jitter=0.0, replay_ns=10)
+    result = simulate_checked(_one_kernel(50_123), config, make_alloc())
+    assert result.sim_time_ns == 50_143
+    assert result.summary()["sim_time_us"] == 50.143
+
+
+def test_a_fatal_is_the_trace_s_last_event_on_no_core(make_alloc):
+    """The fatal event names the fatal's task and no core (-1): the runtime, not a core,
+    ends the run, at the run's last simulated time."""
+    result = ring.run("long_span", RingConfig(reclaim="window", h=8), make_alloc(), span=20)
+    assert result.fatal_task == 9
+    assert result.trace[-1] == (result.sim_time_ns, -1, "fatal", 9)
+    assert all(core >= 0 for _, core, kind, _ in result.trace[:-1])
+
+
+def test_kernel_replay_costs_a_launch_plus_each_element_it_reads(make_alloc):
+    """The ``kernel`` replay's cost model: ``launch_ns`` plus ``ns_per_element`` per element of
+    the regions it reads (of those it writes when it reads none), external and heap alike."""
+
+    def program(rt):
+        x = rt.external("x", 100)
+        rt.submit("all_of_x", inputs=[x])  # 100 elements
+        with rt.scope():
+            y = rt.alloc_tensors(30).get_ref(0)
+            rt.submit("part_of_x_and_y", inputs=[x.view(10, (20,)), y])  # 20 + 30 elements
+        rt.submit("write_only", writes=[x.view(0, (8,))])  # 8 elements
+
+    config = RingConfig(cores=1, replay="kernel", jitter=0.0, launch_ns=200, ns_per_element=2.0)
+    result = simulate_checked(program, config, make_alloc())
+    starts = {task: t for t, _, kind, task in result.trace if kind == "start"}
+    ends = {task: t for t, _, kind, task in result.trace if kind == "end" and task in starts}
+    assert {task: ends[task] - starts[task] for task in starts} == {0: 400, 2: 300, 3: 216}
+
+
 def _one_kernel(cost):
     def one_kernel(rt):
         with rt.scope():
@@ -261,7 +297,8 @@ def test_exact_reclaim_runs_a_long_span_in_a_ring_of_its_true_live_set(make_allo
     config = RingConfig(reclaim="exact", ring_bytes=ACCUMULATOR_BYTES)
     result = completed(simulate_checked("long_span", config, make_alloc(), **LONG_SPAN))
     assert result.max_live_window_bytes == ACCUMULATOR_BYTES
-    assert result.waits > 0  # each scope's allocation waited for the previous one's reclaim
+    # each scope's allocation after the first waited (once) for the previous one's reclaim
+    assert result.waits == LONG_SPAN["scopes"] - 1
     # one byte less cannot hold even one accumulator
     small = ring.run("long_span", RingConfig(ring_bytes=ACCUMULATOR_BYTES - 64), make_alloc())
     assert small.fatal == "task 0 needs 1024 heap bytes, more than the heap ring's 960"
@@ -376,11 +413,47 @@ def _replace(result, **changes):
         ({"cores": 1025}, ValueError, "cores must be <= 1024, got 1025"),
         ({"lag": ((0, "x"),)}, TypeError, "lag factor must be a real number"),
         ({"lag": ((0,),)}, ValueError, r"lag entries must be \(core, factor\) pairs"),
+        ({"lag": ((0, 2.0, 3),)}, ValueError, r"pairs, got \(0, 2.0, 3\)$"),
+        ({"lag": ((-1, 2.0),)}, ValueError, "^lag core must be >= 0, got -1$"),
+        ({"lag": ((0, True),)}, TypeError, "^lag factor must be a real number, got True$"),
+        ({"lag": ((1, 2.0), (0, 3.0), (1, 2.0))}, ValueError, "gives core 1 more than one"),
+        ({"cores": True}, TypeError, "^cores must be an integer, got bool True$"),
+        ({"seed": -1}, ValueError, "^seed must be >= 0, got -1$"),
+        ({"launch_ns": -1}, ValueError, "^launch_ns must be >= 0, got -1$"),
+        ({"replay_ns": 1.5}, TypeError, "^replay_ns must be an integer, got float 1.5$"),
+        ({"jitter": -0.1}, ValueError, r"^jitter must be in \[0, 1\), got -0.1$"),
+        ({"jitter": True}, TypeError, "^jitter must be a real number, got True$"),
+        ({"ns_per_element": "x"}, TypeError, "^ns_per_element must be a real number, got 'x'$"),
+        ({"ns_per_element": -1.0}, ValueError, "^ns_per_element must be >= 0, got -1.0$"),
+        ({"ns_per_element": float("inf")}, ValueError, "^ns_per_element must be >= 0, got inf$"),
     ],
 )
 def test_ring_config_rejects_bad_values(kwargs, error, match):
     with pytest.raises(error, match=match):
         RingConfig(**kwargs)
+
+
+def test_ring_config_accepts_its_boundary_values():
+    """The smallest and largest accepted values; lag pairs given as lists are kept as tuples,
+    and a lagged core's factor is its speed."""
+    config = RingConfig(
+        cores=ring.MAX_CORES,
+        lag=[[0, 1], [1, ring.MAX_LAG]],
+        h=0,
+        ring_bytes=4,
+        align=4,
+        max_fanin=1,
+        replay_ns=1,
+        launch_ns=0,
+        ns_per_element=0,
+        jitter=0.0,
+    )
+    assert config.lag == ((0, 1), (1, 1e6))
+    speeds = config.speeds()
+    assert len(speeds) == 1024 and speeds[:3] == [1.0, 1e6, 1.0] and set(speeds[2:]) == {1.0}
+    assert all(type(s) is float for s in speeds[:2])
+    assert config.limits() == ring.PlanLimits(4, 4, "exact", 0, 1)
+    assert RingConfig(jitter=0.999).jitter == 0.999
 
 
 def test_the_orchestrator_rejects_misuse():
@@ -659,6 +732,22 @@ def test_close_positions_mark_scope_ends_and_the_root_scope_never_closes():
     assert plan.consumers == {0: (2, 3), 1: (2,)}
 
 
+def test_scope_ids_are_0_for_the_root_then_in_opening_order_and_none_for_externals():
+    out = []
+
+    def program(rt):
+        out.append(rt.alloc_tensors(4).get_ref(0))
+        out.append(rt.external("x", 4))
+        with rt.scope():
+            with rt.scope():
+                out.append(rt.alloc_tensors(4).get_ref(0))
+            out.append(rt.alloc_tensors(4).get_ref(0))
+        out.append(rt.submit("k", outputs=[4]).get_ref(0))
+
+    ring.plan(program, ring.PlanLimits(ring_bytes=1024))
+    assert [(t.owner, t.scope) for t in out] == [(0, 0), (None, None), (1, 2), (2, 1), (3, 0)]
+
+
 def test_views_keep_their_tensor_s_owner_and_scope_and_may_reach_its_last_element():
     def program(rt, out):
         with rt.scope():
@@ -726,3 +815,26 @@ def test_an_external_tensor_name_must_be_a_str():
 def test_alloc_tensors_without_sizes_is_one_exact_error():
     with pytest.raises(ValueError, match=r"^alloc_tensors needs at least one size$"):
         ring.plan(lambda rt: rt.alloc_tensors(), ring.PlanLimits(ring_bytes=1024))
+
+
+@pytest.mark.parametrize("outputs", [3, "16", 2.5], ids=["int", "str", "float"])
+def test_outputs_must_be_a_sequence_of_sizes(outputs):
+    """A bare size, a string (iterable, but of characters) and a non-iterable are one error
+    naming the argument, not a failure deeper in planning."""
+    with pytest.raises(TypeError, match=r"^outputs must be a sequence of sizes, got "):
+        ring.plan(lambda rt: rt.submit("k", outputs=outputs), ring.PlanLimits(ring_bytes=1024))
+
+
+def test_touches_name_the_heap_owners_newest_first():
+    """A task's ``touches`` are the owners of the heap slices it reads or writes, newest first
+    whatever the order of its arguments (as its ``deps``); external tensors have no owner."""
+
+    def program(rt):
+        a = rt.alloc_tensors(4).get_ref(0)
+        b = rt.submit("b", outputs=[4]).get_ref(0)
+        c = rt.alloc_tensors(4).get_ref(0)
+        x = rt.external("x", 4)
+        rt.submit("use", inputs=[a, x, c], inouts=[b])
+
+    use = ring.plan(program, ring.PlanLimits(ring_bytes=1024)).tasks[-1]
+    assert use.touches == (2, 1, 0) and use.deps == (2, 1, 0)

@@ -108,6 +108,109 @@ def test_a_fatal_on_an_alloc_task_keeps_its_materialized_outputs(make_alloc):
     assert outputs.get_ref(1) is outputs.outputs[1]
 
 
+def root_then_scoped(rt) -> None:
+    """A 1024-byte tensor in the root scope (never reclaimed), then a scoped 64-byte one."""
+    rt.alloc_tensors(256)
+    with rt.scope():
+        rt.alloc_tensors(16)
+
+
+def test_a_ring_held_by_the_root_scope_says_it_never_closes(make_alloc):
+    """The holder of a root-scope slice waits for no task: the message says its scope never
+    closes (before: "its scope to close (after task 2)", a task the program does not have)."""
+    result = checked(root_then_scoped, RingConfig(cores=1, ring_bytes=1024), make_alloc())
+    assert result.fatal == (
+        "heap ring too small: task 1 needs a live window of 1088 bytes, more than the ring's"
+        " 1024, and no core can make progress (frontier F=0): the ring is held by task 0's"
+        " slice [0, 1024), waiting for the root scope to close, which it never does"
+    )
+    assert result.fatal_task == 1 == _ring_programs.one_core_verdict(result.plan)
+
+
+def readers_after(rt, k: int) -> None:
+    """In one scope: a 1024-byte tensor, a 64-byte one, then ``k`` readers of the first."""
+    with rt.scope():
+        p = rt.alloc_tensors(256).get_ref(0)
+        rt.alloc_tensors(16)
+        for _ in range(k):
+            rt.submit("read", inputs=[p], cost_ns=10)
+
+
+@pytest.mark.parametrize(
+    ("k", "readers"),
+    [
+        (2, "its readers (task 2, 3)"),
+        (8, "its readers (task 2, 3, 4, 5, 6, 7, 8, 9)"),
+        (9, "its readers (task 2, 3, 4, 5, 6, 7, 8, 9, ...)"),
+    ],
+    ids=["2", "8", "9"],
+)
+def test_the_holder_message_lists_at_most_eight_pending_readers(make_alloc, k, readers):
+    """One core stalls on the second allocation with every reader of the first still to come:
+    the message names the pending readers, the first eight of them, then "..."."""
+    result = checked(readers_after, RingConfig(cores=1, ring_bytes=1024), make_alloc(), k=k)
+    assert result.fatal == (
+        "heap ring too small: task 1 needs a live window of 1088 bytes, more than the ring's"
+        " 1024, and no core can make progress (frontier F=0): the ring is held by task 0's"
+        f" slice [0, 1024), waiting for {readers} and its scope to close (after task {k + 1})"
+    )
+
+
+def overwrite_and_grow(rt) -> None:
+    """In one scope: an 832-byte tensor, then a kernel that writes it and outputs 256 bytes
+    (which skip to the ring's next lap): the slice it needs waits for the kernel itself."""
+    with rt.scope():
+        p = rt.alloc_tensors(200).get_ref(0)
+        rt.submit("grow", writes=[p], outputs=[64], cost_ns=10)
+
+
+@pytest.mark.parametrize(
+    ("cores", "waits"),
+    [(1, "its reader (task 1) and its scope to close (after task 1)"), (2, "its reader (task 1)")],
+)
+def test_the_holder_message_drops_a_scope_another_core_replayed_past(make_alloc, cores, waits):
+    """One core stalls before the scope's end; with two, the core that lost the claim replays
+    past it, so the holder waits only for its reader (a true fatal: that reader is the
+    blocked task itself)."""
+    for seed in range(3):
+        config = RingConfig(cores=cores, ring_bytes=1024, seed=seed)
+        result = checked(overwrite_and_grow, config, make_alloc())
+        assert result.fatal == (
+            "heap ring too small: task 1 needs a live window of 1280 bytes, more than the"
+            " ring's 1024, and no core can make progress (frontier F=0): the ring is held by"
+            f" task 0's slice [0, 832), waiting for {waits}"
+        )
+
+
+def slow_then_two_slices(rt) -> None:
+    """A slow kernel with no heap slice, then two 64-byte slices in one scope (no get_ref)."""
+    rt.submit("slow", cost_ns=1_000_000)
+    with rt.scope():
+        rt.alloc_tensors(16)
+        rt.alloc_tensors(16)
+
+
+def test_the_pre_fix_path_wraps_in_exact_mode_too(make_alloc):
+    """The pre-fix path keeps the seed's rule in both modes, false fatals included: the core
+    that ran the slow kernel replays the first alloc after every slice died, so its window is
+    vend[1] minus the newest slice's end, which wraps (64 - 128, as uint64_t)."""
+    config = RingConfig(cores=2, ring_bytes=1024, alloc_election=False)
+    result = ring.run(slow_then_two_slices, config, make_alloc())
+    assert result.fatal == (
+        f"heap ring too small: task 1 needs a live window of {2**64 - 64} bytes, more than the"
+        " ring's 1024 (frontier F=2)"
+    )
+    assert result.completed == 3 and result.fatal_task == 1
+    # the core that completed each alloc task logged its passed check (no owner is elected)
+    allocs = {task: core for _, core, kind, task in result.trace if kind == "alloc"}
+    ends = {task: core for _, core, kind, task in result.trace if kind == "end"}
+    assert allocs == {1: ends[1], 2: ends[2]}
+    with_election = ring.run(
+        slow_then_two_slices, RingConfig(cores=2, ring_bytes=1024), make_alloc()
+    )
+    assert with_election.fatal is None and with_election.completed == 3
+
+
 def kernel_fatal(rt) -> None:
     """A kernel with a heap output that cannot fit (window mode), then independent work."""
     big = rt.submit("big", outputs=[200]).get_ref(0)
