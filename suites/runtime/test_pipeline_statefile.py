@@ -28,6 +28,7 @@ from runtime.pipeline import (
     StateFile,
     StateFileError,
     StateHeader,
+    global_bytes,
     journal_bytes,
     layer_activation_bytes,
     layer_weight_bytes,
@@ -301,3 +302,59 @@ def test_commit_refuses_before_writing_anything(tiny_file):
         with pytest.raises(ValueError, match="is open read-only"):
             state.commit(state.header)
         assert not state.layer_grads(0).flags.writeable
+
+
+# -- the decoded header as plain data, and the global region -------------------------------------
+
+
+def test_to_dict_in_full(tmp_path):
+    path = tmp_path / "owned.state"
+    with StateFile.create(path, TINY, scheduler=_state(), delete_when_done=True) as state:
+        counts = (1, 2, 3, 4, 5, 6)
+        state.write_header(dataclasses.replace(state.header, restarts=3, action_counts=counts))
+    with StateFile.open(path, readonly=True) as state:
+        info = state.header.to_dict()
+    w, a = layer_weight_bytes(TINY.dims), layer_activation_bytes(TINY.dims)
+    acts = HEADER_BYTES + 3 * (w + 2 * w + w)
+    assert info == {
+        "sentinel": "0x414E4550",
+        "version": 2,
+        "generation": 1,
+        "model": "tiny",
+        "dims": {"dim": 8, "hidden_dim": 16, "n_heads": 2, "n_kv_heads": 2, "n_layers": 3,
+                 "vocab_size": 32, "seq_len": 4},
+        "compile": {"compile_budget": 119, "kernels_per_layer": 5, "static_per_layer": 1,
+                    "accum_steps": 3, "headroom_pct": 0.1},
+        "checkpoint": {"policy": "all", "interval": 0},
+        "scheduler": {"phase": "BACKWARD", "group": 0, "step": 1, "accum_step": 2,
+                      "total_steps": 5, "learning_rate": 0.25, "last_loss": 1.5},
+        "restarts": 3,
+        "actions": {"COMPILE_GROUP": 1, "RUN_FORWARD_GROUP": 2, "RUN_BACKWARD_GROUP": 3,
+                    "EXEC_RESTART": 4, "WEIGHT_UPDATE": 5, "STEP_DONE": 6},
+        "delete_when_done": True,
+        "offsets": {"layer_weights": HEADER_BYTES, "layer_adam": HEADER_BYTES + 3 * w,
+                    "layer_grads": HEADER_BYTES + 9 * w, "layer_acts": acts,
+                    "global": acts + 3 * a, "journal": acts + 3 * a + global_bytes(TINY.dims)},
+        "total_size": state_file_bytes(TINY),
+    }  # fmt: skip
+
+
+def test_to_dict_refuses_a_header_without_one_count_per_action():
+    header = StateHeader(TINY, "all", 0, _state(), action_counts=(1, 2))
+    with pytest.raises(ValueError):
+        header.to_dict()  # as pack() refuses it: never a dict that leaves actions out
+    with pytest.raises(ValueError, match=r"action_counts: expected 6 counts, one per Action"):
+        header.pack()
+
+
+def test_the_global_region_is_every_global_float32_and_no_more(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        region = state.global_region()
+        assert region.dtype == np.float32
+        assert region.shape == (global_bytes(TINY.dims) // 4,)
+        region[-1] = 1.25  # the last global float, just before the journal
+        offset = state.header.layout.journal - 4
+        del region
+    with open(tiny_file, "rb") as f:
+        f.seek(offset)
+        assert f.read(4) == np.float32(1.25).tobytes()
