@@ -36,6 +36,9 @@ from runtime.pipeline import (
     state_file_bytes,
 )
 
+from . import _targets
+from ._knobs import pinned_env
+
 TINY = ModelConfig("tiny", ModelDims(8, 16, 2, 2, 3, 32, 4), CompileConfig(accum_steps=3))
 
 
@@ -358,3 +361,79 @@ def test_the_global_region_is_every_global_float32_and_no_more(tiny_file):
     with open(tiny_file, "rb") as f:
         f.seek(offset)
         assert f.read(4) == np.float32(1.25).tobytes()
+
+
+# -- commits: edges of the journal and of the tensors ---------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["write", "written", "header"])
+def test_a_kill_inside_a_commit_of_odd_sized_writes_is_undone(death, tiny_file, point):
+    """Writes of 2, 0, 7 and 5 bytes, the last ending where the journal begins: their journal
+    records are padded to 8 bytes, and the one open after the kill restores every byte."""
+    with StateFile.open(tiny_file, readonly=True) as state:
+        layout, generation = state.header.layout, state.header.generation
+    before = tiny_file.read_bytes()[HEADER_BYTES : layout.journal]
+    writes = [
+        (layout.layer_weights + 1, b"\x01\x02"),
+        (layout.layer_adam, b""),
+        (layout.layer_grads + 3, b"\x03" * 7),
+        (layout.journal - 5, b"\x04" * 5),
+    ]
+    env = pinned_env("cpu")
+    env["DEVMEM_PIPELINE_KILL_AT"] = f"{generation + 1}:{point}"
+    plain = [[offset, data.hex()] for offset, data in writes]
+    outcome = death.run(_targets.commit_writes, str(tiny_file), plain, env=env, style="fork")
+    outcome.assert_died(signal="SIGKILL")
+    assert tiny_file.read_bytes()[HEADER_BYTES : layout.journal] != before  # bytes were written
+    with StateFile.open(tiny_file) as state:
+        assert (state.header.generation, state.rolled_back) == (generation, 14)
+    assert tiny_file.read_bytes()[HEADER_BYTES : layout.journal] == before
+
+
+def test_a_commit_may_write_nothing_or_up_to_the_journal(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        journal = state.header.layout.journal
+        state.commit(state.header, [(journal - 4, np.float32(6.5).tobytes()), (journal, b"")])
+        assert state.global_region()[-1] == 6.5 and state.header.generation == 1
+
+
+def test_commit_sets_the_layout_of_a_header_built_without_one(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        layout = state.header.layout
+        state.commit(StateHeader(TINY, "sqrt", 0, _state(), restarts=2))
+        assert (state.header.layout, state.header.generation) == (layout, 1)
+        assert (
+            state.offset("layer_grads", 2)
+            == layout.layer_grads + 2 * (layout.layer_acts - layout.layer_grads) // 3
+        )
+    with StateFile.open(tiny_file) as state:
+        assert (state.header.restarts, state.header.layout) == (2, layout)
+
+
+def test_offset_names_the_accessor_and_the_last_float(tiny_file):
+    with StateFile.open(tiny_file, readonly=True) as state:
+        floats = layer_weight_bytes(TINY.dims) // 4
+        last = state.offset("layer_grads", 2, floats - 1)
+        assert last == state.header.layout.layer_acts - 4
+        with pytest.raises(IndexError) as info:
+            state.offset("layer_grads", 3)
+        assert str(info.value) == "layer_grads(3): expected a layer in 0 .. 2"
+        with pytest.raises(IndexError) as info:
+            state.offset("layer_grads", 0, floats)
+        assert str(info.value) == f"layer_grads(0)[{floats}]: out of range"
+
+
+def test_the_journal_takes_originals_up_to_its_capacity_exactly(tiny_file):
+    """TINY's journal is 8192 bytes: a 24-byte head (magic, generation, count, size, CRC), then
+    per write a 16-byte record and the original bytes padded to 8: 8152 bytes fit, 8160 not."""
+    with StateFile.open(tiny_file) as state:
+        start = state.header.layout.layer_adam
+        with pytest.raises(ValueError) as info:
+            state.commit(state.header, [(start, b"\x05" * 8160)])
+        assert str(info.value) == (
+            "commit: the originals of 1 writes take 8176 journal bytes, the journal holds 8168"
+        )
+        assert state.header.generation == 0
+        state.commit(state.header, [(start, b"\x05" * 8152)])
+        assert state.header.generation == 1
+        assert bytes(state.layer_adam(0)[:4].tobytes()) == b"\x05" * 16
