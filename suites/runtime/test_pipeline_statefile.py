@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -368,16 +369,16 @@ def test_the_global_region_is_every_global_float32_and_no_more(tiny_file):
 
 @pytest.mark.parametrize("point", ["write", "written", "header"])
 def test_a_kill_inside_a_commit_of_odd_sized_writes_is_undone(death, tiny_file, point):
-    """Writes of 2, 0, 7 and 5 bytes, the last ending where the journal begins: their journal
+    """Writes of 2, 7, 5 and 0 bytes, the third ending where the journal begins: their journal
     records are padded to 8 bytes, and the one open after the kill restores every byte."""
     with StateFile.open(tiny_file, readonly=True) as state:
         layout, generation = state.header.layout, state.header.generation
     before = tiny_file.read_bytes()[HEADER_BYTES : layout.journal]
     writes = [
         (layout.layer_weights + 1, b"\x01\x02"),
-        (layout.layer_adam, b""),
         (layout.layer_grads + 3, b"\x03" * 7),
         (layout.journal - 5, b"\x04" * 5),
+        (layout.layer_adam, b""),  # its record ends the journal
     ]
     env = pinned_env("cpu")
     env["DEVMEM_PIPELINE_KILL_AT"] = f"{generation + 1}:{point}"
@@ -437,3 +438,97 @@ def test_the_journal_takes_originals_up_to_its_capacity_exactly(tiny_file):
         state.commit(state.header, [(start, b"\x05" * 8152)])
         assert state.header.generation == 1
         assert bytes(state.layer_adam(0)[:4].tobytes()) == b"\x05" * 16
+
+
+# -- the journal as bytes (module docstring): a 24-byte head (magic "JRNL", the generation it
+# undoes, the record count, the payload size, a CRC-32 of head and payload), then per record its
+# offset and length (two uint64) and the original bytes, padded to 8 ---------------------------
+
+
+def _write_journal(path, records, *, count=None, payload=None, crc_over=None) -> None:
+    """Write a journal for generation 0 of ``path`` (a closed TINY file) holding ``records``;
+    ``count`` and ``payload`` override the head's fields, ``crc_over`` the bytes after the head
+    that the CRC covers (default: the records)."""
+    body = b"".join(
+        struct.pack("<QQ", offset, len(data)) + data + bytes(-len(data) % 8)
+        for offset, data in records
+    )
+    with StateFile.open(path, readonly=True) as state:
+        start = state.header.layout.journal
+    head = struct.pack(
+        "<IQII",
+        0x4C4E524A,
+        0,
+        len(records) if count is None else count,
+        len(body) if payload is None else payload,
+    )
+    covered = body if crc_over is None else crc_over(body)
+    crc = zlib.crc32(covered, zlib.crc32(head))
+    _rewrite(path, start, head + struct.pack("<I", crc) + body)
+
+
+def _weights_after_open(path) -> tuple[int, float]:
+    with StateFile.open(path) as state:
+        return state.rolled_back, float(state.layer_weights(0)[0])
+
+
+def test_a_journal_that_ends_at_the_files_end_is_replayed(tiny_file):
+    start = HEADER_BYTES  # layer 0's first weight float, 0.0 in the file
+    size = state_file_bytes(TINY)
+    with StateFile.open(tiny_file, readonly=True) as state:
+        payload = size - state.header.layout.journal - 24
+    record = [(start, np.float32(9.5).tobytes())]
+    _write_journal(tiny_file, record, payload=payload, crc_over=lambda b: b + bytes(payload - 24))
+    assert _weights_after_open(tiny_file) == (4, 9.5)
+
+
+def test_a_journal_whose_payload_overruns_the_file_is_not_replayed(tiny_file):
+    size = state_file_bytes(TINY)
+    with StateFile.open(tiny_file, readonly=True) as state:
+        rest = size - state.header.layout.journal - 24  # what the file holds after the head
+    record = [(HEADER_BYTES, np.float32(9.5).tobytes())]
+    _write_journal(tiny_file, record, payload=rest + 1, crc_over=lambda b: b + bytes(rest - 24))
+    assert _weights_after_open(tiny_file) == (0, 0.0)  # torn or foreign: no change under way
+
+
+def test_a_journal_with_more_records_than_its_payload_is_corrupt(tiny_file):
+    _write_journal(tiny_file, [(HEADER_BYTES, b"\x00" * 4)], count=2)
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value) == f"state file {tiny_file}: corrupt journal (record overrun)"
+
+
+# -- the kill knob's torn writes: half the journal, half the header slot (KILL_POINTS) -----------
+
+
+def _killed_copy(death, tiny_file, tmp_path, point: str, writes) -> bytes:
+    path = tmp_path / f"killed-{point}"
+    path.write_bytes(tiny_file.read_bytes())
+    env = pinned_env("cpu")
+    env["DEVMEM_PIPELINE_KILL_AT"] = f"1:{point}"
+    plain = [[offset, data.hex()] for offset, data in writes]
+    death.run(_targets.commit_writes, str(path), plain, env=env, style="fork").assert_died(
+        signal="SIGKILL"
+    )
+    return path.read_bytes()
+
+
+def test_the_journal_kill_point_leaves_half_the_journal(death, tiny_file, tmp_path):
+    with StateFile.open(tiny_file, readonly=True) as state:
+        start = state.header.layout.journal
+    writes = [(HEADER_BYTES + 2 * layer_weight_bytes(TINY.dims), b"\x07" * 64)]  # over 2.0s
+    size = 24 + 16 + 64  # the journal's head, the record, the original 2.0 floats
+    torn = _killed_copy(death, tiny_file, tmp_path, "journal", writes)[start : start + size]
+    whole = _killed_copy(death, tiny_file, tmp_path, "journaled", writes)[start : start + size]
+    assert torn[: size // 2] == whole[: size // 2]
+    assert torn[size // 2 :] == bytes(size - size // 2) != whole[size // 2 :]
+
+
+def test_the_header_kill_point_leaves_half_the_new_slot(death, tiny_file, tmp_path):
+    with StateFile.open(tiny_file, readonly=True) as state:
+        size = len(state.header.pack())
+    slot = SLOT_OFFSETS[1]  # a new file's header is in slot 0: the commit writes slot 1
+    torn = _killed_copy(death, tiny_file, tmp_path, "header", [])[slot : slot + size]
+    whole = _killed_copy(death, tiny_file, tmp_path, "committed", [])[slot : slot + size]
+    assert torn[: size // 2] == whole[: size // 2]
+    assert torn[size // 2 :] == bytes(size - size // 2) != whole[size // 2 :]
