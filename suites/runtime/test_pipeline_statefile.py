@@ -369,14 +369,14 @@ def test_the_global_region_is_every_global_float32_and_no_more(tiny_file):
 
 @pytest.mark.parametrize("point", ["write", "written", "header"])
 def test_a_kill_inside_a_commit_of_odd_sized_writes_is_undone(death, tiny_file, point):
-    """Writes of 2, 7, 5 and 0 bytes, the third ending where the journal begins: their journal
+    """Writes of 2, 17, 5 and 0 bytes, the third ending where the journal begins: their journal
     records are padded to 8 bytes, and the one open after the kill restores every byte."""
     with StateFile.open(tiny_file, readonly=True) as state:
         layout, generation = state.header.layout, state.header.generation
     before = tiny_file.read_bytes()[HEADER_BYTES : layout.journal]
     writes = [
         (layout.layer_weights + 1, b"\x01\x02"),
-        (layout.layer_grads + 3, b"\x03" * 7),
+        (layout.layer_grads + 3, b"\x03" * 17),
         (layout.journal - 5, b"\x04" * 5),
         (layout.layer_adam, b""),  # its record ends the journal
     ]
@@ -387,7 +387,7 @@ def test_a_kill_inside_a_commit_of_odd_sized_writes_is_undone(death, tiny_file, 
     outcome.assert_died(signal="SIGKILL")
     assert tiny_file.read_bytes()[HEADER_BYTES : layout.journal] != before  # bytes were written
     with StateFile.open(tiny_file) as state:
-        assert (state.header.generation, state.rolled_back) == (generation, 14)
+        assert (state.header.generation, state.rolled_back) == (generation, 24)
     assert tiny_file.read_bytes()[HEADER_BYTES : layout.journal] == before
 
 
@@ -496,6 +496,24 @@ def test_a_journal_with_more_records_than_its_payload_is_corrupt(tiny_file):
     with pytest.raises(StateFileError) as info:
         StateFile.open(tiny_file)
     assert str(info.value) == f"state file {tiny_file}: corrupt journal (record overrun)"
+
+
+def test_a_journal_record_outside_the_tensors_is_corrupt(tiny_file):
+    _write_journal(tiny_file, [(HEADER_BYTES - 4, b"\x00" * 8)])
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value) == (
+        f"state file {tiny_file}: corrupt journal: record at {HEADER_BYTES - 4} (8 bytes) is"
+        " outside the tensors"
+    )
+
+
+def test_names_ending_in_any_character_round_trip(tmp_path):
+    config = dataclasses.replace(TINY, name="tiny-XX")
+    with StateFile.create(tmp_path / "x", config, checkpoint_policy="MAX") as state:
+        assert state.header.config.name == "tiny-XX"
+    with StateFile.open(tmp_path / "x") as state:
+        assert (state.header.config.name, state.header.checkpoint_policy) == ("tiny-XX", "MAX")
 
 
 # -- the kill knob's torn writes: half the journal, half the header slot (KILL_POINTS) -----------
