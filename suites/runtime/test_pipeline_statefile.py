@@ -516,6 +516,44 @@ def test_names_ending_in_any_character_round_trip(tmp_path):
         assert (state.header.config.name, state.header.checkpoint_policy) == ("tiny-XX", "MAX")
 
 
+# -- a slot with a valid checksum and a bad field (slot layout: generation Q, flags I, the model
+# name 32s, 7 dims, 4 compile ints and the headroom double, the policy 16s and its interval, then
+# the scheduler: phase first, at byte 116), named in the error ---------------------------------
+
+
+def _slot_with(tiny_file, offset: int, data: bytes) -> None:
+    """Rewrite slot 0 of ``tiny_file`` with ``data`` at ``offset`` and a matching CRC-32."""
+    with StateFile.open(tiny_file, readonly=True) as state:
+        fields = bytearray(state.header.pack()[:-4])
+    fields[offset : offset + len(data)] = data
+    _rewrite(tiny_file, SLOT_OFFSETS[0], bytes(fields) + struct.pack("<I", zlib.crc32(fields)))
+
+
+@pytest.mark.parametrize(
+    ("offset", "data", "error"),
+    [
+        (12, b"\xff", "the model or policy name is not UTF-8"),
+        (96, b"\xfe", "the model or policy name is not UTF-8"),
+        (8, struct.pack("<I", 6), "flags=0x6: unknown flags"),
+        (116, struct.pack("<i", 9), "phase=9: expected one of [1, 2, 3]"),
+    ],
+)
+def test_a_bad_field_with_a_valid_checksum_is_named(tiny_file, offset, data, error):
+    _slot_with(tiny_file, offset, data)
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value).startswith(
+        f"state file {tiny_file}: corrupt header: slot 0: {error}; slot 1: checksum mismatch"
+    )
+
+
+def test_the_headroom_round_trips(tmp_path):
+    config = dataclasses.replace(TINY, compile=CompileConfig(accum_steps=3, headroom_pct=0.25))
+    StateFile.create(tmp_path / "h", config).close()
+    with StateFile.open(tmp_path / "h") as state:
+        assert state.header.config.compile.headroom_pct == 0.25
+
+
 # -- the kill knob's torn writes: half the journal, half the header slot (KILL_POINTS) -----------
 
 
