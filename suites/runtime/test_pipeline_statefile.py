@@ -517,8 +517,9 @@ def test_names_ending_in_any_character_round_trip(tmp_path):
 
 
 # -- a slot with a valid checksum and a bad field (slot layout: generation Q, flags I, the model
-# name 32s, 7 dims, 4 compile ints and the headroom double, the policy 16s and its interval, then
-# the scheduler: phase first, at byte 116), named in the error ---------------------------------
+# name 32s, 7 dims, 4 compile ints and the headroom double, the policy 16s and its interval at
+# byte 112, the scheduler's phase, group, step, accum_step at 116 .. 131, total_steps, two
+# doubles, the restarts at 152), named in the error ---------------------------------
 
 
 def _slot_with(tiny_file, offset: int, data: bytes) -> None:
@@ -536,6 +537,10 @@ def _slot_with(tiny_file, offset: int, data: bytes) -> None:
         (96, b"\xfe", "the model or policy name is not UTF-8"),
         (8, struct.pack("<I", 6), "flags=0x6: unknown flags"),
         (116, struct.pack("<i", 9), "phase=9: expected one of [1, 2, 3]"),
+        (112, struct.pack("<i", -1), "interval=-1: expected >= 0"),
+        (152, struct.pack("<i", -2), "restarts=-2: expected >= 0"),
+        (124, struct.pack("<i", 6), "step=6/5 accum_step=2/3 out of range"),
+        (128, struct.pack("<i", 3), "step=1/5 accum_step=3/3 out of range"),
     ],
 )
 def test_a_bad_field_with_a_valid_checksum_is_named(tiny_file, offset, data, error):
