@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import struct
 import zlib
@@ -518,8 +519,8 @@ def test_names_ending_in_any_character_round_trip(tmp_path):
 
 # -- a slot with a valid checksum and a bad field (slot layout: generation Q, flags I, the model
 # name 32s, 7 dims, 4 compile ints and the headroom double, the policy 16s and its interval at
-# byte 112, the scheduler's phase, group, step, accum_step at 116 .. 131, total_steps, two
-# doubles, the restarts at 152), named in the error ---------------------------------
+# byte 112, the scheduler's phase, group, step, accum_step at 116 .. 131, total_steps, the
+# learning rate and the last loss at 136 and 144, the restarts at 152), named in the error
 
 
 def _slot_with(tiny_file, offset: int, data: bytes) -> None:
@@ -541,6 +542,16 @@ def _slot_with(tiny_file, offset: int, data: bytes) -> None:
         (152, struct.pack("<i", -2), "restarts=-2: expected >= 0"),
         (124, struct.pack("<i", 6), "step=6/5 accum_step=2/3 out of range"),
         (128, struct.pack("<i", 3), "step=1/5 accum_step=3/3 out of range"),
+        (
+            136,
+            struct.pack("<d", math.nan),
+            "learning_rate=nan: the state file holds finite numbers only",
+        ),
+        (
+            144,
+            struct.pack("<d", -math.inf),
+            "last_loss=-inf: the state file holds finite numbers only",
+        ),
     ],
 )
 def test_a_bad_field_with_a_valid_checksum_is_named(tiny_file, offset, data, error):
