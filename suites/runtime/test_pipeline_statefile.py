@@ -540,6 +540,7 @@ def _slot_with(tiny_file, offset: int, data: bytes) -> None:
         (116, struct.pack("<i", 9), "phase=9: expected one of [1, 2, 3]"),
         (112, struct.pack("<i", -1), "interval=-1: expected >= 0"),
         (152, struct.pack("<i", -2), "restarts=-2: expected >= 0"),
+        (120, struct.pack("<i", 1), "group=1: expected 0 <= group < 1"),
         (124, struct.pack("<i", 6), "step=6/5 accum_step=2/3 out of range"),
         (128, struct.pack("<i", 3), "step=1/5 accum_step=3/3 out of range"),
         (
