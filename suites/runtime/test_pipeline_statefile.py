@@ -110,8 +110,12 @@ def test_accessors_reject_a_layer_out_of_range(tiny_file):
 def test_close_with_a_live_view_says_so_and_stays_usable(tiny_file):
     state = StateFile.open(tiny_file)
     view = state.layer_grads(1)
-    with pytest.raises(ValueError, match="drop them first"):
+    with pytest.raises(ValueError) as info:
         state.close()
+    assert str(info.value) == (
+        f"state file {tiny_file}: cannot close while arrays from layer_weights() and the other"
+        " accessors are alive; drop them first"
+    )
     view[0] = 1.0
     del view
     state.close()
@@ -137,6 +141,15 @@ def test_a_file_smaller_than_the_header(tmp_path, size):
         StateFileError, match=rf"is {size} bytes, smaller than its 4096-byte header"
     ):
         StateFile.open(path)
+
+
+def test_a_file_of_just_the_header_is_truncated(tiny_file):
+    os.truncate(tiny_file, HEADER_BYTES)  # as big as the header: not "smaller than" it
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value) == (
+        f"state file {tiny_file} is truncated: expected {state_file_bytes(TINY)} bytes, got 4096"
+    )
 
 
 def test_bad_sentinel_says_both_values(tiny_file):
