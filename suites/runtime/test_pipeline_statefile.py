@@ -619,3 +619,34 @@ def test_the_header_kill_point_leaves_half_the_new_slot(death, tiny_file, tmp_pa
     whole = _killed_copy(death, tiny_file, tmp_path, "committed", [])[slot : slot + size]
     assert torn[: size // 2] == whole[: size // 2]
     assert torn[size // 2 :] == bytes(size - size // 2) != whole[size // 2 :]
+
+
+# -- pack(): every field checked against its width before struct sees it --------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"checkpoint_policy": "p" * 17}, "checkpoint policy 'ppppppppppppppppp': the state file"
+         " holds at most 16 UTF-8 bytes"),
+        ({"checkpoint_interval": -1},
+         "checkpoint_interval=-1: the state file holds 0 .. 2147483647"),
+        ({"scheduler": SchedulerState(step=2**31, total_steps=2**31)},
+         "step=2147483648: the state file holds 0 .. 2147483647"),
+        ({"scheduler": SchedulerState(learning_rate=math.nan)},
+         "learning_rate=nan: the state file holds finite numbers only"),
+        ({"restarts": 2**31}, "restarts=2147483648: the state file holds 0 .. 2147483647"),
+    ],
+)  # fmt: skip
+def test_pack_refuses_a_value_its_field_cannot_hold(change, message):
+    header = dataclasses.replace(StateHeader(TINY, "all", 0, _state()), **change)
+    with pytest.raises(ValueError) as info:
+        header.pack()
+    assert str(info.value) == message
+
+
+def test_the_largest_restart_count_round_trips(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        state.write_header(dataclasses.replace(state.header, restarts=2**31 - 1))
+    with StateFile.open(tiny_file) as state:
+        assert state.header.restarts == 2**31 - 1
