@@ -636,6 +636,10 @@ def test_the_header_kill_point_leaves_half_the_new_slot(death, tiny_file, tmp_pa
         ({"scheduler": SchedulerState(learning_rate=math.nan)},
          "learning_rate=nan: the state file holds finite numbers only"),
         ({"restarts": 2**31}, "restarts=2147483648: the state file holds 0 .. 2147483647"),
+        ({"action_counts": (0, 0, 0, 0, 2**32, 0)},
+         "action_counts[WEIGHT_UPDATE]=4294967296: the state file holds 0 .. 4294967295"),
+        ({"action_counts": (0, -1, 0, 0, 0, 0)},
+         "action_counts[RUN_FORWARD_GROUP]=-1: the state file holds 0 .. 4294967295"),
     ],
 )  # fmt: skip
 def test_pack_refuses_a_value_its_field_cannot_hold(change, message):
@@ -645,8 +649,11 @@ def test_pack_refuses_a_value_its_field_cannot_hold(change, message):
     assert str(info.value) == message
 
 
-def test_the_largest_restart_count_round_trips(tiny_file):
+def test_the_largest_counts_round_trip(tiny_file):
+    counts = (2**32 - 1, 64, 0, 1, 2**31, 7)
     with StateFile.open(tiny_file) as state:
-        state.write_header(dataclasses.replace(state.header, restarts=2**31 - 1))
+        state.write_header(
+            dataclasses.replace(state.header, restarts=2**31 - 1, action_counts=counts)
+        )
     with StateFile.open(tiny_file) as state:
-        assert state.header.restarts == 2**31 - 1
+        assert (state.header.restarts, state.header.action_counts) == (2**31 - 1, counts)
