@@ -640,6 +640,9 @@ def test_the_header_kill_point_leaves_half_the_new_slot(death, tiny_file, tmp_pa
          "action_counts[WEIGHT_UPDATE]=4294967296: the state file holds 0 .. 4294967295"),
         ({"action_counts": (0, -1, 0, 0, 0, 0)},
          "action_counts[RUN_FORWARD_GROUP]=-1: the state file holds 0 .. 4294967295"),
+        ({"generation": 2**64},
+         "generation=18446744073709551616: the state file holds 0 .. 2**64-1"),
+        ({"generation": -1}, "generation=-1: the state file holds 0 .. 2**64-1"),
     ],
 )  # fmt: skip
 def test_pack_refuses_a_value_its_field_cannot_hold(change, message):
@@ -647,6 +650,11 @@ def test_pack_refuses_a_value_its_field_cannot_hold(change, message):
     with pytest.raises(ValueError) as info:
         header.pack()
     assert str(info.value) == message
+
+
+def test_the_largest_generation_packs():
+    header = StateHeader(TINY, "all", 0, _state(), generation=2**64 - 1)
+    assert header.pack()[:8] == b"\xff" * 8
 
 
 def test_the_largest_counts_round_trip(tiny_file):
