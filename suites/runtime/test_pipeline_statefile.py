@@ -59,6 +59,12 @@ def tiny_file(tmp_path):
     return path
 
 
+def test_a_created_file_undid_nothing_and_knows_its_path(tmp_path):
+    path = tmp_path / "new.state"
+    with StateFile.create(path, TINY) as state:
+        assert (state.rolled_back, state.path, state.readonly) == (0, str(path), False)
+
+
 def test_round_trip(tiny_file):
     assert os.path.getsize(tiny_file) == state_file_bytes(TINY)
     with StateFile.open(tiny_file) as state:
