@@ -63,6 +63,12 @@ def test_a_created_file_undid_nothing_and_knows_its_path(tmp_path):
     path = tmp_path / "new.state"
     with StateFile.create(path, TINY) as state:
         assert (state.rolled_back, state.path, state.readonly) == (0, str(path), False)
+        assert not state.header.delete_when_done  # by default the caller keeps the file
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError) as info:
+        StateFile.create(path, dataclasses.replace(TINY, name="other"))
+    assert str(info.value) == f"[Errno 17] state file {path} exists: '{path}'"
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["new.state"]
 
 
 def test_round_trip(tiny_file):
