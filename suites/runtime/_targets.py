@@ -75,6 +75,13 @@ def train(argv: list, mutant: str | None = None) -> None:
     raise SystemExit(pipeline.main(argv))
 
 
+def commit_writes(path: str, writes: list) -> None:
+    """Open the state file ``path`` and commit ``writes`` (``[offset, hex bytes]`` pairs) with
+    its header unchanged; with ``DEVMEM_PIPELINE_KILL_AT`` set, the commit dies where it says."""
+    with pipeline.StateFile.open(path) as state:
+        state.commit(state.header, [(offset, bytes.fromhex(data)) for offset, data in writes])
+
+
 def executor_over_fake_cupy(latency: int) -> dict:
     """The executor on the ``cuda`` backend over the allocator suites' fake CuPy (no GPU):
     every policy's run against its prediction, and blocks freed while a kernel used them."""

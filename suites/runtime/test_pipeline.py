@@ -131,7 +131,8 @@ def test_teeth_the_seeds_two_formulas_are_caught(monkeypatch):
 @pytest.mark.parametrize(
     ("headroom", "usable", "most"),
     [(0.10, 107, 17), (0.05, 113, 18), (0.20, 95, 15), (0.5, 59, 9), (0.0, 107, 17),
-     (1.5, 107, 17), (-0.5, 107, 17), (float("nan"), 107, 17), (0.9999999999, 107, 17)],
+     (1.5, 107, 17), (-0.5, 107, 17), (float("nan"), 107, 17), (0.9999999999, 107, 17),
+     (1e-50, 107, 17)],  # 1e-50 is positive but 0 in float32: the fallback, not a 0% headroom
 )  # fmt: skip
 def test_usable_budget_in_float32_as_the_c_does(headroom, usable, most):
     cc = CompileConfig(headroom_pct=headroom)
@@ -141,6 +142,12 @@ def test_usable_budget_in_float32_as_the_c_does(headroom, usable, most):
 def test_a_kernel_free_layer_is_one_per_group():
     cc = CompileConfig(kernels_per_layer=0, static_per_layer=0)
     assert max_layers_per_compile(cc) == 1  # the seed's guard
+
+
+def test_a_one_kernel_layer_fills_the_usable_budget():
+    for kernels, static in ((1, 0), (0, 1)):
+        cc = CompileConfig(kernels_per_layer=kernels, static_per_layer=static)
+        assert max_layers_per_compile(cc) == usable_budget(cc) == 107  # not the 0-kernel guard
 
 
 def test_tracker():
@@ -154,6 +161,35 @@ def test_tracker():
     assert (tracker.needs_restart, tracker.remaining) == (True, 0)
     with pytest.raises(ValueError, match="n_kernels=-1"):
         tracker.can_fit(-1)
+
+
+def test_tracker_errors_in_full():
+    tracker = BudgetTracker(threshold=10, used=4)
+    with pytest.raises(ValueError) as info:
+        tracker.consume(7)
+    assert str(info.value) == (
+        "consume(7): only 6 of 10 kernels left in this process; an exec() restart must come first"
+    )
+    assert tracker.used == 4  # refused: nothing counted
+    for kwargs, error, message in [
+        ({"threshold": -1}, ValueError, "threshold=-1: expected an integer >= 0"),
+        ({"threshold": 1.0}, TypeError, "threshold must be an int, got float 1.0"),
+        ({"threshold": 3, "used": -2}, ValueError, "used=-2: expected an integer >= 0"),
+        ({"threshold": 3, "used": "1"}, TypeError, "used must be an int, got str '1'"),
+    ]:
+        with pytest.raises(error) as info:
+            BudgetTracker(**kwargs)
+        assert str(info.value) == message
+
+
+def test_a_budget_below_one_layer_says_so_in_full():
+    config = PRESETS["llama7b"].with_overrides(compile_budget=5)
+    with pytest.raises(ValueError) as info:
+        plan_pipeline(config)
+    assert str(info.value) == (
+        "compile_budget=5 with headroom 0.1 leaves 4 usable kernels, fewer than one layer's 6"
+        " (5 weight + 1 static): raise the budget or lower the headroom"
+    )
 
 
 # -- the scheduler ---------------------------------------------------------------------------------

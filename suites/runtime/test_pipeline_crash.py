@@ -223,11 +223,22 @@ def test_teeth_the_old_commits_are_caught(death, reference, scratch, mutant, gen
         check_kill_and_resume(death, reference, scratch, FAST, generation, point, mutant)
 
 
-def test_the_knob_ignores_a_malformed_value(death, scratch):
+@pytest.mark.parametrize("value", ["soon", "x:committed", "8:soon"])
+def test_the_knob_ignores_a_malformed_value(death, scratch, value):
     path = os.path.join(scratch, "malformed")
-    outcome = _run(death, FAST, path, "soon")
-    outcome.assert_exited(0, match=r"ignoring DEVMEM_PIPELINE_KILL_AT='soon': expected GEN:POINT")
+    outcome = _run(death, FAST, path, value)
+    outcome.assert_exited(0)
+    assert (
+        f"devmem: ignoring DEVMEM_PIPELINE_KILL_AT={value!r}: expected GEN:POINT with POINT one"
+        " of create, journal, journaled, write, written, header, committed; not killing\n"
+    ) in outcome.stderr
     assert not os.path.exists(path)  # created by the run, removed at its end
+
+
+def test_without_the_knob_a_run_says_nothing_of_it(death, scratch):
+    outcome = _run(death, FAST, os.path.join(scratch, "unset"))
+    outcome.assert_exited(0)
+    assert "DEVMEM_PIPELINE_KILL_AT" not in outcome.stderr
 
 
 def test_a_resume_after_a_kill_says_what_it_undid(death, scratch, capsys):

@@ -212,6 +212,25 @@ def test_create_checks_the_fields_before_the_disk(tmp_path, change, field):
     assert _names(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"checkpoint_policy": "p" * 17}, "checkpoint policy 'ppppppppppppppppp': the state file"
+         " holds at most 16 UTF-8 bytes"),
+        ({"checkpoint_interval": 2**31},
+         "checkpoint_interval=2147483648: the state file holds 0 .. 2147483647"),
+        ({"scheduler": SchedulerState(learning_rate=float("inf"))},
+         "learning_rate=inf: the state file holds finite numbers only"),
+    ],
+)  # fmt: skip
+def test_create_checks_the_policy_and_scheduler_before_the_disk(tmp_path, change, message):
+    """Into a directory that does not exist: any disk access would be an OSError instead."""
+    config = PRESETS["stories110m"].with_overrides(n_layers=1)
+    with pytest.raises(ValueError) as info:
+        StateFile.create(tmp_path / "absent" / "s", config, sparse=True, **change)
+    assert str(info.value) == message
+
+
 def test_check_header_fields_names_the_field():
     dims, compile_ = ModelDims(8, 16, 2, 2, 1, 32, 4), CompileConfig()
     with pytest.raises(ValueError, match=r"model name 'x+': the state file holds at most 32"):

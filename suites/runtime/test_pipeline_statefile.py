@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -28,12 +30,16 @@ from runtime.pipeline import (
     StateFile,
     StateFileError,
     StateHeader,
+    global_bytes,
     journal_bytes,
     layer_activation_bytes,
     layer_weight_bytes,
     main,
     state_file_bytes,
 )
+
+from . import _targets
+from ._knobs import pinned_env
 
 TINY = ModelConfig("tiny", ModelDims(8, 16, 2, 2, 3, 32, 4), CompileConfig(accum_steps=3))
 
@@ -51,6 +57,18 @@ def tiny_file(tmp_path):
         state.layer_acts(0)[-1] = 7.0
         state.global_region()[0] = 3.0
     return path
+
+
+def test_a_created_file_undid_nothing_and_knows_its_path(tmp_path):
+    path = tmp_path / "new.state"
+    with StateFile.create(path, TINY) as state:
+        assert (state.rolled_back, state.path, state.readonly) == (0, str(path), False)
+        assert not state.header.delete_when_done  # by default the caller keeps the file
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError) as info:
+        StateFile.create(path, dataclasses.replace(TINY, name="other"))
+    assert str(info.value) == f"[Errno 17] state file {path} exists: '{path}'"
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["new.state"]
 
 
 def test_round_trip(tiny_file):
@@ -97,15 +115,20 @@ def test_accessors_reject_a_layer_out_of_range(tiny_file):
                     IndexError, match=rf"{name}\({layer}\): expected a layer in 0 \.\. 2"
                 ):
                     accessor(layer)
-            with pytest.raises(TypeError, match="layer must be an int"):
+            with pytest.raises(TypeError) as info:
                 accessor(1.0)
+            assert str(info.value) == "layer must be an int, got float 1.0"
 
 
 def test_close_with_a_live_view_says_so_and_stays_usable(tiny_file):
     state = StateFile.open(tiny_file)
     view = state.layer_grads(1)
-    with pytest.raises(ValueError, match="drop them first"):
+    with pytest.raises(ValueError) as info:
         state.close()
+    assert str(info.value) == (
+        f"state file {tiny_file}: cannot close while arrays from layer_weights() and the other"
+        " accessors are alive; drop them first"
+    )
     view[0] = 1.0
     del view
     state.close()
@@ -131,6 +154,15 @@ def test_a_file_smaller_than_the_header(tmp_path, size):
         StateFileError, match=rf"is {size} bytes, smaller than its 4096-byte header"
     ):
         StateFile.open(path)
+
+
+def test_a_file_of_just_the_header_is_truncated(tiny_file):
+    os.truncate(tiny_file, HEADER_BYTES)  # as big as the header: not "smaller than" it
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value) == (
+        f"state file {tiny_file} is truncated: expected {state_file_bytes(TINY)} bytes, got 4096"
+    )
 
 
 def test_bad_sentinel_says_both_values(tiny_file):
@@ -301,3 +333,347 @@ def test_commit_refuses_before_writing_anything(tiny_file):
         with pytest.raises(ValueError, match="is open read-only"):
             state.commit(state.header)
         assert not state.layer_grads(0).flags.writeable
+
+
+# -- the decoded header as plain data, and the global region -------------------------------------
+
+
+def test_to_dict_in_full(tmp_path):
+    path = tmp_path / "owned.state"
+    with StateFile.create(path, TINY, scheduler=_state(), delete_when_done=True) as state:
+        counts = (1, 2, 3, 4, 5, 6)
+        state.write_header(dataclasses.replace(state.header, restarts=3, action_counts=counts))
+    with StateFile.open(path, readonly=True) as state:
+        info = state.header.to_dict()
+    w, a = layer_weight_bytes(TINY.dims), layer_activation_bytes(TINY.dims)
+    acts = HEADER_BYTES + 3 * (w + 2 * w + w)
+    assert info == {
+        "sentinel": "0x414E4550",
+        "version": 2,
+        "generation": 1,
+        "model": "tiny",
+        "dims": {"dim": 8, "hidden_dim": 16, "n_heads": 2, "n_kv_heads": 2, "n_layers": 3,
+                 "vocab_size": 32, "seq_len": 4},
+        "compile": {"compile_budget": 119, "kernels_per_layer": 5, "static_per_layer": 1,
+                    "accum_steps": 3, "headroom_pct": 0.1},
+        "checkpoint": {"policy": "all", "interval": 0},
+        "scheduler": {"phase": "BACKWARD", "group": 0, "step": 1, "accum_step": 2,
+                      "total_steps": 5, "learning_rate": 0.25, "last_loss": 1.5},
+        "restarts": 3,
+        "actions": {"COMPILE_GROUP": 1, "RUN_FORWARD_GROUP": 2, "RUN_BACKWARD_GROUP": 3,
+                    "EXEC_RESTART": 4, "WEIGHT_UPDATE": 5, "STEP_DONE": 6},
+        "delete_when_done": True,
+        "offsets": {"layer_weights": HEADER_BYTES, "layer_adam": HEADER_BYTES + 3 * w,
+                    "layer_grads": HEADER_BYTES + 9 * w, "layer_acts": acts,
+                    "global": acts + 3 * a, "journal": acts + 3 * a + global_bytes(TINY.dims)},
+        "total_size": state_file_bytes(TINY),
+    }  # fmt: skip
+
+
+def test_to_dict_refuses_a_header_without_one_count_per_action():
+    header = StateHeader(TINY, "all", 0, _state(), action_counts=(1, 2))
+    with pytest.raises(ValueError):
+        header.to_dict()  # as pack() refuses it: never a dict that leaves actions out
+    with pytest.raises(ValueError, match=r"action_counts: expected 6 counts, one per Action"):
+        header.pack()
+
+
+def test_the_global_region_is_every_global_float32_and_no_more(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        region = state.global_region()
+        assert region.dtype == np.float32
+        assert region.shape == (global_bytes(TINY.dims) // 4,)
+        region[-1] = 1.25  # the last global float, just before the journal
+        offset = state.header.layout.journal - 4
+        del region
+    with open(tiny_file, "rb") as f:
+        f.seek(offset)
+        assert f.read(4) == np.float32(1.25).tobytes()
+
+
+# -- commits: edges of the journal and of the tensors ---------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["write", "written", "header"])
+def test_a_kill_inside_a_commit_of_odd_sized_writes_is_undone(death, tiny_file, point):
+    """Writes of 2, 17, 5 and 0 bytes, the third ending where the journal begins: their journal
+    records are padded to 8 bytes, and the one open after the kill restores every byte."""
+    with StateFile.open(tiny_file, readonly=True) as state:
+        layout, generation = state.header.layout, state.header.generation
+    before = tiny_file.read_bytes()[HEADER_BYTES : layout.journal]
+    writes = [
+        (layout.layer_weights + 1, b"\x01\x02"),
+        (layout.layer_grads + 3, b"\x03" * 17),
+        (layout.journal - 5, b"\x04" * 5),
+        (layout.layer_adam, b""),  # its record ends the journal
+    ]
+    env = pinned_env("cpu")
+    env["DEVMEM_PIPELINE_KILL_AT"] = f"{generation + 1}:{point}"
+    plain = [[offset, data.hex()] for offset, data in writes]
+    outcome = death.run(_targets.commit_writes, str(tiny_file), plain, env=env, style="fork")
+    outcome.assert_died(signal="SIGKILL")
+    assert tiny_file.read_bytes()[HEADER_BYTES : layout.journal] != before  # bytes were written
+    with StateFile.open(tiny_file) as state:
+        assert (state.header.generation, state.rolled_back) == (generation, 24)
+    assert tiny_file.read_bytes()[HEADER_BYTES : layout.journal] == before
+
+
+def test_a_commit_may_write_nothing_or_up_to_the_journal(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        journal = state.header.layout.journal
+        state.commit(state.header, [(journal - 4, np.float32(6.5).tobytes()), (journal, b"")])
+        assert state.global_region()[-1] == 6.5 and state.header.generation == 1
+
+
+def test_commit_sets_the_layout_of_a_header_built_without_one(tiny_file):
+    with StateFile.open(tiny_file) as state:
+        layout = state.header.layout
+        state.commit(StateHeader(TINY, "sqrt", 0, _state(), restarts=2))
+        assert (state.header.layout, state.header.generation) == (layout, 1)
+        assert (
+            state.offset("layer_grads", 2)
+            == layout.layer_grads + 2 * (layout.layer_acts - layout.layer_grads) // 3
+        )
+    with StateFile.open(tiny_file) as state:
+        assert (state.header.restarts, state.header.layout) == (2, layout)
+
+
+def test_offset_names_the_accessor_and_the_last_float(tiny_file):
+    with StateFile.open(tiny_file, readonly=True) as state:
+        floats = layer_weight_bytes(TINY.dims) // 4
+        last = state.offset("layer_grads", 2, floats - 1)
+        assert last == state.header.layout.layer_acts - 4
+        with pytest.raises(IndexError) as info:
+            state.offset("layer_grads", 3)
+        assert str(info.value) == "layer_grads(3): expected a layer in 0 .. 2"
+        with pytest.raises(IndexError) as info:
+            state.offset("layer_grads", 0, floats)
+        assert str(info.value) == f"layer_grads(0)[{floats}]: out of range"
+
+
+def test_the_journal_takes_originals_up_to_its_capacity_exactly(tiny_file):
+    """TINY's journal is 8192 bytes: a 24-byte head (magic, generation, count, size, CRC), then
+    per write a 16-byte record and the original bytes padded to 8: 8152 bytes fit, 8160 not."""
+    with StateFile.open(tiny_file) as state:
+        start = state.header.layout.layer_adam
+        with pytest.raises(ValueError) as info:
+            state.commit(state.header, [(start, b"\x05" * 8160)])
+        assert str(info.value) == (
+            "commit: the originals of 1 writes take 8176 journal bytes, the journal holds 8168"
+        )
+        assert state.header.generation == 0
+        state.commit(state.header, [(start, b"\x05" * 8152)])
+        assert state.header.generation == 1
+        assert bytes(state.layer_adam(0)[:4].tobytes()) == b"\x05" * 16
+
+
+# -- the journal as bytes (module docstring): a 24-byte head (magic "JRNL", the generation it
+# undoes, the record count, the payload size, a CRC-32 of head and payload), then per record its
+# offset and length (two uint64) and the original bytes, padded to 8 ---------------------------
+
+
+def _write_journal(path, records, *, count=None, payload=None, crc_over=None) -> None:
+    """Write a journal for generation 0 of ``path`` (a closed TINY file) holding ``records``;
+    ``count`` and ``payload`` override the head's fields, ``crc_over`` the bytes after the head
+    that the CRC covers (default: the records)."""
+    body = b"".join(
+        struct.pack("<QQ", offset, len(data)) + data + bytes(-len(data) % 8)
+        for offset, data in records
+    )
+    with StateFile.open(path, readonly=True) as state:
+        start = state.header.layout.journal
+    head = struct.pack(
+        "<IQII",
+        0x4C4E524A,
+        0,
+        len(records) if count is None else count,
+        len(body) if payload is None else payload,
+    )
+    covered = body if crc_over is None else crc_over(body)
+    crc = zlib.crc32(covered, zlib.crc32(head))
+    _rewrite(path, start, head + struct.pack("<I", crc) + body)
+
+
+def _weights_after_open(path) -> tuple[int, float]:
+    with StateFile.open(path) as state:
+        return state.rolled_back, float(state.layer_weights(0)[0])
+
+
+def test_a_journal_that_ends_at_the_files_end_is_replayed(tiny_file):
+    start = HEADER_BYTES  # layer 0's first weight float, 0.0 in the file
+    size = state_file_bytes(TINY)
+    with StateFile.open(tiny_file, readonly=True) as state:
+        payload = size - state.header.layout.journal - 24
+    record = [(start, np.float32(9.5).tobytes())]
+    _write_journal(tiny_file, record, payload=payload, crc_over=lambda b: b + bytes(payload - 24))
+    assert _weights_after_open(tiny_file) == (4, 9.5)
+
+
+def test_a_journal_whose_payload_overruns_the_file_is_not_replayed(tiny_file):
+    size = state_file_bytes(TINY)
+    with StateFile.open(tiny_file, readonly=True) as state:
+        rest = size - state.header.layout.journal - 24  # what the file holds after the head
+    record = [(HEADER_BYTES, np.float32(9.5).tobytes())]
+    _write_journal(tiny_file, record, payload=rest + 1, crc_over=lambda b: b + bytes(rest - 24))
+    assert _weights_after_open(tiny_file) == (0, 0.0)  # torn or foreign: no change under way
+
+
+def test_a_journal_with_more_records_than_its_payload_is_corrupt(tiny_file):
+    _write_journal(tiny_file, [(HEADER_BYTES, b"\x00" * 4)], count=2)
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value) == f"state file {tiny_file}: corrupt journal (record overrun)"
+
+
+def test_a_journal_record_outside_the_tensors_is_corrupt(tiny_file):
+    _write_journal(tiny_file, [(HEADER_BYTES - 4, b"\x00" * 8)])
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value) == (
+        f"state file {tiny_file}: corrupt journal: record at {HEADER_BYTES - 4} (8 bytes) is"
+        " outside the tensors"
+    )
+
+
+def test_names_ending_in_any_character_round_trip(tmp_path):
+    config = dataclasses.replace(TINY, name="tiny-XX")
+    with StateFile.create(tmp_path / "x", config, checkpoint_policy="MAX") as state:
+        assert state.header.config.name == "tiny-XX"
+    with StateFile.open(tmp_path / "x") as state:
+        assert (state.header.config.name, state.header.checkpoint_policy) == ("tiny-XX", "MAX")
+
+
+# -- a slot with a valid checksum and a bad field (slot layout: generation Q, flags I, the model
+# name 32s, 7 dims, 4 compile ints and the headroom double, the policy 16s and its interval at
+# byte 112, the scheduler's phase, group, step, accum_step at 116 .. 131, total_steps, the
+# learning rate and the last loss at 136 and 144, the restarts at 152), named in the error
+
+
+def _slot_with(tiny_file, offset: int, data: bytes) -> None:
+    """Rewrite slot 0 of ``tiny_file`` with ``data`` at ``offset`` and a matching CRC-32."""
+    with StateFile.open(tiny_file, readonly=True) as state:
+        fields = bytearray(state.header.pack()[:-4])
+    fields[offset : offset + len(data)] = data
+    _rewrite(tiny_file, SLOT_OFFSETS[0], bytes(fields) + struct.pack("<I", zlib.crc32(fields)))
+
+
+@pytest.mark.parametrize(
+    ("offset", "data", "error"),
+    [
+        (12, b"\xff", "the model or policy name is not UTF-8"),
+        (96, b"\xfe", "the model or policy name is not UTF-8"),
+        (8, struct.pack("<I", 6), "flags=0x6: unknown flags"),
+        (116, struct.pack("<i", 9), "phase=9: expected one of [1, 2, 3]"),
+        (112, struct.pack("<i", -1), "interval=-1: expected >= 0"),
+        (152, struct.pack("<i", -2), "restarts=-2: expected >= 0"),
+        (120, struct.pack("<i", 1), "group=1: expected 0 <= group < 1"),
+        (124, struct.pack("<i", 6), "step=6/5 accum_step=2/3 out of range"),
+        (128, struct.pack("<i", 3), "step=1/5 accum_step=3/3 out of range"),
+        (
+            136,
+            struct.pack("<d", math.nan),
+            "learning_rate=nan: the state file holds finite numbers only",
+        ),
+        (
+            144,
+            struct.pack("<d", -math.inf),
+            "last_loss=-inf: the state file holds finite numbers only",
+        ),
+    ],
+)
+def test_a_bad_field_with_a_valid_checksum_is_named(tiny_file, offset, data, error):
+    _slot_with(tiny_file, offset, data)
+    with pytest.raises(StateFileError) as info:
+        StateFile.open(tiny_file)
+    assert str(info.value).startswith(
+        f"state file {tiny_file}: corrupt header: slot 0: {error}; slot 1: checksum mismatch"
+    )
+
+
+def test_the_headroom_round_trips(tmp_path):
+    config = dataclasses.replace(TINY, compile=CompileConfig(accum_steps=3, headroom_pct=0.25))
+    StateFile.create(tmp_path / "h", config).close()
+    with StateFile.open(tmp_path / "h") as state:
+        assert state.header.config.compile.headroom_pct == 0.25
+
+
+# -- the kill knob's torn writes: half the journal, half the header slot (KILL_POINTS) -----------
+
+
+def _killed_copy(death, tiny_file, tmp_path, point: str, writes) -> bytes:
+    path = tmp_path / f"killed-{point}"
+    path.write_bytes(tiny_file.read_bytes())
+    env = pinned_env("cpu")
+    env["DEVMEM_PIPELINE_KILL_AT"] = f"1:{point}"
+    plain = [[offset, data.hex()] for offset, data in writes]
+    death.run(_targets.commit_writes, str(path), plain, env=env, style="fork").assert_died(
+        signal="SIGKILL"
+    )
+    return path.read_bytes()
+
+
+def test_the_journal_kill_point_leaves_half_the_journal(death, tiny_file, tmp_path):
+    with StateFile.open(tiny_file, readonly=True) as state:
+        start = state.header.layout.journal
+    writes = [(HEADER_BYTES + 2 * layer_weight_bytes(TINY.dims), b"\x07" * 64)]  # over 2.0s
+    size = 24 + 16 + 64  # the journal's head, the record, the original 2.0 floats
+    torn = _killed_copy(death, tiny_file, tmp_path, "journal", writes)[start : start + size]
+    whole = _killed_copy(death, tiny_file, tmp_path, "journaled", writes)[start : start + size]
+    assert torn[: size // 2] == whole[: size // 2]
+    assert torn[size // 2 :] == bytes(size - size // 2) != whole[size // 2 :]
+
+
+def test_the_header_kill_point_leaves_half_the_new_slot(death, tiny_file, tmp_path):
+    with StateFile.open(tiny_file, readonly=True) as state:
+        size = len(state.header.pack())
+    slot = SLOT_OFFSETS[1]  # a new file's header is in slot 0: the commit writes slot 1
+    torn = _killed_copy(death, tiny_file, tmp_path, "header", [])[slot : slot + size]
+    whole = _killed_copy(death, tiny_file, tmp_path, "committed", [])[slot : slot + size]
+    assert torn[: size // 2] == whole[: size // 2]
+    assert torn[size // 2 :] == bytes(size - size // 2) != whole[size // 2 :]
+
+
+# -- pack(): every field checked against its width before struct sees it --------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"checkpoint_policy": "p" * 17}, "checkpoint policy 'ppppppppppppppppp': the state file"
+         " holds at most 16 UTF-8 bytes"),
+        ({"checkpoint_interval": -1},
+         "checkpoint_interval=-1: the state file holds 0 .. 2147483647"),
+        ({"scheduler": SchedulerState(step=2**31, total_steps=2**31)},
+         "step=2147483648: the state file holds 0 .. 2147483647"),
+        ({"scheduler": SchedulerState(learning_rate=math.nan)},
+         "learning_rate=nan: the state file holds finite numbers only"),
+        ({"restarts": 2**31}, "restarts=2147483648: the state file holds 0 .. 2147483647"),
+        ({"action_counts": (0, 0, 0, 0, 2**32, 0)},
+         "action_counts[WEIGHT_UPDATE]=4294967296: the state file holds 0 .. 4294967295"),
+        ({"action_counts": (0, -1, 0, 0, 0, 0)},
+         "action_counts[RUN_FORWARD_GROUP]=-1: the state file holds 0 .. 4294967295"),
+        ({"generation": 2**64},
+         "generation=18446744073709551616: the state file holds 0 .. 2**64-1"),
+        ({"generation": -1}, "generation=-1: the state file holds 0 .. 2**64-1"),
+    ],
+)  # fmt: skip
+def test_pack_refuses_a_value_its_field_cannot_hold(change, message):
+    header = dataclasses.replace(StateHeader(TINY, "all", 0, _state()), **change)
+    with pytest.raises(ValueError) as info:
+        header.pack()
+    assert str(info.value) == message
+
+
+def test_the_largest_generation_packs():
+    header = StateHeader(TINY, "all", 0, _state(), generation=2**64 - 1)
+    assert header.pack()[:8] == b"\xff" * 8
+
+
+def test_the_largest_counts_round_trip(tiny_file):
+    counts = (2**32 - 1, 64, 0, 1, 2**31, 7)
+    with StateFile.open(tiny_file) as state:
+        state.write_header(
+            dataclasses.replace(state.header, restarts=2**31 - 1, action_counts=counts)
+        )
+    with StateFile.open(tiny_file) as state:
+        assert (state.header.restarts, state.header.action_counts) == (2**31 - 1, counts)
