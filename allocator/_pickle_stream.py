@@ -41,7 +41,7 @@ _I32 = struct.Struct("<i").unpack_from
 _U64 = struct.Struct("<Q").unpack_from
 _F64 = struct.Struct(">d").unpack_from
 
-# opcode -> how its argument is laid out: ("fixed", n bytes) or ("data", n-byte length prefix)
+# opcode -> the bytes of its fixed argument (_FIXED), or of its data's length prefix (_DATA)
 _FIXED = {
     0x28: 0,  # MARK
     0x2E: 0,  # STOP
@@ -311,7 +311,7 @@ def _build(f: BinaryIO, keep: set[int], on_event: OnEvent) -> object:
             elif op == 0x95:  # FRAME
                 pos += 8
             else:
-                buf, pos, count = _rare(op, reader, buf, pos, stack, metastack, memo, keep, count)
+                buf, pos = _rare(op, reader, buf, pos, stack, memo, keep)
                 limit = len(buf) - _SLACK
                 if op == 0x2E:  # STOP
                     result = stack.pop()
@@ -366,8 +366,8 @@ def _is_traces_value(stack: list, metastack: list[list], root: dict) -> bool:
     return not metastack and len(stack) == 2 and stack[0] is root
 
 
-def _rare(op, reader, buf, pos, stack, metastack, memo, keep, count):
-    """The opcodes a snapshot seldom holds; returns ``(buf, pos, count)``. For an opcode that
+def _rare(op, reader, buf, pos, stack, memo, keep):
+    """The opcodes a snapshot seldom holds; returns ``(buf, pos)``. For an opcode that
     closes a MARK it leaves the built object on top of the current stack (its items) for the
     caller to move down (see :func:`_build`)."""
     if op == 0x2E:  # STOP
@@ -443,7 +443,7 @@ def _rare(op, reader, buf, pos, stack, metastack, memo, keep, count):
             stack.append(data)
     else:  # MEMOIZE, MARK and the rest are handled by _build; pass 1 refused the others
         raise NotStreamable(f"opcode {bytes([op])!r}")
-    return buf, pos, count
+    return buf, pos
 
 
 def stream(f: BinaryIO, on_event: OnEvent) -> object:

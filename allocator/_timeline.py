@@ -155,7 +155,8 @@ def check_snapshot(snapshot: object) -> dict:
     for device, trace in enumerate(traces):
         where = f"device_traces[{device}]"
         _need(isinstance(trace, list), where, "", trace, "a list of events")
-        _check_trace(trace, where, seen)
+        for i, event in enumerate(trace):
+            check_one(event, i, where, seen)
     devmem = snapshot.get("devmem", {})
     _need(isinstance(devmem, dict), "", "devmem", devmem, "a dict")
     notes = devmem.get("annotations", [])
@@ -173,12 +174,6 @@ _CACHE_LIMIT = 1 << 16
 """Entries kept in a cache of frame lists by their frames' ids (each entry holds its frames, so
 their ids stay theirs); when a reader that drops events as it goes meets more distinct frame
 lists than this, the cache is emptied and starts again."""
-
-
-def _check_trace(trace: list, where: str, seen: dict[tuple, object]) -> None:
-    """:func:`check_one` for each event of ``trace``."""
-    for i, event in enumerate(trace):
-        check_one(event, i, where, seen)
 
 
 def check_one(event: object, index: int, where: str, seen: dict[tuple, object]) -> None:
@@ -418,7 +413,7 @@ class TraceScan:
         self.delta_live = self.delta_reserved = 0  # the levels, relative to the start
         self.top = self.top_at = 0  # the highest relative level, first reached after event top_at
         self.levels, self.reserves, self.times, self.owners = [0], [0], [], []
-        self.time_us: int | float | None = None  # the last time seen (series)
+        self.time_us: int | float = 0  # the last time seen (series): an event without one has it
 
     def add(self, event: dict) -> None:
         """Count one more event (a checked event dict, see :func:`check_one`)."""
@@ -462,8 +457,6 @@ class TraceScan:
         if self.series:
             self.levels.append(self.delta_live)
             self.reserves.append(self.delta_reserved)
-            if self.time_us is None:
-                self.time_us = event.get("time_us", 0)
             self.time_us = event.get("time_us", self.time_us)
             self.times.append(self.time_us)
             self.owners.append(site)
@@ -547,7 +540,8 @@ def overview(snapshot: dict, device: int | None = None) -> Overview:
 def overview_of(snapshot: dict, device: int, scan: TraceScan) -> Overview:
     """:func:`overview` of ``device``, from its trace's events already counted into ``scan``
     (``TraceScan(short=False, series=False)``; ``snapshot``'s own trace is not read: a streaming
-    reader drops the events)."""
+    reader drops the events). Byte counts are bytes; nothing is raised: ``device`` is the
+    caller's to check (:func:`device_of`)."""
     end_live, end_reserved = _end_levels(snapshot, device)
     before = end_live - scan.delta_live
     peak = (before + scan.top, scan.top_at) if scan.top > 0 else (before, 0)

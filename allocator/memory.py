@@ -10,7 +10,9 @@
 (the same format). ``plot`` draws the live bytes, stacked by allocation site (the largest sites
 by peak get their own band, labelled by their allocating frame), the cached bytes on top, and
 marks arena exits, releases, cap evictions, OOMs and the snapshots PyTorch took. ``summary``
-prints the levels and the top allocation sites by peak live bytes, as text. A snapshot is a
+prints the levels and the top allocation sites by peak live bytes, as text, reading the file
+one trace event at a time (:mod:`allocator._pickle_stream`: its memory does not grow with the
+trace; ``plot`` reads the file whole). A snapshot is a
 pickle, read here with a restricted unpickler that builds only builtin types (dicts, lists,
 tuples, strings, numbers, booleans, None) and looks up no global, so a malicious file cannot
 run code (PyTorch's own reader, ``torch.cuda._memory_viz``, would run it: open only files you
