@@ -12,6 +12,13 @@ the pair the harness competes with: N items that each run one death-test child
 (``death.run("os:getpid")``, the ``death`` fixture's defaults) against the N trivial items
 under ``--forked``, wall time of the whole pytest run, in the same run.
 
+Beside each time, the minor page faults it costs (``getrusage``'s ``ru_minflt``, medians):
+in this process (every page it writes after a fork faults once, the fork having made it
+copy-on-write) and in the child (for fork and exec, whose children this process reaps; a
+forkserver child is its zygote's). They are why a child costs more than a raw fork: the
+harness's Python code around the fork touches a few hundred pages where the raw fork's loop
+touches a few dozen, and each touch is a fault (a page copy in the child).
+
 Targets (verdicts on ratios, so a busy or slow machine gives the same verdict):
 
 - a fork-style child costs at most 1.5x a raw fork (trivial and NumPy targets);
@@ -32,6 +39,7 @@ Exits 1 on a missed target only under ``--check``. Not a test.
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -63,12 +71,27 @@ def raw_fork() -> float:
     return time.perf_counter() - start
 
 
+def _faults() -> tuple[int, int]:
+    """Minor page faults so far: ``(this process, its reaped children)``."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
+
+
+def _counted(step) -> tuple[float, int, int]:
+    """``step()``'s seconds, with the minor faults it cost this process and its children."""
+    own, children = _faults()
+    seconds = step()
+    after_own, after_children = _faults()
+    return seconds, after_own - own, after_children - children
+
+
 def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[list, list]:
-    """Wall seconds of ``repeat`` children, each right after a raw fork (the reference), after
-    one warm-up child (which may start a zygote).
+    """Wall seconds and minor page faults of ``repeat`` children, each right after a raw fork
+    (the reference), after one warm-up child (which may start a zygote).
 
     Returns:
-      ``(children, raw_forks)``: two lists of ``repeat`` timings in seconds.
+      ``(children, raw_forks)``: two lists of ``repeat`` ``(seconds, faults in this process,
+      faults in the child)`` triples.
 
     Raises:
       RuntimeError: a child did not end cleanly (the figures would mean nothing).
@@ -86,8 +109,8 @@ def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[li
     one()
     children, raws = [], []
     for _ in range(repeat):
-        raws.append(raw_fork())
-        children.append(one())
+        raws.append(_counted(raw_fork))
+        children.append(_counted(one))
     return children, raws
 
 
@@ -150,16 +173,22 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
 
     assert pkgutil.resolve_name  # imported for the fork style's sake
     harness.set_forkserver_preload(["numpy", "pkgutil"])
-    children: dict[str, dict[str, float]] = {}
-    raws: list[float] = []
+    children: dict[str, dict[str, float | None]] = {}
+    raws: list[tuple[float, int, int]] = []
     for style in STYLES:
         children[style] = {}
         runs = repeat if style != "exec" else max(repeat // 4, 5)  # exec is 10-30x slower
         for name, (target, args) in (("trivial", TRIVIAL), ("numpy", NUMPY)):
-            times, raw = time_children(style, target, args, runs)
+            counted, raw = time_children(style, target, args, runs)
             raws += raw
-            children[style][f"{name}_ms"] = statistics.median(times) * 1000
-            children[style][f"{name}_over_raw"] = _common.paired_ratio(times, raw)
+            times = [seconds for seconds, _, _ in counted]
+            row = children[style]
+            row[f"{name}_ms"] = statistics.median(times) * 1000
+            row[f"{name}_over_raw"] = _common.paired_ratio(times, [r[0] for r in raw])
+            row[f"{name}_faults_parent"] = statistics.median(own for _, own, _ in counted)
+            row[f"{name}_faults_child"] = (  # a forkserver child is reaped by its zygote
+                None if style == "forkserver" else statistics.median(c for _, _, c in counted)
+            )
     forked = time_pytest_forked(forked_tests, forked_repeat)
     ratios = {
         "fork_over_raw": max(
@@ -176,7 +205,9 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": _common.machine(),
         "repeat": repeat,
-        "raw_fork_ms": statistics.median(raws) * 1000,
+        "raw_fork_ms": statistics.median(seconds for seconds, _, _ in raws) * 1000,
+        "raw_fork_faults_parent": statistics.median(own for _, own, _ in raws),
+        "raw_fork_faults_child": statistics.median(child for _, _, child in raws),
         "children": children,
         "pytest_forked": forked,
         "ratios": ratios,
@@ -194,29 +225,37 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
 
 def format_table(results: dict) -> str:
     """The results as a Markdown table, the pytest-forked line and one verdict line."""
+
+    def faults(parent: float, child: float | None) -> str:
+        return f"{parent:.0f} / " + ("-" if child is None else f"{child:.0f}")
+
     lines = [
-        "| style | trivial target | NumPy-importing target |",
-        "|---|---:|---:|",
-        f"| raw `os.fork()` + `waitpid` (reference) | {results['raw_fork_ms']:.2f} ms | |",
+        "| style | trivial target | NumPy-importing target | minor faults, this process / child"
+        " (trivial) |",
+        "|---|---:|---:|---:|",
+        f"| raw `os.fork()` + `waitpid` (reference) | {results['raw_fork_ms']:.2f} ms | |"
+        f" {faults(results['raw_fork_faults_parent'], results['raw_fork_faults_child'])} |",
     ]
     for style in STYLES:
         row = results["children"][style]
         lines.append(
             f"| {style} | {row['trivial_ms']:.2f} ms ({row['trivial_over_raw']:.1f}x) |"
             f" {row['numpy_ms']:.2f} ms ({row['numpy_over_raw']:.1f}x) |"
+            f" {faults(row['trivial_faults_parent'], row['trivial_faults_child'])} |"
         )
     forked = results["pytest_forked"]
     label = "pytest-forked, per test" + ("" if forked["all_passed"] else " (tests FAILED)")
-    lines.append(f"| {label} | {forked['per_test_ms']:.2f} ms | |")
+    lines.append(f"| {label} | {forked['per_test_ms']:.2f} ms | | |")
     lines.append(
         f"| {forked['tests']} death-test items vs {forked['tests']} trivial `--forked` items |"
         f" {forked['death_items_s']:.2f} s vs {forked['forked_s']:.2f} s"
-        f" ({forked['death_items_over_forked']:.2f}x) | |"
+        f" ({forked['death_items_over_forked']:.2f}x) | | |"
     )
     lines += [
         "",
         f"Medians of {results['repeat']} children per cell (exec: a quarter), each right after a"
-        " raw fork; (Nx) = the median of each child over the raw fork beside it."
+        " raw fork; (Nx) = the median of each child over the raw fork beside it. Faults: medians"
+        " of getrusage's ru_minflt per child (a forkserver child is its zygote's: -)."
         f" pytest-forked: {forked['tests']} trivial tests,"
         f" {forked['forked_s']:.2f} s with --forked vs {forked['plain_s']:.2f} s without (median"
         f" of {forked['runs']} runs).",
