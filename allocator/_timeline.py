@@ -40,9 +40,11 @@ __all__ = [
     "format_bytes",
     "overview",
     "overview_of",
+    "scan_device",
     "site_of",
     "sites",
     "timeline",
+    "timeline_of",
 ]
 
 ACTIONS = (
@@ -414,6 +416,7 @@ class TraceScan:
         self.top = self.top_at = 0  # the highest relative level, first reached after event top_at
         self.levels, self.reserves, self.times, self.owners = [0], [0], [], []
         self.time_us: int | float = 0  # the last time seen (series): an event without one has it
+        self.first_us: int | float = 0  # the first event's time (series), 0 without events
 
     def add(self, event: dict) -> None:
         """Count one more event (a checked event dict, see :func:`check_one`)."""
@@ -457,6 +460,8 @@ class TraceScan:
         if self.series:
             self.levels.append(self.delta_live)
             self.reserves.append(self.delta_reserved)
+            if i == 1:
+                self.first_us = event.get("time_us", 0)
             self.time_us = event.get("time_us", self.time_us)
             self.times.append(self.time_us)
             self.owners.append(site)
@@ -474,9 +479,11 @@ class TraceScan:
         return sorted(out, key=lambda site: (-site.peak_bytes, site.name))
 
 
-def _scan(trace: list[dict], short: bool, series: bool) -> TraceScan:
+def scan_device(snapshot: dict, device: int, *, short: bool, series: bool) -> TraceScan:
+    """One :class:`TraceScan` over ``device``'s trace in ``snapshot`` (none: an empty scan);
+    ``device`` is the caller's to check (:func:`device_of`)."""
     scan = TraceScan(short, series)
-    for event in trace:
+    for event in _trace(snapshot, device):
         scan.add(event)
     return scan
 
@@ -498,7 +505,7 @@ def sites(snapshot: dict, device: int | None = None, short: bool = False) -> lis
         ValueError: ``device`` has no trace.
     """
     device = device_of(snapshot, device)
-    scan = _scan(_trace(snapshot, device), short, series=False)
+    scan = scan_device(snapshot, device, short=short, series=False)
     end_live, _ = _end_levels(snapshot, device)
     return scan.sites(end_live - scan.delta_live)
 
@@ -534,7 +541,7 @@ def overview(snapshot: dict, device: int | None = None) -> Overview:
         ValueError: ``device`` has no trace.
     """
     device = device_of(snapshot, device)
-    return overview_of(snapshot, device, _scan(_trace(snapshot, device), False, series=False))
+    return overview_of(snapshot, device, scan_device(snapshot, device, short=False, series=False))
 
 
 def overview_of(snapshot: dict, device: int, scan: TraceScan) -> Overview:
@@ -594,24 +601,34 @@ def timeline(
     if top < 0:
         raise ValueError(f"top must be >= 0, got {top}")
     device = device_of(snapshot, device)
-    trace = _trace(snapshot, device)
-    scan = _scan(trace, short, series=True)
+    return timeline_of(
+        snapshot, device, scan_device(snapshot, device, short=short, series=True), top
+    )
+
+
+def timeline_of(snapshot: dict, device: int, scan: TraceScan, top: int = 6) -> Timeline:
+    """:func:`timeline` from a scan (``series`` on) of ``device``'s trace, read already: the
+    trace itself is not needed (it may have been streamed and dropped, see
+    :func:`allocator.memory.plot`); the segments and annotations are read from ``snapshot``.
+    ``top`` >= 0 (checked by :func:`timeline`)."""
     end_live, end_reserved = _end_levels(snapshot, device)
     before = end_live - scan.delta_live
     chosen = [site.name for site in scan.sites(before)[:top]] if top else []
-    live = [before + level for level in scan.levels]
+    levels = scan.levels
+    live = [before + level for level in levels]
     start_reserved = end_reserved - scan.delta_reserved
     reserved = [start_reserved + level for level in scan.reserves]
-    time_us = [trace[0].get("time_us", 0) if trace else 0, *scan.times]
+    time_us = [scan.first_us, *scan.times]
     by_site = {}
     for name in chosen:
         owner = None if name == BEFORE_TRACE else name
         level = before if owner is None else 0
         series = [level]
-        for event, site in zip(trace, scan.owners, strict=True):
-            if site == owner and event.get("action") in ("alloc", "free_requested"):
-                size = event.get("size", 0)
-                level += size if event.get("action") == "alloc" else -size
+        # an event changes the live level only by its own site's bytes (an allocation, or a
+        # free's request of a block allocated at that site): its site owns the change
+        for i, site in enumerate(scan.owners):
+            if site == owner:
+                level += levels[i + 1] - levels[i]
             series.append(level)
         by_site[name] = series
     backend = (snapshot.get("devmem") or {}).get("backend", "torch")

@@ -34,7 +34,6 @@ from pathlib import Path
 from . import _pickle_stream
 from ._timeline import (
     BEFORE_TRACE,
-    Overview,
     Timeline,
     TraceScan,
     check_one,
@@ -43,7 +42,9 @@ from ._timeline import (
     format_bytes,
     overview,
     overview_of,
+    scan_device,
     timeline,
+    timeline_of,
 )
 
 __all__ = ["PLOT_EXTRA_HINT", "load", "main", "plot", "summary"]
@@ -110,20 +111,38 @@ def load(path: str | os.PathLike) -> dict:
 _NOT_STREAMED = object()
 
 
-def _read_overview(path: str | os.PathLike, device: int | None) -> tuple[dict, Overview, int]:
-    """``(snapshot, overview, events of device 0)`` of the snapshot pickled at ``path``, its
-    trace events counted as they are read and then dropped (:mod:`allocator._pickle_stream`;
-    the snapshot comes back with empty traces). A pickle that reader does not handle is read
-    whole with :func:`load`. Raises as :func:`load`, and ``ValueError`` for ``device`` as
+def _read_streamed(
+    path: str | os.PathLike, device: int | None, series: bool
+) -> tuple[dict, int, TraceScan, int]:
+    """``(snapshot, device read, its trace's scan, events of device 0)`` of the snapshot pickled
+    at ``path``, its trace events checked and scanned as they are read, then dropped
+    (:mod:`allocator._pickle_stream`; the snapshot comes back with empty traces). The device
+    read is ``device``, or the first with events (as :func:`~allocator._timeline.device_of`).
+    With ``series`` the scan keeps the levels after every event (for a picture), and only that
+    device's trace is scanned. A pickle that reader does not handle is read whole with
+    :func:`load`. Raises as :func:`load`, and ``ValueError`` for ``device`` as
     :func:`~allocator._timeline.device_of`."""
     scans: dict[int, TraceScan] = {}
+    counts: dict[int, int] = {}
     seen: dict[tuple, object] = {}
+    chosen: list[int] = [] if device is None else [device]  # series: the device scanned
+    late: list[int] = []  # series, no device: a trace with events after the one chosen
+    short = series  # site names: with directories in a summary, without in a picture
 
     def count(index: int, event: object) -> None:
+        done = counts.get(index, 0)
+        check_one(event, done, f"device_traces[{index}]", seen)
+        counts[index] = done + 1
+        if series:
+            if not chosen:
+                chosen.append(index)
+            elif index != chosen[0]:
+                if device is None and index < chosen[0]:
+                    late.append(index)  # an earlier device has events: it is the one
+                return
         scan = scans.get(index)
         if scan is None:
-            scan = scans[index] = TraceScan(False, False)
-        check_one(event, scan.events, f"device_traces[{index}]", seen)
+            scan = scans[index] = TraceScan(short, series)
         scan.add(event)
 
     with open(path, "rb") as f:
@@ -133,21 +152,22 @@ def _read_overview(path: str | os.PathLike, device: int | None) -> tuple[dict, O
             data = _NOT_STREAMED  # load() reads it whole, or says what is wrong with it
         except ValueError as exc:  # an event is not what a snapshot holds
             raise ValueError(f"{path}: not a memory snapshot: {exc}") from None
-    if data is _NOT_STREAMED:
-        snapshot = load(path)
+    if data is not _NOT_STREAMED:
+        snapshot = _loaded(path, data)
+        for index, trace in enumerate(snapshot.get("device_traces") or []):
+            for event in trace:  # a trace the pickle built in one step (not streamed): checked
+                count(index, event)
+    if data is _NOT_STREAMED or late:
+        snapshot = load(path)  # checked whole
+        read = device_of(snapshot, device)
         traces = snapshot.get("device_traces") or [[]]
-        return snapshot, overview(snapshot, device), len(traces[0])
-    snapshot = _loaded(path, data)
-    for index, trace in enumerate(snapshot.get("device_traces") or []):
-        for event in trace:  # a trace the pickle built in one step (not streamed): checked
-            count(index, event)
+        scan = scan_device(snapshot, read, short=short, series=series)
+        return snapshot, read, scan, len(traces[0])
     if device is None:  # the first with events, as device_of
-        chosen = next((i for i in sorted(scans) if scans[i].events), 0)
+        read = next((i for i in sorted(counts) if counts[i]), 0)
     else:
-        chosen = device_of(snapshot, device)
-    scan = scans.get(chosen) or TraceScan(False, False)
-    first = scans.get(0)
-    return snapshot, overview_of(snapshot, chosen, scan), first.events if first else 0
+        read = device_of(snapshot, device)
+    return snapshot, read, scans.get(read) or TraceScan(short, series), counts.get(0, 0)
 
 
 def summary(snapshot: dict | str | os.PathLike, *, top: int = 10, device: int | None = None) -> str:
@@ -176,7 +196,8 @@ def summary(snapshot: dict | str | os.PathLike, *, top: int = 10, device: int | 
         line = overview(snapshot, device)
         device0 = len((snapshot.get("device_traces") or [[]])[0])
     else:
-        snapshot, line, device0 = _read_overview(snapshot, device)
+        snapshot, read, scan, device0 = _read_streamed(snapshot, device, series=False)
+        line = overview_of(snapshot, read, scan)
     peak, at = line.peak
     notes = {kind: sum(m.kind == kind for m in line.markers) for kind in _MARKER_STYLE}
     devmem = snapshot.get("devmem") or {}
@@ -237,7 +258,7 @@ def _figure():
 
 
 def plot(
-    snapshot: dict,
+    snapshot: dict | str | os.PathLike,
     output: str | os.PathLike,
     *,
     top: int = 6,
@@ -248,7 +269,10 @@ def plot(
     """Draw the snapshot's timeline into ``output`` (PNG, SVG or PDF, by its suffix).
 
     Args:
-        snapshot: a snapshot dict (:func:`load`).
+        snapshot: a snapshot dict (:func:`load`), or the path of a pickled one: read one trace
+            event at a time, as :func:`summary` reads it, keeping only the levels after each
+            event of the device drawn, not the events (what ``python -m allocator.memory plot``
+            does).
         output: the picture's path.
         top: allocation sites with a band of their own (the rest is one ``other sites`` band).
         device: the device to draw (default: the first with events).
@@ -262,11 +286,18 @@ def plot(
 
     Raises:
         ImportError: matplotlib is not installed (the message says how to install it).
-        ValueError: ``top`` < 0 or ``device`` has no trace.
-        OSError: the file cannot be written.
+        ValueError: ``top`` < 0, ``device`` has no trace, or (a path) the file is not a
+            snapshot, as :func:`load`.
+        OSError: the picture cannot be written, or (a path) the snapshot cannot be read.
     """
     figure_class = _figure()
-    line = timeline(snapshot, device, top=top)
+    if top < 0:
+        raise ValueError(f"top must be >= 0, got {top}")
+    if isinstance(snapshot, dict):
+        line = timeline(snapshot, device, top=top)
+    else:
+        snapshot, read, scan, _ = _read_streamed(snapshot, device, series=True)
+        line = timeline_of(snapshot, read, scan, top)
     x, xlabel = _x_axis(line, use_time, snapshot)
     scale, unit = _unit(max(line.reserved + line.live + [1]))
     fig = figure_class(figsize=(11, 5.2), dpi=100, layout="constrained")
@@ -464,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(summary(args.snapshot, top=args.top, device=args.device))
         else:
             path = plot(
-                load(args.snapshot),
+                args.snapshot,
                 args.output,
                 top=args.top,
                 device=args.device,

@@ -7,6 +7,7 @@ build too, less the trace events, which it must hand over in order with their de
 
 from __future__ import annotations
 
+import gc
 import io
 import pickle
 import pickletools
@@ -382,3 +383,163 @@ def test_summary_of_a_file_holds_no_event(tmp_path, monkeypatch):
     blocks.clear()
     memory.summary(memory.load(path))  # the same samples, the snapshot read whole
     assert min(blocks) - max(streamed) > 2 * 60_000  # what the streaming does not hold
+
+
+# --- plot of a file: streamed, the levels kept and not the events, the same picture ---
+
+
+def _timed(snapshot: dict, data) -> dict:
+    """``snapshot`` with a ``time_us`` on some events (rising), none on the others."""
+    clock = 0
+    for event in snapshot["device_traces"][0]:
+        clock += data.draw(st.integers(0, 3))
+        if data.draw(st.booleans()):
+            event["time_us"] = clock
+    return snapshot
+
+
+def _replayed_by_site(snapshot: dict, device: int, names: list[str]) -> dict[str, list[int]]:
+    """Brute force: each named site's live bytes after every event of ``device``'s trace,
+    replayed from the trace (an allocation is its site's; a free's request is the site of the
+    block's allocation, or of the bytes live before the trace)."""
+    trace = snapshot["device_traces"][device]
+    sign = {"alloc": 1, "free_requested": -1}
+    end_live, _ = _timeline._end_levels(snapshot, device)
+    before = end_live - sum(sign.get(e["action"], 0) * e["size"] for e in trace)
+    series = {name: [before if name == _timeline.BEFORE_TRACE else 0] for name in names}
+    owner: dict[int, str] = {}
+    for e in trace:
+        name, change = None, sign.get(e["action"], 0) * e.get("size", 0)
+        if e["action"] == "alloc":
+            name = owner[e["addr"]] = _timeline.site_of(e["frames"], True)
+        elif e["action"] == "free_requested":
+            name = owner.pop(e["addr"], _timeline.BEFORE_TRACE)
+        for site, levels in series.items():
+            levels.append(levels[-1] + (change if site == name else 0))
+    return series
+
+
+def _streamed_timeline(path, device, top):
+    snapshot, read, scan, _ = memory._read_streamed(path, device, series=True)
+    return _timeline.timeline_of(snapshot, read, scan, top)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    snapshot=random_snapshots(),
+    protocol=st.sampled_from(PROTOCOLS),
+    top=st.integers(0, 4),
+    devices=st.integers(1, 3),
+    data=st.data(),
+)
+def test_the_timeline_of_a_file_is_the_timeline_of_its_snapshot(
+    snapshot, protocol, top, devices, data, tmp_path_factory
+):
+    snapshot = _timed(snapshot, data)
+    trace = snapshot["device_traces"][0]
+    # the events on device `devices - 1`, the others empty: the default is the first with events
+    snapshot["device_traces"] = [[] for _ in range(devices - 1)] + [trace]
+    for segment in snapshot["segments"]:
+        segment["device"] = devices - 1
+    path = tmp_path_factory.mktemp("t") / "t.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=protocol))
+    whole = memory.load(path)
+    for device in (None, *range(devices)):
+        line = _streamed_timeline(path, device, top)
+        assert line == _timeline.timeline(whole, device, top=top)
+        read = (devices - 1 if trace else 0) if device is None else device
+        if read == devices - 1:
+            assert len(line.by_site) == min(top, len(_timeline.sites(whole, devices - 1)))
+            assert line.by_site == _replayed_by_site(whole, devices - 1, list(line.by_site))
+            times = [e["time_us"] for e in trace if "time_us" in e]
+            assert line.time_us[-1] == (times[-1] if times else 0)
+            assert line.time_us[0] == (trace[0].get("time_us", 0) if trace else 0)
+    with pytest.raises(ValueError, match=f"device={devices}:"):
+        _streamed_timeline(path, devices, top)
+
+
+def _with_events_kept(snapshot: dict) -> dict:
+    from .test_memory_cli import well_formed
+
+    return well_formed(snapshot)
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 4, 5])
+@pytest.mark.parametrize("options", [{}, {"device": 1, "use_time": True, "top": 1}])
+def test_plot_of_a_file_draws_what_plot_of_its_snapshot_draws(
+    protocol, options, tmp_path, monkeypatch
+):
+    from .test_memory_cli import BY_HAND, describe
+
+    pytest.importorskip("matplotlib", reason="the plot extra: pip install 'devmem-harness[plot]'")
+    from matplotlib.figure import Figure
+
+    figures = []
+
+    class Kept(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            figures.append(self)
+
+    monkeypatch.setattr(memory, "_figure", lambda: Kept)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_with_events_kept(BY_HAND), protocol=protocol))
+    memory.plot(memory.load(path), tmp_path / "whole.png", **options)
+    if protocol >= 2:  # streamed: never read whole
+        monkeypatch.setattr(memory, "load", lambda path: pytest.fail("read whole"))
+    memory.plot(path, tmp_path / "streamed.png", **options)
+    assert describe(figures[1]) == describe(figures[0])
+    assert (tmp_path / "streamed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_earlier_device_whose_events_come_late_is_read_whole(tmp_path, monkeypatch):
+    # a reader that handed device 1's events before device 0's (device 0's trace built in one
+    # step, say) must not draw device 1: the default device is the first with events
+    from .test_memory_cli import BY_HAND
+
+    path = tmp_path / "s.pickle"
+    whole = _with_events_kept(BY_HAND)
+    path.write_bytes(pickle.dumps(whole, protocol=4))
+    traces = whole["device_traces"]
+    assert traces[0] and traces[1]
+
+    def reordered(f, on_event):
+        for event in traces[1]:
+            on_event(1, event)
+        for event in traces[0]:
+            on_event(0, event)
+        return {**whole, "device_traces": [[], []]}
+
+    monkeypatch.setattr(_pickle_stream, "stream", reordered)
+    snapshot, read, scan, device0 = memory._read_streamed(path, None, series=True)
+    assert (read, scan.events, device0) == (0, len(traces[0]), len(traces[0]))
+    assert snapshot["device_traces"] == traces  # read whole
+    assert _timeline.timeline_of(snapshot, read, scan) == _timeline.timeline(whole)
+
+
+def test_plot_of_a_file_checks_top_before_reading_it(tmp_path):
+    with pytest.raises(ValueError, match="top must be >= 0, got -1"):
+        memory.plot(tmp_path / "missing.pickle", tmp_path / "t.png", top=-1)
+    with pytest.raises(FileNotFoundError):
+        memory.plot(tmp_path / "missing.pickle", tmp_path / "t.png")
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_the_timeline_of_a_file_holds_levels_not_events(tmp_path):
+    # a picture needs the levels after every event (a few numbers an event), not the events:
+    # what reading streaming keeps is a fraction of what the snapshot read whole holds
+    path = tmp_path / "trips.pickle"
+    _round_trips(path, 30_000)  # 59,999 events
+    gc.collect()
+    base = sys.getallocatedblocks()
+    kept = memory._read_streamed(path, None, series=True)
+    streamed = sys.getallocatedblocks() - base
+    assert kept[2].events == 59_999
+    del kept
+    gc.collect()
+    base = sys.getallocatedblocks()
+    whole = memory.load(path)
+    held = sys.getallocatedblocks() - base
+    assert len(whole["device_traces"][0]) == 59_999
+    assert streamed < 1.5 * 60_000  # about a block an event: its time
+    assert held > 3 * 60_000  # an event's dict, its frames list, its numbers
