@@ -299,6 +299,12 @@ def plot(
         snapshot, read, scan, _ = _read_streamed(snapshot, device, series=True)
         line = timeline_of(snapshot, read, scan, top)
     x, xlabel = _x_axis(line, use_time, snapshot)
+    keep = thinned(line.live, line.reserved)
+    if len(keep) < len(line.live):
+        xlabel += (
+            f"; {line.events:,} events drawn as {len(keep):,} points (each stretch's first,"
+            " lowest and highest levels)"
+        )
     scale, unit = _unit(max(line.reserved + line.live + [1]))
     fig = figure_class(figsize=(11, 5.2), dpi=100, layout="constrained")
     ax = fig.subplots()
@@ -311,24 +317,28 @@ def plot(
         else:
             colors.append(_SITE_COLORS[named % len(_SITE_COLORS)])
             named += 1
-        bands.append([v / scale for v in series])
+        bands.append([series[i] / scale for i in keep])
         label = name if len(name) <= 58 else name[:55] + "..."
         # a legend drops labels that start with "_" (file names like _stress.py): peak first
         labels.append(f"peak {format_bytes(peak)}: {label}")
-    other = [
-        live - sum(series[i] for series in line.by_site.values())
-        for i, live in enumerate(line.live)
-    ]
+    sites = list(line.by_site.values())
+    other = [line.live[i] - sum(series[i] for series in sites) for i in keep]
     if any(other):
         bands.append([v / scale for v in other])
         labels.append("other sites")
         colors.append(_OTHER_COLOR)
-    bands.append([max(v, 0) / scale for v in line.cached])
+    bands.append([max(line.reserved[i] - line.live[i], 0) / scale for i in keep])
     labels.append("cached (reuse cache, blocks awaiting their event)")
     colors.append(_CACHED_COLOR)
-    ax.stackplot(x, *bands, labels=labels, colors=colors, step="post", linewidth=0)
+    drawn_x = [x[i] for i in keep]
+    ax.stackplot(drawn_x, *bands, labels=labels, colors=colors, step="post", linewidth=0)
     ax.step(
-        x, [v / scale for v in line.live], where="post", color="#222222", lw=0.8, label="live bytes"
+        drawn_x,
+        [line.live[i] / scale for i in keep],
+        where="post",
+        color="#222222",
+        lw=0.8,
+        label="live bytes",
     )
     _draw_markers(ax, line, x, scale)
     peak, at = line.peak
@@ -356,6 +366,46 @@ def plot(
     path = Path(output)
     fig.savefig(path)
     return path
+
+
+MAX_POINTS = 20_000
+"""The most points :func:`plot` draws per series: a longer timeline is thinned (:func:`thinned`)."""
+
+
+def thinned(live: list[int], reserved: list[int], points: int = MAX_POINTS) -> list[int]:
+    """The indices of the points of a timeline to draw: all of them if there are at most
+    ``points``; else, for each stretch of consecutive points (``points // 4`` stretches of equal
+    length), its first point and those of its lowest and highest live level and of its highest
+    reserved level, in order, and the last point. So the picture keeps every stretch's extremes:
+    the peak, the lowest level and the end are drawn exactly (a 1,000,000-event trace is more
+    points than a picture has pixels; matplotlib would hold every one).
+
+    Args:
+        live, reserved: the levels in bytes at each point (as long as each other).
+        points: the most indices returned, >= 8.
+
+    Raises:
+        ValueError: ``points`` < 8, or the lists differ in length.
+    """
+    if points < 8:
+        raise ValueError(f"points must be >= 8, got {points}")
+    if len(live) != len(reserved):
+        raise ValueError(f"live has {len(live)} points but reserved has {len(reserved)}")
+    count = len(live)
+    if count <= points:
+        return list(range(count))
+    stretches = (points - 1) // 4
+    keep: list[int] = []
+    for k in range(stretches):
+        start, end = k * count // stretches, (k + 1) * count // stretches
+        part = range(start, end)
+        low = min(part, key=live.__getitem__)
+        high = max(part, key=live.__getitem__)
+        held = max(part, key=reserved.__getitem__)
+        keep += sorted({start, low, high, held})
+    if keep[-1] != count - 1:
+        keep.append(count - 1)
+    return keep
 
 
 EVENT_AXIS = "allocations and frees (a free is one step, as in memory_viz)"

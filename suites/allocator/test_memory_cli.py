@@ -1356,3 +1356,68 @@ def test_the_one_pass_reader_agrees_with_a_replay_of_every_event(snapshot, short
         assert max(series) == next(
             s.peak_bytes for s in sites(snapshot, short=short) if s.name == name
         )
+
+
+# --- a long timeline is drawn thinned: every stretch's extremes, the peak and the end exact ---
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    levels=st.lists(st.tuples(st.integers(-5, 50), st.integers(0, 60)), min_size=1, max_size=300),
+    points=st.integers(8, 40),
+)
+def test_thinned_keeps_each_stretchs_extremes_in_order(levels, points):
+    live = [a for a, _ in levels]
+    reserved = [b for _, b in levels]
+    keep = memory.thinned(live, reserved, points)
+    if len(live) <= points:
+        assert keep == list(range(len(live)))
+        return
+    assert len(keep) <= points
+    assert keep == sorted(set(keep)) and keep[0] == 0 and keep[-1] == len(live) - 1
+    stretches = (points - 1) // 4
+    for k in range(stretches):  # brute force: each stretch's extremes are among the kept
+        part = range(k * len(live) // stretches, (k + 1) * len(live) // stretches)
+        kept = [i for i in keep if i in part]
+        assert max(live[i] for i in kept) == max(live[i] for i in part)
+        assert min(live[i] for i in kept) == min(live[i] for i in part)
+        assert max(reserved[i] for i in kept) == max(reserved[i] for i in part)
+    assert live.index(max(live)) in keep  # the peak, where the picture's arrow points
+
+
+@pytest.mark.parametrize(
+    "live, reserved, points, message",
+    [
+        ([1, 2], [1, 2], 7, "points must be >= 8, got 7"),
+        ([1, 2], [1], 8, "live has 2 points but reserved has 1"),
+    ],
+)
+def test_thinned_refuses_what_it_cannot_thin(live, reserved, points, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        memory.thinned(live, reserved, points)
+
+
+def test_a_long_timeline_is_drawn_thinned_with_its_peak_and_end(drawn, tmp_path):
+    trace, held = [], []
+    for i in range(30_000):  # a saw: up for 40 events (64 bytes each, one 4160), then down
+        if (i // 40) % 2 == 0 or not held:
+            held.append((i, 4160 if i == 21_001 else 64))
+            trace.append({"action": "alloc", "addr": i, "size": held[-1][1]})
+        else:
+            address, size = held.pop()
+            trace.append({"action": "free_requested", "addr": address, "size": size})
+    snapshot = {"segments": [], "device_traces": [trace]}
+    line = timeline(snapshot)
+    memory.plot(snapshot, tmp_path / "long.png")
+    (ax,) = drawn[-1].axes
+    live_line = next(artist for artist in ax.lines if artist.get_label() == "live bytes")
+    xs, ys = live_line.get_data()
+    assert len(xs) <= memory.MAX_POINTS < len(line.live)
+    scale = 1 << 10  # KiB
+    peak, at = line.peak
+    # every event moves the level: the event axis's x is the event's index
+    assert max(ys) == peak / scale and xs[list(ys).index(max(ys))] == at
+    assert ys[-1] == line.live[-1] / scale and min(ys) == min(line.live) / scale
+    assert "30,000 events drawn as" in ax.get_xlabel()
+    memory.plot({"segments": [], "device_traces": [trace[:100]]}, tmp_path / "short.png")
+    assert "drawn as" not in drawn[-1].axes[0].get_xlabel()
