@@ -1419,5 +1419,7 @@ def test_a_long_timeline_is_drawn_thinned_with_its_peak_and_end(drawn, tmp_path)
     assert max(ys) == peak / scale and xs[list(ys).index(max(ys))] == at
     assert ys[-1] == line.live[-1] / scale and min(ys) == min(line.live) / scale
     assert "30,000 events drawn as" in ax.get_xlabel()
+    doc = Path(__file__).parents[2] / "docs" / "memory-history.md"
+    assert f"`memory.MAX_POINTS` ({memory.MAX_POINTS:,})" in doc.read_text()  # what it says
     memory.plot({"segments": [], "device_traces": [trace[:100]]}, tmp_path / "short.png")
     assert "drawn as" not in drawn[-1].axes[0].get_xlabel()
