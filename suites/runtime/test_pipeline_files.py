@@ -115,7 +115,7 @@ def test_a_resumed_run_deletes_only_a_file_its_run_created(tmp_path, capsys):
 def test_a_kill_inside_state_create_force_leaves_the_old_file_whole(death, users_file):
     path, before = users_file
     env = {**pinned_env("cpu"), "DEVMEM_PIPELINE_KILL_AT": "0:create"}
-    argv = ["state", "create", str(path), "--model", "llama7b", "--sparse", "--force"]
+    argv = ["state", "create", str(path), "--model", "stories42m", "--sparse", "--force"]
     death.run(_targets.train, argv, env=env, style="fork").assert_died(signal="SIGKILL")
     assert _fingerprint(path) == before  # main at 6c47d36 had truncated it to 0 bytes here
     leftovers = [n for n in _names(path.parent) if n != "run.state"]
