@@ -119,7 +119,8 @@ def test_a_kill_inside_state_create_force_leaves_the_old_file_whole(death, users
     death.run(_targets.train, argv, env=env, style="fork").assert_died(signal="SIGKILL")
     assert _fingerprint(path) == before  # main at 6c47d36 had truncated it to 0 bytes here
     leftovers = [n for n in _names(path.parent) if n != "run.state"]
-    assert len(leftovers) == 1 and leftovers[0].startswith(".run.state.")  # the temp file
+    (leftover,) = leftovers  # the temporary file, named as documented: .NAME.XXXX.tmp
+    assert leftover.startswith(".run.state.") and leftover.endswith(".tmp")
 
 
 # -- item 3: a full disk ----------------------------------------------------------------------

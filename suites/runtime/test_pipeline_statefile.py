@@ -6,8 +6,10 @@ From the seed's ``mmap_state_open`` review (``../shared/seeds/ane-pipeline-and-c
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
+import mmap
 import os
 import struct
 import zlib
@@ -37,6 +39,7 @@ from runtime.pipeline import (
     main,
     state_file_bytes,
 )
+from runtime.pipeline._statefile import Layout
 
 from . import _targets
 from ._knobs import pinned_env
@@ -99,6 +102,51 @@ def test_region_major_layout(tiny_file):
     assert layout.global_ == layout.layer_acts + 3 * a
     assert layout.journal == layout.global_ + 16 * 8 * (32 + 1)
     assert layout.total_size == layout.journal + journal_bytes(TINY.dims) == layout.journal + 8192
+
+
+def test_the_journal_is_a_page_plus_64_bytes_per_layer_rounded_up_to_pages():
+    for n_layers in (*range(1, 200), 4032, 4033, 4095, 4096, 10**6):
+        size = journal_bytes(dataclasses.replace(TINY.dims, n_layers=n_layers))
+        assert size % 4096 == 0 and 0 <= size - (4096 + 64 * n_layers) < 4096, n_layers
+
+
+def test_a_header_without_a_layout_packs_as_its_models_layout():
+    # StateHeader(layout=None): pack() and to_dict() use Layout.for_dims(its dims)
+    bare = StateHeader(TINY, "all", 0, _state())
+    full = dataclasses.replace(bare, layout=Layout.for_dims(TINY.dims))
+    assert bare.pack() == full.pack()
+    assert bare.to_dict() == full.to_dict()
+    assert bare.to_dict()["total_size"] == state_file_bytes(TINY)
+
+
+def test_a_file_created_by_a_bare_name_lands_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with StateFile.create("bare.state", TINY, sparse=True) as state:
+        assert state.path == "bare.state"
+    assert os.listdir(tmp_path) == ["bare.state"]
+    with StateFile.open(tmp_path / "bare.state", readonly=True) as state:
+        assert state.header.config.name == "tiny"
+
+
+def test_a_created_file_is_readable_by_all_writable_by_its_owner(tmp_path):
+    # mkstemp makes its file 0600; a state file is an ordinary data file: 0644
+    StateFile.create(tmp_path / "m", TINY).close()
+    assert os.stat(tmp_path / "m").st_mode & 0o7777 == 0o644
+
+
+def test_a_mapping_failure_after_the_rename_propagates_and_keeps_the_file(tmp_path, monkeypatch):
+    def no_mapping(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "no mapping today")
+
+    monkeypatch.setattr(mmap, "mmap", no_mapping)
+    for overwrite in (False, True):  # placed by os.link (then unlink) or by os.replace
+        with pytest.raises(OSError, match=r"no mapping today") as info:
+            StateFile.create(tmp_path / "placed", TINY, overwrite=overwrite)
+        assert info.value.errno == errno.ENOMEM  # not the temporary's FileNotFoundError
+        assert os.listdir(tmp_path) == ["placed"]
+    monkeypatch.undo()
+    with StateFile.open(tmp_path / "placed", readonly=True) as state:
+        assert state.header.generation == 0
 
 
 def test_accessors_reject_a_layer_out_of_range(tiny_file):
