@@ -444,6 +444,62 @@ def test_the_global_region_is_every_global_float32_and_no_more(tiny_file):
 # -- commits: edges of the journal and of the tensors ---------------------------------------------
 
 
+class _RecordedMapping:
+    """A state file's mapping that logs each write (byte range) and each flush (page range)."""
+
+    def __init__(self, mapping):
+        self.mapping, self.log = mapping, []
+
+    def __getitem__(self, key):
+        return self.mapping[key]
+
+    def __setitem__(self, key, value):
+        self.mapping[key] = value
+        self.log.append(("write", key.start, key.stop))
+
+    def __len__(self):
+        return len(self.mapping)
+
+    def flush(self, offset=0, size=None):  # mmap.flush's defaults: to the end
+        stop = len(self.mapping) if size is None else offset + size
+        self.log.append(("flush", offset, stop))
+        span = (offset,) if size is None else (offset, size)
+        return self.mapping.flush(*span)
+
+    def close(self):
+        self.mapping.close()
+
+
+def _flushed(log, start, stop, after) -> int:
+    """The index of the first flush in ``log`` after index ``after`` covering [start, stop)."""
+    return next(
+        i
+        for i, (kind, a, b) in enumerate(log)
+        if i > after and kind == "flush" and a <= start and stop <= b
+    )
+
+
+def test_a_commit_flushes_the_journal_then_the_writes_then_the_header(tiny_file):
+    # the order that makes a kill (or a power cut) at any point leave one generation or the other
+    with StateFile.open(tiny_file) as state:
+        offset = state.offset("layer_grads", 1, 3)
+        recorded = state._map = _RecordedMapping(state._map)
+        state.commit(state.header, [(offset, b"\x01" * 8)])
+        log, journal, slot = recorded.log, state.header.layout.journal, SLOT_OFFSETS[1]
+        assert log[0][:2] == ("write", journal)  # the journal first, in two halves
+        journal_end = max(b for kind, a, b in log if kind == "write" and a >= journal)
+        journaled = _flushed(log, journal, journal_end, 0)
+        write = log.index(("write", offset, offset + 8))
+        assert journaled < write
+        written = _flushed(log, offset, offset + 8, write)
+        header = next(i for i, (kind, a, _) in enumerate(log) if kind == "write" and a == slot)
+        assert written < header
+        _flushed(log, slot, slot + 1, max(i for i, e in enumerate(log) if e[0] == "write"))
+        del log[:]
+        state.close()  # a read-write file is flushed whole before it is unmapped
+        assert log == [("flush", 0, state.header.layout.total_size)]
+
+
 @pytest.mark.parametrize("point", ["write", "written", "header"])
 def test_a_kill_inside_a_commit_of_odd_sized_writes_is_undone(death, tiny_file, point):
     """Writes of 2, 17, 5 and 0 bytes, the third ending where the journal begins: their journal
