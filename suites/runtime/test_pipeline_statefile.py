@@ -128,6 +128,33 @@ def test_a_file_created_by_a_bare_name_lands_in_the_working_directory(tmp_path, 
         assert state.header.config.name == "tiny"
 
 
+def test_a_file_made_after_the_check_is_still_never_replaced(tmp_path, monkeypatch):
+    # another process creates the name between the lexists() check and the os.link()
+    path = tmp_path / "raced.state"
+    path.write_bytes(b"theirs")
+    monkeypatch.setattr(os.path, "lexists", lambda name: False)
+    with pytest.raises(FileExistsError) as info:
+        StateFile.create(path, TINY)
+    assert (info.value.errno, info.value.strerror, info.value.filename) == (
+        errno.EEXIST,
+        f"state file {path} exists",
+        str(path),
+    )
+    assert path.read_bytes() == b"theirs" and os.listdir(tmp_path) == ["raced.state"]
+
+
+def test_without_hard_links_the_file_is_moved_into_place(tmp_path, monkeypatch):
+    # a file system without hard links (FAT): os.link fails, os.replace places the file
+    def no_links(src, dst):
+        raise PermissionError(errno.EPERM, "Operation not permitted", src)
+
+    monkeypatch.setattr(os, "link", no_links)
+    StateFile.create(tmp_path / "fat.state", TINY, scheduler=_state()).close()
+    assert os.listdir(tmp_path) == ["fat.state"]
+    with StateFile.open(tmp_path / "fat.state", readonly=True) as state:
+        assert state.header.scheduler == _state()
+
+
 def test_a_created_file_is_readable_by_all_writable_by_its_owner(tmp_path):
     # mkstemp makes its file 0600; a state file is an ordinary data file: 0644
     StateFile.create(tmp_path / "m", TINY).close()
