@@ -7,6 +7,8 @@ restart keeps the interpreter's options.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
 import os
 import subprocess
@@ -159,6 +161,25 @@ def test_no_space_is_an_error_naming_path_and_bytes_with_nothing_left(
     assert _names(tmp_path) == []
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_failed_reservation_keeps_its_errno_and_names_the_file(tmp_path, monkeypatch, sparse):
+    # callers tell ENOSPC from EFBIG by errno, and find the file in OSError.filename
+    def fail(fd, *sizes):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(os, "ftruncate" if sparse else "posix_fallocate", fail)
+    path = tmp_path / "run.state"
+    config = PRESETS["stories110m"].with_overrides(n_layers=1)
+    with pytest.raises(OSError) as info:
+        StateFile.create(path, config, sparse=sparse)
+    verb = "size" if sparse else "reserve"
+    assert (info.value.errno, info.value.filename) == (errno.EFBIG, str(path))
+    assert info.value.strerror == (
+        f"cannot {verb} {state_file_bytes(config):,} bytes for state file {path}: File too large"
+    )
+    assert _names(tmp_path) == []
+
+
 def test_the_space_is_reserved_unless_sparse(tmp_path):
     config = ModelConfig("small", ModelDims(64, 128, 2, 2, 4, 1000, 16), CompileConfig())
     StateFile.create(tmp_path / "reserved", config).close()
@@ -202,6 +223,8 @@ def test_an_out_of_range_value_is_one_line_and_touches_nothing(users_file, capsy
     [
         ({"compile_budget": INT32_MAX + 1}, "compile_budget=2147483648: the state file holds 0 .."),
         ({"accum_steps": 2**40}, "accum_steps=1099511627776"),
+        ({"kernels_per_layer": 2**31}, "^kernels_per_layer=2147483648: the state file holds 0 .."),
+        ({"static_per_layer": 2**32}, "^static_per_layer=4294967296: the state file holds 0 .."),
         ({"headroom_pct": float("nan")}, "headroom_pct=nan: the state file holds finite"),
     ],
 )
@@ -213,6 +236,33 @@ def test_create_checks_the_fields_before_the_disk(tmp_path, change, field):
     assert _names(tmp_path) == []
 
 
+def test_the_largest_values_fit_their_fields():
+    base = PRESETS["stories110m"].with_overrides(n_layers=1)
+    compile_ = CompileConfig(INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, 0.5)
+    config = ModelConfig("n" * 32, base.dims, compile_)  # the name: 32 UTF-8 bytes, the most
+    scheduler = SchedulerState(step=INT32_MAX, total_steps=INT32_MAX, accum_step=INT32_MAX)
+    kwargs = {"checkpoint_interval": INT32_MAX, "scheduler": scheduler}
+    check_header_fields(config, checkpoint_policy="p" * 16, **kwargs)  # raises nothing
+
+
+def test_a_file_of_2_to_the_64_bytes_or_more_is_refused():
+    # dims whose file is exactly 2**64 bytes (found by solving the layout's size for the
+    # vocabulary): one embedding row less fits; that size, and one row more, do not
+    dims = ModelDims(262144, 1429801984, 1, 1, 1025, 309640222, 5)
+    assert state_file_bytes(ModelConfig("huge", dims, CompileConfig())) == 2**64
+    row = 16 * dims.dim  # an embedding row, with its Adam state and gradient
+    for vocab, size in ((dims.vocab_size, 2**64), (dims.vocab_size + 1, 2**64 + row)):
+        config = ModelConfig("huge", dataclasses.replace(dims, vocab_size=vocab), CompileConfig())
+        with pytest.raises(ValueError) as info:
+            check_header_fields(config)
+        assert str(info.value) == f"state file size {size} bytes: the header holds less than 2**64"
+    check_header_fields(
+        ModelConfig(
+            "huge", dataclasses.replace(dims, vocab_size=dims.vocab_size - 1), CompileConfig()
+        )
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -222,6 +272,10 @@ def test_create_checks_the_fields_before_the_disk(tmp_path, change, field):
          "checkpoint_interval=2147483648: the state file holds 0 .. 2147483647"),
         ({"scheduler": SchedulerState(learning_rate=float("inf"))},
          "learning_rate=inf: the state file holds finite numbers only"),
+        ({"scheduler": SchedulerState(group=2**31)},
+         "group=2147483648: the state file holds 0 .. 2147483647"),
+        ({"scheduler": SchedulerState(accum_step=2**31)},
+         "accum_step=2147483648: the state file holds 0 .. 2147483647"),
     ],
 )  # fmt: skip
 def test_create_checks_the_policy_and_scheduler_before_the_disk(tmp_path, change, message):
