@@ -27,8 +27,10 @@ point thus leaves either the state before the change or the state after it, neve
 torn slot falls back to the other one, whose journal undoes what it must. Creation goes through
 a temporary file in the same directory, ``fsync`` and ``os.replace`` (or ``os.link``, which
 refuses an existing file), with the space reserved first (``posix_fallocate``) unless the caller
-asks for a sparse file. Writes made through the accessors outside :meth:`StateFile.commit` are
-not journaled.
+asks for a sparse file. The writer holds an exclusive ``flock`` on its temporary file, so the next
+creation of the same state file tells a killed writer's leftover (its lock is free) from a live
+writer's, and removes the leftover, saying so on stderr. Writes made through the accessors
+outside :meth:`StateFile.commit` are not journaled.
 
 Opening checks, in order: the file is smaller than the header; the sentinel (not a pipeline
 state file) and the version (field and value said); both slots (checksum, every field, the
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import math
 import mmap
 import os
@@ -54,6 +57,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Sequence
+from stat import S_ISREG
 
 import numpy as np
 
@@ -477,6 +481,80 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+_TEMP_SUFFIX = ".tmp"
+_TEMP_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+"""The characters of ``tempfile.mkstemp``'s random part (8 of them) in a temporary's name."""
+
+
+def _is_temporary_of(entry: str, name: str) -> bool:
+    """``entry`` is a name :meth:`StateFile.create` gives its temporary file for ``name``:
+    ``.NAME.XXXXXXXX.tmp`` (not another state file's, such as ``.NAME.b.XXXXXXXX.tmp``)."""
+    prefix = f".{name}."
+    if not entry.startswith(prefix) or not entry.endswith(_TEMP_SUFFIX):
+        return False
+    middle = entry[len(prefix) : -len(_TEMP_SUFFIX)]
+    return len(middle) == 8 and set(middle) <= _TEMP_LETTERS
+
+
+def _remove_dead_temporaries(directory: str, name: str) -> None:
+    """Remove the temporary files that killed writers of state file ``name`` left in
+    ``directory``: those whose ``flock`` can be taken (a live writer holds its own), each said
+    in one line on stderr. Never raises: a temporary that cannot be checked is left alone."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in sorted(entries):
+        if not _is_temporary_of(entry, name):
+            continue
+        candidate = os.path.join(directory, entry)
+        try:  # not through a symbolic link; a FIFO must not block the open
+            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            stat = os.fstat(fd)
+            if not S_ISREG(stat.st_mode):  # only ever a regular file of ours
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # the name still holds the inode locked here (not a newer writer's file)
+            if not os.path.samestat(stat, os.stat(candidate, follow_symlinks=False)):
+                continue
+            os.unlink(candidate)
+        except OSError:  # locked by a live writer, gone, or not ours to remove
+            continue
+        finally:
+            os.close(fd)
+        print(
+            f"devmem: removed {candidate} ({stat.st_size:,} bytes), a temporary state file"
+            " left by a killed writer",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _locked_temporary(directory: str, name: str) -> tuple[int, str]:
+    """A new temporary file for state file ``name`` in ``directory``, under an exclusive
+    ``flock`` that the returned descriptor holds until it is closed (or unlocked).
+
+    A concurrent :func:`_remove_dead_temporaries` may take the lock in the instant between
+    the file's creation and this lock and remove it: the lock is taken, then the name checked
+    to still be this file; if it is not, another one is made."""
+    while True:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=_TEMP_SUFFIX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.path.samestat(os.fstat(fd), os.stat(tmp, follow_symlinks=False)):
+                return fd, tmp
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)  # removed (and perhaps replaced) by a cleaner: try another name
+
+
 class StateFile:
     """An open, memory-mapped state file. Use :meth:`create` or :meth:`open`, then
     :meth:`close` (or a ``with`` block).
@@ -524,8 +602,10 @@ class StateFile:
 
         The file is built as a temporary file in the same directory (space reserved with
         ``posix_fallocate`` unless ``sparse``), flushed, and moved into place: an existing
-        ``path`` is never truncated, and a failure or a kill leaves it as it was (a kill may
-        leave the temporary ``.NAME.*.tmp`` file behind; a failure removes it).
+        ``path`` is never truncated, and a failure or a kill leaves it as it was. A failure
+        removes the temporary ``.NAME.XXXXXXXX.tmp`` file; a kill leaves it behind, under an
+        ``flock`` that dies with the writer, and the next creation of ``path`` removes it
+        (saying so on stderr, with its size); a temporary whose writer lives is left alone.
 
         Args:
             overwrite: replace an existing ``path`` (``os.replace``); else refuse it.
@@ -560,7 +640,8 @@ class StateFile:
             raise FileExistsError(errno.EEXIST, f"state file {path} exists", path)
         directory = os.path.dirname(path) or "."
         name = os.path.basename(path)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        _remove_dead_temporaries(directory, name)
+        fd, tmp = _locked_temporary(directory, name)
         placed = False
         try:
             os.fchmod(fd, 0o644)
@@ -592,6 +673,7 @@ class StateFile:
                 else:
                     os.unlink(tmp)
             placed = True
+            fcntl.flock(fd, fcntl.LOCK_UN)  # the temporary's name is gone: nothing to guard
             _fsync_dir(directory)
             mapping = mmap.mmap(fd, layout.total_size)
         except BaseException:

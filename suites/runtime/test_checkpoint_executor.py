@@ -22,11 +22,13 @@ from runtime.checkpoint import (
     CheckpointPlan,
     Op,
     Replay,
+    beta,
     chain_result,
     checkpoint_plan,
     chen_peak_buffers,
     chen_peaks,
     chen_schedule,
+    repetition_number,
     replay,
     revolve_forward_count,
     run_checkpointed,
@@ -158,6 +160,35 @@ def test_revolve_known_values():
     assert revolve_forward_count(10, 1) == 45  # l(l-1)/2: every reversal from the input
     assert revolve_forward_count(32, 5) == 68  # r = 3: 3*32 - C(8, 6)
     assert revolve_forward_count(100, 200) == 99  # ample snapshots: one sweep
+
+
+def test_beta_is_the_binomial_and_0_for_negative_repetitions():
+    assert [beta(3, t) for t in range(4)] == [1, 4, 10, 20]  # C(3+t, 3)
+    assert beta(0, 5) == 1
+    # t < 0: no steps at all, for any s (math.comb refuses C(-1, 0) and C(-1, 1))
+    assert [beta(s, t) for s in (0, 1, 4) for t in (-1, -2, -5)] == [0] * 9
+
+
+def test_the_repetition_number_is_the_smallest_r_with_beta_at_least_steps():
+    for snaps in range(1, 7):
+        for steps in range(1, 90):
+            r = repetition_number(steps, snaps)
+            assert beta(snaps, r) >= steps and (r == 0 or beta(snaps, r - 1) < steps)
+    # steps exactly beta(snaps, r): r itself, not r + 1 (the bisection's boundary)
+    assert [repetition_number(beta(s, r), s) for s, r in ((1, 3), (3, 2), (5, 3))] == [3, 2, 3]
+
+
+@pytest.mark.parametrize("count", [repetition_number, revolve_forward_count])
+def test_revolve_counts_name_the_bad_argument(count):
+    assert repetition_number(1, 1) == 0 and repetition_number(32, 5) == 3
+    for args, error, match in (
+        ((0, 5), ValueError, r"^steps=0: expected an integer >= 1$"),
+        ((32, 0), ValueError, r"^snaps=0: expected an integer >= 1$"),
+        ((2.0, 5), TypeError, r"^steps must be an int, got float 2\.0$"),
+        ((32, True), TypeError, r"^snaps must be an int, got bool True$"),
+    ):
+        with pytest.raises(error, match=match):
+            count(*args)
 
 
 @pytest.mark.parametrize("snaps", [1, 2, 3, 4, 6, 9])

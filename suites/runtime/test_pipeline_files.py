@@ -7,8 +7,13 @@ restart keeps the interpreter's options.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -115,11 +120,170 @@ def test_a_resumed_run_deletes_only_a_file_its_run_created(tmp_path, capsys):
 def test_a_kill_inside_state_create_force_leaves_the_old_file_whole(death, users_file):
     path, before = users_file
     env = {**pinned_env("cpu"), "DEVMEM_PIPELINE_KILL_AT": "0:create"}
-    argv = ["state", "create", str(path), "--model", "llama7b", "--sparse", "--force"]
+    argv = ["state", "create", str(path), "--model", "stories42m", "--sparse", "--force"]
     death.run(_targets.train, argv, env=env, style="fork").assert_died(signal="SIGKILL")
     assert _fingerprint(path) == before  # main at 6c47d36 had truncated it to 0 bytes here
     leftovers = [n for n in _names(path.parent) if n != "run.state"]
-    assert len(leftovers) == 1 and leftovers[0].startswith(".run.state.")  # the temp file
+    (leftover,) = leftovers  # the temporary file, named as documented: .NAME.XXXX.tmp
+    assert leftover.startswith(".run.state.") and leftover.endswith(".tmp")
+
+
+_STALLED_WRITER = """
+import os, sys, time
+from runtime.pipeline import PRESETS, StateFile
+
+def stall(fd, data, offset):  # the space is reserved, the header not yet written
+    print("writing", flush=True)
+    time.sleep(300)
+
+os.pwrite = stall
+config = PRESETS["stories110m"].with_overrides(n_layers=1)
+StateFile.create(sys.argv[1], config, overwrite=True, sparse=sys.argv[2] == "sparse")
+"""
+
+
+@contextlib.contextmanager
+def _stalled_writer(path, sparse="sparse"):
+    """A live ``state create`` of ``path`` in another process, stopped in the middle of writing
+    its temporary file (under its lock); killed (SIGKILL) at the end unless it was already."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVMEM_")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STALLED_WRITER, str(path), sparse],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline() == "writing\n"
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def _temporaries(path) -> list[str]:
+    return [n for n in _names(path.parent) if n.startswith(f".{path.name}.")]
+
+
+def test_a_writer_killed_mid_write_leaves_a_temporary_the_next_create_removes(tmp_path, capsys):
+    path = tmp_path / "run.state"
+    with _stalled_writer(path, sparse="reserved") as child:
+        child.kill()  # SIGKILL: no handler, no cleanup
+        assert child.wait() == -signal.SIGKILL
+    (leftover,) = _temporaries(path)
+    size = os.stat(tmp_path / leftover).st_size
+    assert size == state_file_bytes(PRESETS["stories110m"].with_overrides(n_layers=1))
+    assert main(["state", "create", str(path), *SMALL, "--sparse"]) == 0
+    assert _temporaries(path) == [] and _names(tmp_path) == ["run.state"]
+    assert capsys.readouterr().err == (
+        f"devmem: removed {tmp_path / leftover} ({size:,} bytes), a temporary state file left"
+        " by a killed writer\n"
+    )
+    # another state file's temporaries, live or not, are not this one's to remove
+    other = tmp_path / "run.state.b"
+    with _stalled_writer(other) as child:
+        child.kill()
+    StateFile.create(path, PRESETS["stories110m"].with_overrides(n_layers=1), overwrite=True)
+    assert len(_temporaries(other)) == 1 and capsys.readouterr().err == ""
+
+
+def test_a_live_writers_temporary_is_left_alone(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "run.state"
+    config = PRESETS["stories110m"].with_overrides(n_layers=1)
+    with _stalled_writer(path):
+        (live,) = _temporaries(path)
+        before = _fingerprint(tmp_path / live)
+        StateFile.create(path, config, sparse=True).close()  # the same file, created meanwhile
+        StateFile.create(path, config, sparse=True, overwrite=True).close()
+        assert _temporaries(path) == [live] and _fingerprint(tmp_path / live) == before
+        assert capsys.readouterr().err == ""
+        # teeth: a cleaner that does not ask for the lock takes the live writer's file
+        monkeypatch.setattr(fcntl, "flock", lambda fd, op: None)
+        StateFile.create(path, config, sparse=True, overwrite=True).close()
+        assert _temporaries(path) == []
+        assert f"devmem: removed {tmp_path / live} " in capsys.readouterr().err
+
+
+def test_only_dead_temporaries_of_the_same_file_are_removed(tmp_path, capsys):
+    path = tmp_path / "run.state"
+    dead = tmp_path / ".run.state.zzzzzzzz.tmp"  # as mkstemp names it, and no writer's lock
+    dead.write_bytes(b"x" * 3000)
+    kept = [
+        ".aaa",  # sorted first: the scan goes on past what is not a temporary
+        ".run.state.abc.tmp",  # mkstemp's random part is 8 characters
+        ".run.state.ABCDEFGH.tmp",  # of a-z, 0-9 and _
+        ".run.state.abcdefgh.bak",
+        "run.state.abcdefgh.tmp",
+    ]
+    for name in kept:
+        (tmp_path / name).write_bytes(b"")
+    os.symlink(dead, tmp_path / ".run.state.00000000.tmp")  # a link is never followed
+    os.mkfifo(tmp_path / ".run.state.0000000a.tmp")  # nor a FIFO opened (it would block)
+    live = os.open(tmp_path / ".run.state.0000000b.tmp", os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(live, fcntl.LOCK_EX)  # its writer lives (here: this process)
+        StateFile.create(path, PRESETS["stories110m"].with_overrides(n_layers=1), sparse=True)
+    finally:
+        os.close(live)
+    assert sorted(_names(tmp_path)) == sorted(
+        [*kept, "run.state", ".run.state.00000000.tmp", ".run.state.0000000a.tmp",
+         ".run.state.0000000b.tmp"]
+    )  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"devmem: removed {dead} (3,000 bytes), a temporary state file left by a killed writer\n"
+    )
+
+
+def test_a_temporary_replaced_during_the_check_is_skipped_and_the_scan_goes_on(
+    tmp_path, monkeypatch, capsys
+):
+    # the first temporary's name is taken over by another file between open() and unlink()
+    # (simulated: samestat says "not the inode locked"): skipped, the next one still removed
+    first, second = tmp_path / ".s.aaaaaaaa.tmp", tmp_path / ".s.bbbbbbbb.tmp"
+    first.write_bytes(b"1")
+    second.write_bytes(b"22")
+    real, calls = os.path.samestat, []
+
+    def samestat(a, b):
+        calls.append(a)
+        return len(calls) > 1 and real(a, b)
+
+    monkeypatch.setattr(os.path, "samestat", samestat)
+    StateFile.create(tmp_path / "s", PRESETS["stories110m"].with_overrides(n_layers=1), sparse=True)
+    assert _names(tmp_path) == [first.name, "s"]
+    assert capsys.readouterr().err == (
+        f"devmem: removed {second} (2 bytes), a temporary state file left by a killed writer\n"
+    )
+
+
+def test_a_lock_that_cannot_be_taken_is_an_error_with_nothing_left(tmp_path, monkeypatch):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(OSError) as info:
+        StateFile.create(tmp_path / "s", PRESETS["stories110m"].with_overrides(n_layers=1))
+    assert info.value.errno == errno.ENOLCK
+    assert _names(tmp_path) == []
+
+
+def test_a_temporary_removed_before_its_writer_locks_it_is_made_again(tmp_path, monkeypatch):
+    # a cleaner may take the lock of a temporary created an instant ago, before its writer's
+    # flock: the writer then sees its name gone and makes another file
+    real, removed = fcntl.flock, []
+
+    def flock(fd, operation):
+        if not removed and operation == fcntl.LOCK_EX:
+            (name,) = _names(tmp_path)
+            os.unlink(tmp_path / name)
+            removed.append(name)
+        return real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    config = PRESETS["stories110m"].with_overrides(n_layers=1)
+    StateFile.create(tmp_path / "s", config, sparse=True).close()
+    assert len(removed) == 1 and _names(tmp_path) == ["s"]
+    with StateFile.open(tmp_path / "s", readonly=True) as state:
+        assert state.header.config.dims == config.dims
 
 
 # -- item 3: a full disk ----------------------------------------------------------------------
@@ -154,6 +318,25 @@ def test_no_space_is_an_error_naming_path_and_bytes_with_nothing_left(
     assert (
         f"cannot create state file {path}: cannot reserve {size:,} bytes for state file {path}:"
         " No space left on device" in capsys.readouterr().err
+    )
+    assert _names(tmp_path) == []
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_failed_reservation_keeps_its_errno_and_names_the_file(tmp_path, monkeypatch, sparse):
+    # callers tell ENOSPC from EFBIG by errno, and find the file in OSError.filename
+    def fail(fd, *sizes):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(os, "ftruncate" if sparse else "posix_fallocate", fail)
+    path = tmp_path / "run.state"
+    config = PRESETS["stories110m"].with_overrides(n_layers=1)
+    with pytest.raises(OSError) as info:
+        StateFile.create(path, config, sparse=sparse)
+    verb = "size" if sparse else "reserve"
+    assert (info.value.errno, info.value.filename) == (errno.EFBIG, str(path))
+    assert info.value.strerror == (
+        f"cannot {verb} {state_file_bytes(config):,} bytes for state file {path}: File too large"
     )
     assert _names(tmp_path) == []
 
@@ -201,6 +384,8 @@ def test_an_out_of_range_value_is_one_line_and_touches_nothing(users_file, capsy
     [
         ({"compile_budget": INT32_MAX + 1}, "compile_budget=2147483648: the state file holds 0 .."),
         ({"accum_steps": 2**40}, "accum_steps=1099511627776"),
+        ({"kernels_per_layer": 2**31}, "^kernels_per_layer=2147483648: the state file holds 0 .."),
+        ({"static_per_layer": 2**32}, "^static_per_layer=4294967296: the state file holds 0 .."),
         ({"headroom_pct": float("nan")}, "headroom_pct=nan: the state file holds finite"),
     ],
 )
@@ -212,6 +397,33 @@ def test_create_checks_the_fields_before_the_disk(tmp_path, change, field):
     assert _names(tmp_path) == []
 
 
+def test_the_largest_values_fit_their_fields():
+    base = PRESETS["stories110m"].with_overrides(n_layers=1)
+    compile_ = CompileConfig(INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX, 0.5)
+    config = ModelConfig("n" * 32, base.dims, compile_)  # the name: 32 UTF-8 bytes, the most
+    scheduler = SchedulerState(step=INT32_MAX, total_steps=INT32_MAX, accum_step=INT32_MAX)
+    kwargs = {"checkpoint_interval": INT32_MAX, "scheduler": scheduler}
+    check_header_fields(config, checkpoint_policy="p" * 16, **kwargs)  # raises nothing
+
+
+def test_a_file_of_2_to_the_64_bytes_or_more_is_refused():
+    # dims whose file is exactly 2**64 bytes (found by solving the layout's size for the
+    # vocabulary): one embedding row less fits; that size, and one row more, do not
+    dims = ModelDims(262144, 1429801984, 1, 1, 1025, 309640222, 5)
+    assert state_file_bytes(ModelConfig("huge", dims, CompileConfig())) == 2**64
+    row = 16 * dims.dim  # an embedding row, with its Adam state and gradient
+    for vocab, size in ((dims.vocab_size, 2**64), (dims.vocab_size + 1, 2**64 + row)):
+        config = ModelConfig("huge", dataclasses.replace(dims, vocab_size=vocab), CompileConfig())
+        with pytest.raises(ValueError) as info:
+            check_header_fields(config)
+        assert str(info.value) == f"state file size {size} bytes: the header holds less than 2**64"
+    check_header_fields(
+        ModelConfig(
+            "huge", dataclasses.replace(dims, vocab_size=dims.vocab_size - 1), CompileConfig()
+        )
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -221,6 +433,10 @@ def test_create_checks_the_fields_before_the_disk(tmp_path, change, field):
          "checkpoint_interval=2147483648: the state file holds 0 .. 2147483647"),
         ({"scheduler": SchedulerState(learning_rate=float("inf"))},
          "learning_rate=inf: the state file holds finite numbers only"),
+        ({"scheduler": SchedulerState(group=2**31)},
+         "group=2147483648: the state file holds 0 .. 2147483647"),
+        ({"scheduler": SchedulerState(accum_step=2**31)},
+         "accum_step=2147483648: the state file holds 0 .. 2147483647"),
     ],
 )  # fmt: skip
 def test_create_checks_the_policy_and_scheduler_before_the_disk(tmp_path, change, message):

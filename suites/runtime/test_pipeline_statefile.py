@@ -6,8 +6,10 @@ From the seed's ``mmap_state_open`` review (``../shared/seeds/ane-pipeline-and-c
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
+import mmap
 import os
 import struct
 import zlib
@@ -37,6 +39,7 @@ from runtime.pipeline import (
     main,
     state_file_bytes,
 )
+from runtime.pipeline._statefile import Layout
 
 from . import _targets
 from ._knobs import pinned_env
@@ -99,6 +102,78 @@ def test_region_major_layout(tiny_file):
     assert layout.global_ == layout.layer_acts + 3 * a
     assert layout.journal == layout.global_ + 16 * 8 * (32 + 1)
     assert layout.total_size == layout.journal + journal_bytes(TINY.dims) == layout.journal + 8192
+
+
+def test_the_journal_is_a_page_plus_64_bytes_per_layer_rounded_up_to_pages():
+    for n_layers in (*range(1, 200), 4032, 4033, 4095, 4096, 10**6):
+        size = journal_bytes(dataclasses.replace(TINY.dims, n_layers=n_layers))
+        assert size % 4096 == 0 and 0 <= size - (4096 + 64 * n_layers) < 4096, n_layers
+
+
+def test_a_header_without_a_layout_packs_as_its_models_layout():
+    # StateHeader(layout=None): pack() and to_dict() use Layout.for_dims(its dims)
+    bare = StateHeader(TINY, "all", 0, _state())
+    full = dataclasses.replace(bare, layout=Layout.for_dims(TINY.dims))
+    assert bare.pack() == full.pack()
+    assert bare.to_dict() == full.to_dict()
+    assert bare.to_dict()["total_size"] == state_file_bytes(TINY)
+
+
+def test_a_file_created_by_a_bare_name_lands_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with StateFile.create("bare.state", TINY, sparse=True) as state:
+        assert state.path == "bare.state"
+    assert os.listdir(tmp_path) == ["bare.state"]
+    with StateFile.open(tmp_path / "bare.state", readonly=True) as state:
+        assert state.header.config.name == "tiny"
+
+
+def test_a_file_made_after_the_check_is_still_never_replaced(tmp_path, monkeypatch):
+    # another process creates the name between the lexists() check and the os.link()
+    path = tmp_path / "raced.state"
+    path.write_bytes(b"theirs")
+    monkeypatch.setattr(os.path, "lexists", lambda name: False)
+    with pytest.raises(FileExistsError) as info:
+        StateFile.create(path, TINY)
+    assert (info.value.errno, info.value.strerror, info.value.filename) == (
+        errno.EEXIST,
+        f"state file {path} exists",
+        str(path),
+    )
+    assert path.read_bytes() == b"theirs" and os.listdir(tmp_path) == ["raced.state"]
+
+
+def test_without_hard_links_the_file_is_moved_into_place(tmp_path, monkeypatch):
+    # a file system without hard links (FAT): os.link fails, os.replace places the file
+    def no_links(src, dst):
+        raise PermissionError(errno.EPERM, "Operation not permitted", src)
+
+    monkeypatch.setattr(os, "link", no_links)
+    StateFile.create(tmp_path / "fat.state", TINY, scheduler=_state()).close()
+    assert os.listdir(tmp_path) == ["fat.state"]
+    with StateFile.open(tmp_path / "fat.state", readonly=True) as state:
+        assert state.header.scheduler == _state()
+
+
+def test_a_created_file_is_readable_by_all_writable_by_its_owner(tmp_path):
+    # mkstemp makes its file 0600; a state file is an ordinary data file: 0644
+    StateFile.create(tmp_path / "m", TINY).close()
+    assert os.stat(tmp_path / "m").st_mode & 0o7777 == 0o644
+
+
+def test_a_mapping_failure_after_the_rename_propagates_and_keeps_the_file(tmp_path, monkeypatch):
+    def no_mapping(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "no mapping today")
+
+    monkeypatch.setattr(mmap, "mmap", no_mapping)
+    for overwrite in (False, True):  # placed by os.link (then unlink) or by os.replace
+        with pytest.raises(OSError, match=r"no mapping today") as info:
+            StateFile.create(tmp_path / "placed", TINY, overwrite=overwrite)
+        assert info.value.errno == errno.ENOMEM  # not the temporary's FileNotFoundError
+        assert os.listdir(tmp_path) == ["placed"]
+    monkeypatch.undo()
+    with StateFile.open(tmp_path / "placed", readonly=True) as state:
+        assert state.header.generation == 0
 
 
 def test_accessors_reject_a_layer_out_of_range(tiny_file):
@@ -266,18 +341,20 @@ def test_a_missing_file_is_a_plain_os_error(tmp_path):
 
 def test_state_create_and_show(tmp_path, capsys):
     path = str(tmp_path / "s")
-    assert main(["state", "create", path, "--model", "llama7b", "--sparse"]) == 0
+    # Stories42M (a 743 MB sparse file): it also runs under a file size limit (ulimit -f) of a
+    # few GiB, as a mutation run may set one against mutants that reserve huge files
+    assert main(["state", "create", path, "--model", "stories42m", "--sparse"]) == 0
     out = capsys.readouterr().out
-    size = state_file_bytes(PRESETS["llama7b"])
-    assert out == f"created {path}: LLaMA-7B (32 layers, dim 4096), {size:,} bytes (sparse)\n"
+    size = state_file_bytes(PRESETS["stories42m"])
+    assert out == f"created {path}: Stories42M (8 layers, dim 512), {size:,} bytes (sparse)\n"
     assert os.stat(path).st_size == size and os.stat(path).st_blocks * 512 < 1 << 20
     assert main(["state", "show", path, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert (info["sentinel"], info["version"], info["model"]) == ("0x414E4550", 2, "LLaMA-7B")
+    assert (info["sentinel"], info["version"], info["model"]) == ("0x414E4550", 2, "Stories42M")
     assert info["offsets"]["layer_weights"] == 4096 and info["total_size"] == size
     assert main(["state", "show", path]) == 0
     text = capsys.readouterr().out
-    assert "model LLaMA-7B: dim=4096" in text and f"total_size={size}" in text
+    assert "model Stories42M: dim=512" in text and f"total_size={size}" in text
 
 
 def test_state_show_of_a_corrupt_file_exits_1(tmp_path, capsys):
@@ -392,6 +469,62 @@ def test_the_global_region_is_every_global_float32_and_no_more(tiny_file):
 
 
 # -- commits: edges of the journal and of the tensors ---------------------------------------------
+
+
+class _RecordedMapping:
+    """A state file's mapping that logs each write (byte range) and each flush (page range)."""
+
+    def __init__(self, mapping):
+        self.mapping, self.log = mapping, []
+
+    def __getitem__(self, key):
+        return self.mapping[key]
+
+    def __setitem__(self, key, value):
+        self.mapping[key] = value
+        self.log.append(("write", key.start, key.stop))
+
+    def __len__(self):
+        return len(self.mapping)
+
+    def flush(self, offset=0, size=None):  # mmap.flush's defaults: to the end
+        stop = len(self.mapping) if size is None else offset + size
+        self.log.append(("flush", offset, stop))
+        span = (offset,) if size is None else (offset, size)
+        return self.mapping.flush(*span)
+
+    def close(self):
+        self.mapping.close()
+
+
+def _flushed(log, start, stop, after) -> int:
+    """The index of the first flush in ``log`` after index ``after`` covering [start, stop)."""
+    return next(
+        i
+        for i, (kind, a, b) in enumerate(log)
+        if i > after and kind == "flush" and a <= start and stop <= b
+    )
+
+
+def test_a_commit_flushes_the_journal_then_the_writes_then_the_header(tiny_file):
+    # the order that makes a kill (or a power cut) at any point leave one generation or the other
+    with StateFile.open(tiny_file) as state:
+        offset = state.offset("layer_grads", 1, 3)
+        recorded = state._map = _RecordedMapping(state._map)
+        state.commit(state.header, [(offset, b"\x01" * 8)])
+        log, journal, slot = recorded.log, state.header.layout.journal, SLOT_OFFSETS[1]
+        assert log[0][:2] == ("write", journal)  # the journal first, in two halves
+        journal_end = max(b for kind, a, b in log if kind == "write" and a >= journal)
+        journaled = _flushed(log, journal, journal_end, 0)
+        write = log.index(("write", offset, offset + 8))
+        assert journaled < write
+        written = _flushed(log, offset, offset + 8, write)
+        header = next(i for i, (kind, a, _) in enumerate(log) if kind == "write" and a == slot)
+        assert written < header
+        _flushed(log, slot, slot + 1, max(i for i, e in enumerate(log) if e[0] == "write"))
+        del log[:]
+        state.close()  # a read-write file is flushed whole before it is unmapped
+        assert log == [("flush", 0, state.header.layout.total_size)]
 
 
 @pytest.mark.parametrize("point", ["write", "written", "header"])
