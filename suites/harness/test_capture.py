@@ -282,3 +282,19 @@ def test_finish_does_not_wait_on_a_writer_that_never_stops():
         assert 0.2 <= took < 3.0, f"finish took {took:.1f} s with a writer that never stops"
         assert capture.stderr.total > 0 and not capture.stderr.eof
         endless.close()
+
+
+def test_finish_gives_a_writer_that_never_stops_a_tenth_of_a_second_by_default():
+    # what a death test costs when a grandchild that escaped the group kill writes on
+    table = GuardTable()
+    with Capture(table) as capture:
+        endless = _Endless("stderr")
+        endless.until = time.monotonic() + 5.0
+        capture.stderr.close()
+        capture.stderr = endless
+        start = time.monotonic()
+        capture.finish()
+        took = time.monotonic() - start
+        assert 0.1 <= took < 0.6, f"finish took {took:.2f} s by default, not 0.1 s"
+        assert capture.stderr.total > 0 and not capture.stderr.eof
+        endless.close()
