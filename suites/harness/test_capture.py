@@ -166,6 +166,7 @@ def test_a_capture_stores_a_request_and_reads_back_its_status_and_seal():
 def test_a_renewed_capture_has_fresh_channels():
     table = GuardTable()
     with Capture(table) as capture:
+        assert not os.get_blocking(capture.stdout.read_fd)  # else the drain below never returns
         os.write(capture.stdout.write_fd, b"old")
         capture.stdout.drain()
         os.pwrite(capture.status_fd, b"old", 0)
@@ -199,6 +200,7 @@ def test_finish_gives_up_on_a_pipe_still_held_open():
         held = os.dup(capture.stdout.write_fd)
         late = os.dup(capture.stderr.write_fd)
         try:
+            assert not os.get_blocking(capture.stdout.read_fd)  # else finish never returns
             os.write(held, b"partial")
             os.write(late, b"last")
             os.close(late)
