@@ -166,6 +166,7 @@ def test_a_capture_stores_a_request_and_reads_back_its_status_and_seal():
 def test_a_renewed_capture_has_fresh_channels():
     table = GuardTable()
     with Capture(table) as capture:
+        assert not os.get_blocking(capture.stdout.read_fd)  # else the drain below never returns
         os.write(capture.stdout.write_fd, b"old")
         capture.stdout.drain()
         os.pwrite(capture.status_fd, b"old", 0)
@@ -199,6 +200,7 @@ def test_finish_gives_up_on_a_pipe_still_held_open():
         held = os.dup(capture.stdout.write_fd)
         late = os.dup(capture.stderr.write_fd)
         try:
+            assert not os.get_blocking(capture.stdout.read_fd)  # else finish never returns
             os.write(held, b"partial")
             os.write(late, b"last")
             os.close(late)
@@ -280,5 +282,21 @@ def test_finish_does_not_wait_on_a_writer_that_never_stops():
         capture.finish(within_s=0.2)
         took = time.monotonic() - start
         assert 0.2 <= took < 3.0, f"finish took {took:.1f} s with a writer that never stops"
+        assert capture.stderr.total > 0 and not capture.stderr.eof
+        endless.close()
+
+
+def test_finish_gives_a_writer_that_never_stops_a_tenth_of_a_second_by_default():
+    # what a death test costs when a grandchild that escaped the group kill writes on
+    table = GuardTable()
+    with Capture(table) as capture:
+        endless = _Endless("stderr")
+        endless.until = time.monotonic() + 5.0
+        capture.stderr.close()
+        capture.stderr = endless
+        start = time.monotonic()
+        capture.finish()
+        took = time.monotonic() - start
+        assert 0.1 <= took < 0.6, f"finish took {took:.2f} s by default, not 0.1 s"
         assert capture.stderr.total > 0 and not capture.stderr.eof
         endless.close()

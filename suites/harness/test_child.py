@@ -630,7 +630,10 @@ def test_die_with_parent_exits_at_once_when_the_parent_is_gone_already():
         assert os.waitstatus_to_exitcode(_wait(pid)) == expected
 
 
-def test_a_child_dies_with_its_parent():
+@pytest.mark.parametrize("prctl", ["loaded", "fresh"])
+def test_a_child_dies_with_its_parent(prctl, monkeypatch):
+    if prctl == "fresh":  # libc's prctl not loaded in the process that forks: the child loads it
+        monkeypatch.setattr(_child, "_prctl", None)
     read_fd, write_fd = os.pipe()
     middle = os.fork()
     if middle == 0:  # the parent: fork the child, then wait to be killed
@@ -642,15 +645,32 @@ def test_a_child_dies_with_its_parent():
                 os.write(write_fd, b"%d\n" % os.getpid())
                 time.sleep(60)
             else:
+                os.close(write_fd)  # a child that failed leaves the pipe at its end of file
                 time.sleep(60)
         finally:
             os._exit(0)
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as pipe:
-        child = int(pipe.readline())
+        line = pipe.readline()
+    assert line, "die_with_parent failed in the child"
+    child = int(line)
     os.kill(middle, signal.SIGKILL)
     _wait(middle)
     assert _procs.wait_until_dead(child), f"child {child} outlived its parent"
+
+
+def test_a_child_runs_its_target_where_libc_s_prctl_cannot_be_loaded(monkeypatch):
+    import ctypes
+
+    def no_libc(*args, **kwargs):
+        raise OSError("no libc here")
+
+    monkeypatch.setattr(_child, "_prctl", None)
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    child = fork_child(request_for(), target=lambda: 7)
+    assert child.exit_code == 0, child.stderr
+    assert child.records[-1] == {"event": "returned", "value": 7}
+    assert child.stderr == ""
 
 
 # -- plain data -----------------------------------------------------------------------------
@@ -685,8 +705,18 @@ def test_plain_data_limits_are_exact():
     assert plain_problem(-(2**14_000), "v") == (
         "v is an int of 14001 bits, too long to send as JSON (at most 14000 bits; pass it as a str)"
     )
+    nested_dicts: object = 1
+    for _ in range(101):
+        nested_dicts = {"k": nested_dicts}
+    assert plain_problem(nested_dicts["k"], "v") is None  # 100 deep
+    assert plain_problem(nested_dicts, "v") == (
+        "v" + "['k']" * 12 + "[...] nests lists and dicts more than 100 deep"
+    )
     shared = [1]
     assert plain_problem([shared, shared, {"k": shared}], "v") is None  # shared, not a cycle
+    cycle: list = [1]
+    cycle.append({"c": cycle})
+    assert plain_problem(cycle, "v") == "v[1]['c'] contains itself (a reference cycle)"
     assert plain_problem([True, 1.5, None, "s", {}], "v") is None
 
 
@@ -732,6 +762,21 @@ def test_a_value_json_cannot_take_after_all_is_a_harness_error():
     assert child.records[-1]["message"] == (
         "the value returned by the target could not be encoded as JSON"
     )
+
+
+def test_a_failure_while_reporting_the_returned_value_is_a_harness_error_that_names_it():
+    class Key:  # a dict key whose repr, called to say the key is not a str, leaves
+        def __repr__(self):
+            raise SystemExit(3)
+
+    child = fork_child(request_for(), target=lambda: {Key(): 1})
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    assert child.events == ["started", "harness_error"]
+    assert child.records[-1]["message"] == (
+        "reporting the value returned by the target failed: SystemExit: 3"
+    )
+    assert "harness error in the child: reporting the value returned" in child.stderr
 
 
 def test_an_exception_that_cannot_be_printed_is_still_reported():
