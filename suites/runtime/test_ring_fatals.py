@@ -156,6 +156,38 @@ def test_the_holder_message_lists_at_most_eight_pending_readers(make_alloc, k, r
     )
 
 
+def three_root_slices(rt, kind: str) -> None:
+    """Three 1024-byte slices in the root scope (never reclaimed), as allocations or as
+    kernel outputs."""
+    for _ in range(3):
+        if kind == "alloc":
+            rt.alloc_tensors(256)
+        else:
+            rt.submit("make", outputs=[256], cost_ns=10)
+
+
+@pytest.mark.parametrize("kind", ["alloc", "kernel"])
+def test_a_stall_with_every_core_blocked_reports_the_oldest_blocked_task(make_alloc, kind):
+    """Two cores, a 1024-byte ring: one core blocks on task 1, the one that lost its claim
+    goes on and blocks on task 2. The stall is reported once, on task 1 (the oldest blocked
+    task), whichever core blocked first."""
+    for seed in range(4):
+        config = RingConfig(cores=2, ring_bytes=1024, seed=seed)
+        result = checked(three_root_slices, config, make_alloc(), kind=kind)
+        assert result.fatal == (
+            "heap ring too small: task 1 needs a live window of 2048 bytes, more than the"
+            " ring's 1024, and no core can make progress (frontier F=0): the ring is held by"
+            " task 0's slice [0, 1024), waiting for the root scope to close, which it never"
+            " does"
+        )
+        assert result.fatal_task == 1 and result.completed == 1 and result.waits == 2
+        assert sorted(task for _, _, event, task in result.trace if event == "claim") == [0, 1, 2]
+        if kind == "alloc":
+            assert result.fatal_outputs.task == 1
+        else:
+            assert result.fatal_outputs is None
+
+
 def overwrite_and_grow(rt) -> None:
     """In one scope: an 832-byte tensor, then a kernel that writes it and outputs 256 bytes
     (which skip to the ring's next lap): the slice it needs waits for the kernel itself."""
