@@ -683,6 +683,20 @@ def test_a_tile_inside_a_tile_of_the_same_tensor_is_covered_without_a_search(que
     assert search_nodes(question) == (True, 0)
 
 
+@pytest.mark.parametrize("rows", [32, 128])
+def test_a_strided_tile_inside_a_dense_tile_costs_one_check_per_row(rows):
+    """Every third column of every other row: no outer stride matches (no shortcut), so
+    ``covers`` goes block by block; each row's whole span lies in the dense tile, so a row
+    needs one check, never one per run (a span one column too wide splits every row: ~20x
+    the nodes)."""
+    outer = _m(0, (2 * rows, 2 * rows), (4 * rows, 1))
+    inner = _m(0, (rows, 2 * rows // 3), (8 * rows, 3))
+    assert inner.byte_set() <= outer.byte_set()
+    result, nodes = search_nodes(lambda: outer.covers(inner))
+    assert result is True
+    assert nodes <= 8 * rows, nodes
+
+
 @pytest.mark.parametrize("terms", [[], [(1, 5), (4, 0)]], ids=["none", "no-op"])
 def test_without_terms_only_the_constant_itself_is_a_value(terms):
     """``hits`` and ``values_in`` with no term that contributes (none, or count 1 or stride
