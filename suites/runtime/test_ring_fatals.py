@@ -243,6 +243,33 @@ def test_the_pre_fix_path_wraps_in_exact_mode_too(make_alloc):
     assert with_election.fatal is None and with_election.completed == 3
 
 
+def slow_reader_then_alloc(rt) -> None:
+    """A 1024-byte tensor read by a slow kernel, an independent 20 us kernel, then (after the
+    scope) a 1024-byte allocation, which must wait for the slow reader."""
+    with rt.scope():
+        p = rt.alloc_tensors(256).get_ref(0)
+        rt.submit("slow", inputs=[p], cost_ns=1_000_500)
+        rt.submit("fast", cost_ns=20_000)
+    rt.alloc_tensors(256)
+
+
+def test_the_pre_fix_path_waits_and_logs_like_the_fix(make_alloc):
+    """Pre-fix path, three cores, no wrap: the two cores that replay the last allocation
+    while the slow reader runs wait (once each, though the fast kernel's end wakes them in
+    between), resume the moment the reader ends, and only the core that completes an alloc
+    task logs its passed check (every core checks; the others find the task done)."""
+    config = RingConfig(cores=3, ring_bytes=1024, jitter=0.0, alloc_election=False)
+    result = checked(slow_reader_then_alloc, config, make_alloc())
+    assert result.fatal is None and result.completed == 4
+    assert result.waits == 2 and sum(result.claims) == 4  # each task has one owner
+    events = [(kind, task, core) for _, core, kind, task in result.trace]
+    allocs = [(task, core) for kind, task, core in events if kind == "alloc"]
+    ends = [(task, core) for kind, task, core in events if kind == "end" and task in (0, 3)]
+    assert allocs == ends and [task for task, _ in allocs] == [0, 3]
+    times = {(kind, task): time for time, _, kind, task in result.trace}
+    assert times["end", 1] == 1_002_500 == times["alloc", 3]
+
+
 def kernel_fatal(rt) -> None:
     """A kernel with a heap output that cannot fit (window mode), then independent work."""
     big = rt.submit("big", outputs=[200]).get_ref(0)
