@@ -523,10 +523,10 @@ class _Engine:
 
     def _advance(self, core: _Core) -> None:
         core.pos += 1
-        if core.pos > self.max_pos:
-            self.max_pos = core.pos
-            if core.pos in self.closes:  # a scope closed: exact reclaim may move
-                self._wake_blocked()
+        self.max_pos = max(self.max_pos, core.pos)
+        if core.pos in self.closes:  # the first core past a scope's end: exact reclaim may move
+            self.closes.remove(core.pos)
+            self._wake_blocked()
 
     def _replay(self, core: _Core) -> bool:
         """Replay the core's next task; False when it must wait for progress."""
