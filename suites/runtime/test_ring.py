@@ -236,6 +236,24 @@ def test_jitter_is_a_seeded_uniform_factor_drawn_once_per_duration(make_alloc):
         assert result.sim_time_ns == sum(got) + sum(int(replay_ns * f) for f in draws[::2])
 
 
+def test_cores_due_at_the_same_time_act_in_order_of_scheduling(make_alloc):
+    """Jitter 0, 1 us replays, 2 us kernels on two cores: at 4 us core 1's kernel ends (due
+    since 2 us) and core 0's replay is due (since 3 us); core 1 was scheduled first, so it
+    acts first and claims task 2, whatever the cores' ids. The ownership alternates in
+    pairs."""
+    result = simulate_checked(kernels([2000] * 6), RingConfig(cores=2, jitter=0.0), make_alloc())
+    claims = [(time, task, core) for time, core, kind, task in result.trace if kind == "claim"]
+    assert claims == [
+        (0, 0, 0),
+        (1000, 1, 1),
+        (4000, 2, 1),
+        (5000, 3, 0),
+        (8000, 4, 0),
+        (9000, 5, 1),
+    ]
+    assert result.sim_time_ns == 12_000
+
+
 def test_the_summary_gives_simulated_time_in_microseconds_to_the_nanosecond(make_alloc):
     """Two 10 ns replays, then the 50,123 ns kernel: 50,143 ns, reported as 50.143 us."""
     config = RingConfig(cores=1, jitter=0.0, replay_ns=10)
