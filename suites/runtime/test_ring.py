@@ -254,6 +254,23 @@ def test_cores_due_at_the_same_time_act_in_order_of_scheduling(make_alloc):
     assert result.sim_time_ns == 12_000
 
 
+def test_teeth_a_simulator_that_loses_a_wake_up_raises_instead_of_a_verdict(
+    make_alloc, monkeypatch
+):
+    """Mutant probe: a core idle until its task's producer ends is never woken (a simulator
+    bug). The queue drains with no core blocked on back-pressure and a task undone: that is
+    the documented RuntimeError, never a fatal verdict nor another error."""
+    from runtime.ring import _sim
+
+    def chain(rt):
+        x = rt.submit("a", outputs=[16], cost_ns=100_000).get_ref(0)
+        rt.submit("b", inputs=[x])
+
+    monkeypatch.setattr(_sim._Engine, "_wake", lambda self, core: None)
+    with pytest.raises(RuntimeError, match=r"simulation stalled at \d+ ns with 1/2 tasks done"):
+        ring.run(chain, RingConfig(cores=2), make_alloc())
+
+
 def test_the_summary_gives_simulated_time_in_microseconds_to_the_nanosecond(make_alloc):
     """Two 10 ns replays, then the 50,123 ns kernel: 50,143 ns, reported as 50.143 us."""
     config = RingConfig(cores=1, jitter=0.0, replay_ns=10)
