@@ -288,6 +288,9 @@ def test_a_fatal_on_a_kernel_task_ends_the_run(make_alloc):
     fatal_at = next(i for i, e in enumerate(result.trace) if e[2] == "fatal")
     assert fatal_at == len(result.trace) - 1, result.trace[fatal_at:]
     assert result.completed == 1
+    # the claims per core count the tasks each core claimed, none of those never claimed
+    claimed = [core for _, core, kind, _ in result.trace if kind == "claim"]
+    assert result.claims == (claimed.count(0), claimed.count(1)) and len(claimed) < 8
 
 
 @pytest.mark.backends("cpu")
