@@ -214,6 +214,7 @@ def test_a_zero_cost_kernel_takes_no_time_and_any_other_at_least_1_ns(make_alloc
     config = RingConfig(cores=1, jitter=jitter, replay_ns=10)
     result = simulate_checked(kernels([0, 1, 0, 1, 1, 0] * 4), config, make_alloc())
     assert durations(result) == [0, 1, 0, 1, 1, 0] * 4
+    assert result.max_live_window_bytes == 0  # no task has a heap slice
 
 
 def test_jitter_is_a_seeded_uniform_factor_drawn_once_per_duration(make_alloc):
