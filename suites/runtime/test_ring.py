@@ -261,13 +261,12 @@ def test_teeth_a_simulator_that_loses_a_wake_up_raises_instead_of_a_verdict(
     """Mutant probe: a core idle until its task's producer ends is never woken (a simulator
     bug). The queue drains with no core blocked on back-pressure and a task undone: that is
     the documented RuntimeError, never a fatal verdict nor another error."""
-    from runtime.ring import _sim
 
     def chain(rt):
         x = rt.submit("a", outputs=[16], cost_ns=100_000).get_ref(0)
         rt.submit("b", inputs=[x])
 
-    monkeypatch.setattr(_sim._Engine, "_wake", lambda self, core: None)
+    _ring_mutants.apply("lost_wake_up", monkeypatch)
     message = (
         r"^simulation stalled at \d+ ns with 1/2 tasks done and no core able to move"
         r" \(a bug in the simulator\)$"
