@@ -265,7 +265,8 @@ def test_the_pre_fix_path_waits_and_logs_like_the_fix(make_alloc):
     events = [(kind, task, core) for _, core, kind, task in result.trace]
     allocs = [(task, core) for kind, task, core in events if kind == "alloc"]
     ends = [(task, core) for kind, task, core in events if kind == "end" and task in (0, 3)]
-    assert allocs == ends and [task for task, _ in allocs] == [0, 3]
+    claims = [(task, core) for kind, task, core in events if kind == "claim" and task in (0, 3)]
+    assert allocs == ends == claims and [task for task, _ in allocs] == [0, 3]
     times = {(kind, task): time for time, _, kind, task in result.trace}
     assert times["end", 1] == 1_002_500 == times["alloc", 3]
 
