@@ -297,7 +297,6 @@ class _Core:
         "blocked",
         "held",
         "id",
-        "pending",
         "pos",
         "ready",
         "running",
@@ -310,7 +309,6 @@ class _Core:
         self.speed = speed
         self.pos = 0  # the next task this core replays
         self.ready: list[int] = []  # owned tasks whose producers are done (a heap)
-        self.pending = 0  # owned kernel tasks not yet run
         self.running: int | None = None
         self.blocked: bool | None = None  # waiting on back-pressure: whether it owns the task
         self.held: TaskOutputTensors | None = None  # a blocked alloc owner's materialized result
@@ -525,10 +523,10 @@ class _Engine:
 
     def _advance(self, core: _Core) -> None:
         core.pos += 1
-        if core.pos > self.max_pos:
-            self.max_pos = core.pos
-            if core.pos in self.closes:  # a scope closed: exact reclaim may move
-                self._wake_blocked()
+        self.max_pos = max(self.max_pos, core.pos)
+        if core.pos in self.closes:  # the first core past a scope's end: exact reclaim may move
+            self.closes.remove(core.pos)
+            self._wake_blocked()
 
     def _replay(self, core: _Core) -> bool:
         """Replay the core's next task; False when it must wait for progress."""
@@ -554,7 +552,6 @@ class _Engine:
                     raise _Stop
             if owns:  # only now may it run: its slice is granted
                 self.granted[n] = 1
-                core.pending += 1
                 if not self.remaining[n]:
                     heapq.heappush(core.ready, n)
         elif self.cfg.alloc_election:
@@ -565,8 +562,8 @@ class _Engine:
                 if owns:
                     self.owner[n] = core.id
                     self._event(core.id, _CLAIM, n)
-            else:
-                result = core.held or self._materialize(n)
+            else:  # blocked on this task before: its outputs were materialized then
+                result = core.held
             if owns:
                 fit = self._fits(core, n, owns, seed_rule)
                 if fit is _Fit.WAIT:
@@ -642,7 +639,6 @@ class _Engine:
         # acts next (it stays marked scheduled until it blocks or idles).
         if core.running is not None:
             task, core.running = core.running, None
-            core.pending -= 1
             self._complete(core, task)
         if core.ready:
             self._start(core, heapq.heappop(core.ready))

@@ -77,6 +77,12 @@ def _candidates_skip_one_byte_overlaps():
     return _map._Bucket, "candidates", candidates
 
 
+def _lost_wake_up():
+    """A simulator bug, not a seed's: a core idle until its task's producer ends is never
+    woken (nor is a core blocked on back-pressure)."""
+    return _sim._Engine, "_wake", lambda self, core: None
+
+
 MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {
     "newest_only_lookup": _newest_only_lookup,
     "fanin_truncated_at_16": _fanin_truncated_at_16,
@@ -86,6 +92,7 @@ MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {
     "window_boundary_one_late": _window_boundary_one_late,
     "fanin_truncated_at_100": _fanin_truncated_at_100,
     "candidates_skip_one_byte_overlaps": _candidates_skip_one_byte_overlaps,
+    "lost_wake_up": _lost_wake_up,
 }
 
 

@@ -193,6 +193,88 @@ def test_busy_wait_replay_spins_for_recorded_times(make_alloc):
     assert end - start == cost
 
 
+def kernels(costs):
+    def program(rt):
+        for cost in costs:
+            rt.submit("k", cost_ns=cost)
+
+    return program
+
+
+def durations(result: ring.RunResult) -> list[int]:
+    starts = {task: t for t, _, kind, task in result.trace if kind == "start"}
+    ends = {task: t for t, _, kind, task in result.trace if kind == "end"}
+    return [ends[task] - starts[task] for task in sorted(starts)]
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.5])
+def test_a_zero_cost_kernel_takes_no_time_and_any_other_at_least_1_ns(make_alloc, jitter):
+    """A duration of 0 ns stays 0 (no jitter is drawn for it); a 1 ns kernel scaled below 1 ns
+    still takes 1 ns, the simulator's time unit."""
+    config = RingConfig(cores=1, jitter=jitter, replay_ns=10)
+    result = simulate_checked(kernels([0, 1, 0, 1, 1, 0] * 4), config, make_alloc())
+    assert durations(result) == [0, 1, 0, 1, 1, 0] * 4
+    assert result.max_live_window_bytes == 0  # no task has a heap slice
+
+
+def test_jitter_is_a_seeded_uniform_factor_drawn_once_per_duration(make_alloc):
+    """Every duration is scaled by ``1 + jitter * (2u - 1)``, ``u`` drawn from
+    ``random.Random(seed)`` once per nonzero duration in order of scheduling (one core: a
+    replay, then its kernel): the factors spread over ``[1 - jitter, 1 + jitter]``, and a
+    recorded seed replays the same interleaving in every version."""
+    import random
+
+    cost, replay_ns, jitter = 10_000, 10, 0.5
+    for seed in (0, 1, 7):
+        config = RingConfig(cores=1, seed=seed, jitter=jitter, replay_ns=replay_ns)
+        result = simulate_checked(kernels([cost] * 200), config, make_alloc())
+        got = durations(result)
+        assert min(got) < 5_500 and max(got) > 14_500
+        assert all(5_000 <= d <= 15_000 for d in got), (min(got), max(got))
+        rng = random.Random(seed)
+        draws = [1.0 + jitter * (2.0 * rng.random() - 1.0) for _ in range(400)]
+        assert got == [int(cost * f) for f in draws[1::2]]
+        assert result.sim_time_ns == sum(got) + sum(int(replay_ns * f) for f in draws[::2])
+
+
+def test_cores_due_at_the_same_time_act_in_order_of_scheduling(make_alloc):
+    """Jitter 0, 1 us replays, 2 us kernels on two cores: at 4 us core 1's kernel ends (due
+    since 2 us) and core 0's replay is due (since 3 us); core 1 was scheduled first, so it
+    acts first and claims task 2, whatever the cores' ids. The ownership alternates in
+    pairs."""
+    result = simulate_checked(kernels([2000] * 6), RingConfig(cores=2, jitter=0.0), make_alloc())
+    claims = [(time, task, core) for time, core, kind, task in result.trace if kind == "claim"]
+    assert claims == [
+        (0, 0, 0),
+        (1000, 1, 1),
+        (4000, 2, 1),
+        (5000, 3, 0),
+        (8000, 4, 0),
+        (9000, 5, 1),
+    ]
+    assert result.sim_time_ns == 12_000
+
+
+def test_teeth_a_simulator_that_loses_a_wake_up_raises_instead_of_a_verdict(
+    make_alloc, monkeypatch
+):
+    """Mutant probe: a core idle until its task's producer ends is never woken (a simulator
+    bug). The queue drains with no core blocked on back-pressure and a task undone: that is
+    the documented RuntimeError, never a fatal verdict nor another error."""
+
+    def chain(rt):
+        x = rt.submit("a", outputs=[16], cost_ns=100_000).get_ref(0)
+        rt.submit("b", inputs=[x])
+
+    _ring_mutants.apply("lost_wake_up", monkeypatch)
+    message = (
+        r"^simulation stalled at \d+ ns with 1/2 tasks done and no core able to move"
+        r" \(a bug in the simulator\)$"
+    )
+    with pytest.raises(RuntimeError, match=message):
+        ring.run(chain, RingConfig(cores=2), make_alloc())
+
+
 def test_the_summary_gives_simulated_time_in_microseconds_to_the_nanosecond(make_alloc):
     """Two 10 ns replays, then the 50,123 ns kernel: 50,143 ns, reported as 50.143 us."""
     config = RingConfig(cores=1, jitter=0.0, replay_ns=10)

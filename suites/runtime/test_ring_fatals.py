@@ -156,6 +156,38 @@ def test_the_holder_message_lists_at_most_eight_pending_readers(make_alloc, k, r
     )
 
 
+def three_root_slices(rt, kind: str) -> None:
+    """Three 1024-byte slices in the root scope (never reclaimed), as allocations or as
+    kernel outputs."""
+    for _ in range(3):
+        if kind == "alloc":
+            rt.alloc_tensors(256)
+        else:
+            rt.submit("make", outputs=[256], cost_ns=10)
+
+
+@pytest.mark.parametrize("kind", ["alloc", "kernel"])
+def test_a_stall_with_every_core_blocked_reports_the_oldest_blocked_task(make_alloc, kind):
+    """Two cores, a 1024-byte ring: one core blocks on task 1, the one that lost its claim
+    goes on and blocks on task 2. The stall is reported once, on task 1 (the oldest blocked
+    task), whichever core blocked first."""
+    for seed in range(4):
+        config = RingConfig(cores=2, ring_bytes=1024, seed=seed)
+        result = checked(three_root_slices, config, make_alloc(), kind=kind)
+        assert result.fatal == (
+            "heap ring too small: task 1 needs a live window of 2048 bytes, more than the"
+            " ring's 1024, and no core can make progress (frontier F=0): the ring is held by"
+            " task 0's slice [0, 1024), waiting for the root scope to close, which it never"
+            " does"
+        )
+        assert result.fatal_task == 1 and result.completed == 1 and result.waits == 2
+        assert sorted(task for _, _, event, task in result.trace if event == "claim") == [0, 1, 2]
+        if kind == "alloc":
+            assert result.fatal_outputs.task == 1
+        else:
+            assert result.fatal_outputs is None
+
+
 def overwrite_and_grow(rt) -> None:
     """In one scope: an 832-byte tensor, then a kernel that writes it and outputs 256 bytes
     (which skip to the ring's next lap): the slice it needs waits for the kernel itself."""
@@ -211,6 +243,34 @@ def test_the_pre_fix_path_wraps_in_exact_mode_too(make_alloc):
     assert with_election.fatal is None and with_election.completed == 3
 
 
+def slow_reader_then_alloc(rt) -> None:
+    """A 1024-byte tensor read by a slow kernel, an independent 20 us kernel, then (after the
+    scope) a 1024-byte allocation, which must wait for the slow reader."""
+    with rt.scope():
+        p = rt.alloc_tensors(256).get_ref(0)
+        rt.submit("slow", inputs=[p], cost_ns=1_000_500)
+        rt.submit("fast", cost_ns=20_000)
+    rt.alloc_tensors(256)
+
+
+def test_the_pre_fix_path_waits_and_logs_like_the_fix(make_alloc):
+    """Pre-fix path, three cores, no wrap: the two cores that replay the last allocation
+    while the slow reader runs wait (once each, though the fast kernel's end wakes them in
+    between), resume the moment the reader ends, and only the core that completes an alloc
+    task logs its passed check (every core checks; the others find the task done)."""
+    config = RingConfig(cores=3, ring_bytes=1024, jitter=0.0, alloc_election=False)
+    result = checked(slow_reader_then_alloc, config, make_alloc())
+    assert result.fatal is None and result.completed == 4
+    assert result.waits == 2 and sum(result.claims) == 4  # each task has one owner
+    events = [(kind, task, core) for _, core, kind, task in result.trace]
+    allocs = [(task, core) for kind, task, core in events if kind == "alloc"]
+    ends = [(task, core) for kind, task, core in events if kind == "end" and task in (0, 3)]
+    claims = [(task, core) for kind, task, core in events if kind == "claim" and task in (0, 3)]
+    assert allocs == ends == claims and [task for task, _ in allocs] == [0, 3]
+    times = {(kind, task): time for time, _, kind, task in result.trace}
+    assert times["end", 1] == 1_002_500 == times["alloc", 3]
+
+
 def kernel_fatal(rt) -> None:
     """A kernel with a heap output that cannot fit (window mode), then independent work."""
     big = rt.submit("big", outputs=[200]).get_ref(0)
@@ -229,6 +289,9 @@ def test_a_fatal_on_a_kernel_task_ends_the_run(make_alloc):
     fatal_at = next(i for i, e in enumerate(result.trace) if e[2] == "fatal")
     assert fatal_at == len(result.trace) - 1, result.trace[fatal_at:]
     assert result.completed == 1
+    # the claims per core count the tasks each core claimed, none of those never claimed
+    claimed = [core for _, core, kind, _ in result.trace if kind == "claim"]
+    assert result.claims == (claimed.count(0), claimed.count(1)) and len(claimed) < 8
 
 
 @pytest.mark.backends("cpu")

@@ -670,13 +670,40 @@ def test_nested_layouts_cost_o_dims(question, expected, max_nodes):
         lambda: _m(1032, (512, 512), (1024, 1)).covers(_m(1032, (100, 512), (1024, 1))),
         # a strided tile (every other column) inside a dense tile: its rows taken as runs
         lambda: _m(0, (256, 256), (512, 1)).covers(_m(0, (256, 128), (512, 2))),
+        # a 3-d tile inside a 3-d tile: the inner base has a digit in each outer dimension
+        lambda: _m(0, (8, 8, 8), (4096, 64, 1)).covers(
+            _m(3 * 4096 + 2 * 64 + 1, (2, 2, 4), (4096, 64, 1))
+        ),
     ],
-    ids=["offset", "origin", "strided"],
+    ids=["offset", "origin", "strided", "3d"],
 )
 def test_a_tile_inside_a_tile_of_the_same_tensor_is_covered_without_a_search(question):
     """``covers``'s O(dims**2) case: a tile that shares the outer tile's strides (once its
     smallest dimensions are taken as one run) is decided by digits alone, no search."""
     assert search_nodes(question) == (True, 0)
+
+
+@pytest.mark.parametrize("rows", [32, 128])
+def test_a_strided_tile_inside_a_dense_tile_costs_one_check_per_row(rows):
+    """Every third column of every other row: no outer stride matches (no shortcut), so
+    ``covers`` goes block by block; each row's whole span lies in the dense tile, so a row
+    needs one check, never one per run (a span one column too wide splits every row: ~20x
+    the nodes)."""
+    outer = _m(0, (2 * rows, 2 * rows), (4 * rows, 1))
+    inner = _m(0, (rows, 2 * rows // 3), (8 * rows, 3))
+    assert inner.byte_set() <= outer.byte_set()
+    result, nodes = search_nodes(lambda: outer.covers(inner))
+    assert result is True
+    assert nodes <= 8 * rows, nodes
+
+
+@pytest.mark.parametrize("terms", [[], [(1, 5), (4, 0)]], ids=["none", "no-op"])
+def test_without_terms_only_the_constant_itself_is_a_value(terms):
+    """``hits`` and ``values_in`` with no term that contributes (none, or count 1 or stride
+    0 only): the one value is ``c``, inside the interval or not."""
+    assert _strided.hits(14, terms, 14, 14) and _strided.values_in(14, terms, 10, 20) == [14]
+    assert not _strided.hits(0, terms, 14, 14) and _strided.values_in(0, terms, 14, 20) == []
+    assert not _strided.hits(21, terms, 14, 20) and _strided.values_in(21, terms, 14, 20) == []
 
 
 def test_byte_ranges_that_only_abut_are_refused_without_a_search():
