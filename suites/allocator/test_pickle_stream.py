@@ -11,6 +11,7 @@ import io
 import pickle
 import pickletools
 import re
+import struct
 import sys
 
 import hypothesis.strategies as st
@@ -382,3 +383,89 @@ def test_summary_of_a_file_holds_no_event(tmp_path, monkeypatch):
     blocks.clear()
     memory.summary(memory.load(path))  # the same samples, the snapshot read whole
     assert min(blocks) - max(streamed) > 2 * 60_000  # what the streaming does not hold
+
+
+# --- opcodes ``pickle.dumps`` seldom or never writes, assembled by hand ---
+
+
+def _n(width: int, value: int) -> bytes:
+    return value.to_bytes(width, "little")
+
+
+def _unicode(text: str) -> bytes:  # SHORT_BINUNICODE
+    data = text.encode()
+    return b"\x8c" + _n(1, len(data)) + data
+
+
+# one value each, pushed by opcodes that pickle.dumps of a snapshot does not write (MARK-based
+# DICT, LIST, TUPLE, FROZENSET, DUP, POP, POP_MARK) or writes only for rare values (LONG4,
+# BINSTRING, the 4- and 8-byte length forms, BYTEARRAY8)
+_RARE = {
+    "dict": b"(" + _unicode("a") + b"K\x01" + _unicode("b") + b"N" + b"d",
+    "empty-dict-by-mark": b"(d",
+    "list": b"(K\x01K\x02K\x03l",
+    "tuple": b"(K\x01K\x02K\x03K\x04t",
+    "frozenset": b"(K\x05K\x06\x91",
+    "set-additems": b"\x8f(K\x07K\x08\x90",
+    "dup": b"]2\x86",  # the same list twice, in a pair
+    "pop": b"K\x01K\x02" + b"0",
+    "pop-mark": b"K\x09(K\x01K\x021",
+    "long4": b"\x8b" + _n(4, 9) + (-(2**70)).to_bytes(9, "little", signed=True),
+    "long1-negative": b"\x8a\x02" + (-300).to_bytes(2, "little", signed=True),
+    "binstring": b"T" + _n(4, 3) + b"abc",
+    "short-binstring": b"U\x03xyz",
+    "binunicode": b"X" + _n(4, 2) + "é".encode() + b"",
+    "binunicode8": b"\x8d" + _n(8, 3) + b"uvw",
+    "binbytes": b"B" + _n(4, 2) + b"\x00\xff",
+    "short-binbytes": b"C\x01\x01",
+    "binbytes8": b"\x8e" + _n(8, 2) + b"\x02\x03",
+    "bytearray8": b"\x96" + _n(8, 3) + b"\x04\x05\x06",
+    "binfloat": b"G" + struct.pack(">d", -2.5),
+    "bools-none": b"\x88\x89N\x87",
+    "empty-tuple": b")",
+    "tuple1": b"K\x01\x85",
+    "binint": b"J" + (-5).to_bytes(4, "little", signed=True),
+    "binint2": b"M" + _n(2, 65535),
+}
+
+
+@pytest.mark.parametrize("fragment", list(_RARE.values()), ids=list(_RARE))
+def test_rare_opcodes_build_what_pickle_builds(fragment):
+    data = b"\x80\x05\x95" + _n(8, len(fragment) + 1) + fragment + b"."
+    assert _stream(data) == (pickle.loads(data), [])
+    # the same value as both events of a device's trace, handed over as pickle builds it
+    key = _unicode("device_traces")
+    snapshot = b"\x80\x05}(" + key + b"](](" + fragment + fragment + b"eeu."
+    expected = pickle.loads(snapshot)
+    events = [(0, event) for event in expected["device_traces"][0]]
+    assert _stream(snapshot) == ({"device_traces": [[]]}, events)
+    # a value kept by BINPUT and fetched by BINGET in protocol 2 (explicit memo indices)
+    kept = b"\x80\x02(" + fragment + b"q\x07h\x07l."
+    assert _stream(kept) == (pickle.loads(kept), [])
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"\x80\x04K\x01K\x02.", "objects left on the stack at STOP"),
+        (b"\x80\x04h\x05.", r"malformed at byte 3 \(KeyError\)"),  # fetches what it never put
+        (b"\x80\x04(K\x01" + b"\x94" + b"h\x00u.", r"malformed at byte \d+ \(IndexError\)"),
+        (b"\x80\x04K\x010.", r"POP of a MARK|malformed"),
+    ],
+    ids=["two-values-at-stop", "binget-unset", "setitems-without-dict", "pop-past-the-end"],
+)
+def test_a_pickle_pass_one_cannot_judge_is_refused_by_pass_two(data, reason):
+    with pytest.raises(_pickle_stream.NotStreamable, match=reason) as refused:
+        _pickle_stream.stream(io.BytesIO(data), print)
+    assert refused.value.handed
+
+
+def test_the_byte_named_is_the_pickles_own_past_the_first_chunk():
+    # a refusal names its byte in the pickle, not in the chunk being read (3 MB in, 3 chunks)
+    long = b"\x8d" + _n(8, 3_000_000) + b"x" * 3_000_000 + b"0"  # a string, popped
+    where = 2 + len(long)
+    with pytest.raises(_pickle_stream.NotStreamable, match=f"opcode b'c' at byte {where}$"):
+        _pickle_stream.stream(io.BytesIO(b"\x80\x04" + long + b"cos\nsystem\n."), print)
+    data = b"\x80\x04" + long + b"h\x05."  # the argument of a BINGET that fetches nothing
+    with pytest.raises(_pickle_stream.NotStreamable, match=rf"at byte {where + 1} \(KeyError"):
+        _pickle_stream.stream(io.BytesIO(data), print)
