@@ -469,3 +469,34 @@ def test_the_byte_named_is_the_pickles_own_past_the_first_chunk():
     data = b"\x80\x04" + long + b"h\x05."  # the argument of a BINGET that fetches nothing
     with pytest.raises(_pickle_stream.NotStreamable, match=rf"at byte {where + 1} \(KeyError"):
         _pickle_stream.stream(io.BytesIO(data), print)
+
+
+def _by_marks(value) -> bytes:
+    """``value`` (dicts, lists, str, int) pickled with MARK-built lists (LIST, never
+    EMPTY_LIST): a trace built in one step, which the stream cannot hand over event by event."""
+    if isinstance(value, dict):
+        return b"}(" + b"".join(_by_marks(k) + _by_marks(v) for k, v in value.items()) + b"u"
+    if isinstance(value, list):
+        return b"(" + b"".join(map(_by_marks, value)) + b"l"
+    if isinstance(value, str):
+        return _unicode(value)
+    return b"J" + value.to_bytes(4, "little", signed=True)
+
+
+@pytest.mark.parametrize("how", ["protocol-0", "protocol-1", "lists-by-mark"])
+def test_summary_of_a_snapshot_the_stream_cannot_hand_over_is_still_its_summary(how, tmp_path):
+    # read whole (protocols 0 and 1: not streamable) or built whole (its traces by LIST, then
+    # counted from the result): the same text as of the snapshot itself, for each device
+    snapshot = _distinct_stacks(60)
+    snapshot["device_traces"].insert(0, [])  # the default device: the first with events
+    path = tmp_path / "whole.pickle"
+    if how == "lists-by-mark":
+        path.write_bytes(b"\x80\x04" + _by_marks(snapshot) + b".")
+    else:
+        path.write_bytes(pickle.dumps(snapshot, protocol=int(how[-1])))
+    assert memory.load(path) == snapshot
+    for device in (None, 0, 1):
+        assert memory.summary(path, top=3, device=device) == memory.summary(
+            snapshot, top=3, device=device
+        )
+    assert "120 events" in memory.summary(path) and "0 events" in memory.summary(path, device=0)
