@@ -13,6 +13,7 @@ import pickletools
 import re
 import struct
 import sys
+from unittest import mock
 
 import hypothesis.strategies as st
 import pytest
@@ -500,3 +501,26 @@ def test_summary_of_a_snapshot_the_stream_cannot_hand_over_is_still_its_summary(
             snapshot, top=3, device=device
         )
     assert "120 events" in memory.summary(path) and "0 events" in memory.summary(path, device=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    snapshot=snapshots_of_values(),
+    protocol=st.sampled_from(PROTOCOLS),
+    chunk=st.sampled_from([2, 3, 9, 16, 17, 33, 100, 4096]),
+    piece=st.sampled_from([1, 5, 64, 1 << 26]),
+)
+def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
+    snapshot, protocol, chunk, piece
+):
+    # reads of `chunk` bytes (an opcode, its argument or its data cut anywhere, in pass 1 and
+    # in pass 2; 2 at least, the header checked in the first read), a long string read in
+    # pieces of `piece` bytes: what pickle builds, as ever
+    with (
+        mock.patch.object(_pickle_stream, "_CHUNK", chunk),
+        mock.patch.object(_pickle_stream, "_PIECE", piece),
+    ):
+        _check_against_pickle(snapshot, protocol, may_refuse_late=True)
+        for fragment in _RARE.values():
+            data = b"\x80\x05(" + fragment + _unicode("s" * (chunk % 40)) + fragment + b"l."
+            assert _stream(data) == (pickle.loads(data), [])
