@@ -351,8 +351,6 @@ def _check_placed(result: object, root: dict | None, traces: list | None, stream
     """Each list whose elements were handed over is where they were taken to be from:
     ``result["device_traces"][device]``. (While a pickle is read, a key ``device_traces`` of a
     dict nested in the top-level one can look like the top-level one's.)"""
-    if not streamed and traces is None:
-        return
     placed = result is root and isinstance(root, dict) and root.get("device_traces") is traces
     for trace, device in streamed.values():
         if not placed or device >= len(traces) or traces[device] is not trace:

@@ -524,3 +524,31 @@ def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
         for fragment in _RARE.values():
             data = b"\x80\x05(" + fragment + _unicode("s" * (chunk % 40)) + fragment + b"l."
             assert _stream(data) == (pickle.loads(data), [])
+
+
+_TRACES = _unicode("device_traces")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # the top-level dict, its events handed over, is popped: the result is None
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08eeu0N.",
+        # its device_traces key is set again, to another list: the events are not in it
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08ee" + _TRACES + b"]u.",
+        # a trace, its events handed over, is popped from the traces' MARK and another list
+        # takes its place (device 0)
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08e0]eu.",
+        # a trace, its events handed over, is popped: device 0 of a traces list that is empty
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08e0eu.",
+    ],
+    ids=["top-level-dict-popped", "key-set-again", "trace-replaced", "trace-dropped"],
+)
+def test_events_handed_over_from_a_list_pickle_does_not_keep_there_are_refused(data):
+    # whatever pickle builds, the events handed over must be those of device_traces[d] of the
+    # result, else the stream is refused (after the fact) and the caller reads it whole
+    pickle.loads(data)  # a valid pickle
+    handed = []
+    with pytest.raises(_pickle_stream.NotStreamable, match="not the top-level") as refused:
+        _pickle_stream.stream(io.BytesIO(data), lambda d, e: handed.append((d, e)))
+    assert refused.value.handed and handed == [(0, 7), (0, 8)]
