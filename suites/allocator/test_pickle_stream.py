@@ -184,38 +184,48 @@ class _Thing:  # a global: a pickle of it calls something to build it
     pass
 
 
+_NOT_PROTOCOL_2 = "^not a pickle of protocol 2 or later$"
+_TRUNCATED = "^the pickle is truncated$"
+
+
 @pytest.mark.parametrize(
-    "data",
+    "data, reason",
     [
-        pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=0),
-        pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=1),
-        pickle.dumps({"device_traces": [[_Thing()]]}, protocol=4),
-        pickle.dumps({"device_traces": [[{"i": 1}] * 2000]}, protocol=4)[:-20],  # truncated
-        b"",
-        b"\x80",
-        b"not a pickle",
-        b"\x80\x04}q\x00.",  # protocol 4 numbering its memo by PUT: refused, never mixed
-        b"\x80\x02}\x94.",  # protocol 2 with MEMOIZE
-        b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.",  # a string of 4 EiB
+        (pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=0), _NOT_PROTOCOL_2),
+        (pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=1), _NOT_PROTOCOL_2),
+        (b"\x80\x01}q\x00.", _NOT_PROTOCOL_2),  # protocol 1 saying so
+        (pickle.dumps({"device_traces": [[_Thing()]]}, protocol=4), r"^opcode b'\\x93' at byte"),
+        (pickle.dumps({"device_traces": [[{"i": 1}] * 2000]}, protocol=4)[:-20], _TRUNCATED),
+        (b"", _NOT_PROTOCOL_2),
+        (b"\x80", _NOT_PROTOCOL_2),
+        (b"\x80\x04", _TRUNCATED),
+        (b"\x80\x04N", _TRUNCATED),  # no STOP
+        (b"not a pickle", _NOT_PROTOCOL_2),
+        (b"\x80\x04}q\x00.", "^opcode b'q' at byte 3$"),  # protocol 4 numbering its memo by PUT
+        (b"\x80\x02}\x94.", r"^opcode b'\\x94' at byte 3$"),  # protocol 2 with MEMOIZE
+        (b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.", _TRUNCATED),  # 4 EiB
     ],
     ids=[
         "protocol-0",
         "protocol-1",
+        "protocol-1-header",
         "global",
         "truncated",
         "empty",
         "proto-only",
+        "header-only",
+        "no-stop",
         "text",
         "put-in-protocol-4",
         "memoize-in-protocol-2",
         "a-length-beyond-the-file",
     ],
 )
-def test_what_it_does_not_handle_is_refused_before_any_event_and_the_file_rewound(data):
+def test_what_it_does_not_handle_is_refused_before_any_event_and_the_file_rewound(data, reason):
     f = io.BytesIO(b"head" + data)
     f.seek(4)
     events = []
-    with pytest.raises(_pickle_stream.NotStreamable) as refused:
+    with pytest.raises(_pickle_stream.NotStreamable, match=reason) as refused:
         _pickle_stream.stream(f, lambda d, e: events.append(e))
     assert not refused.value.handed and events == [] and f.tell() == 4
 
