@@ -462,8 +462,17 @@ def test_rare_opcodes_build_what_pickle_builds(fragment):
         (b"\x80\x04h\x05.", r"malformed at byte 3 \(KeyError\)"),  # fetches what it never put
         (b"\x80\x04(K\x01" + b"\x94" + b"h\x00u.", r"malformed at byte \d+ \(IndexError\)"),
         (b"\x80\x04K\x010.", r"POP of a MARK|malformed"),
+        (b"\x80\x04}(K\x01K\x02K\x03u.", r"malformed at byte \d+ \(ValueError\)"),  # a key alone
+        (b"\x80\x04(K\x01K\x02K\x03d.", r"malformed at byte \d+ \(ValueError\)"),  # the same
     ],
-    ids=["two-values-at-stop", "binget-unset", "setitems-without-dict", "pop-past-the-end"],
+    ids=[
+        "two-values-at-stop",
+        "binget-unset",
+        "setitems-without-dict",
+        "pop-past-the-end",
+        "setitems-odd",
+        "dict-odd",
+    ],
 )
 def test_a_pickle_pass_one_cannot_judge_is_refused_by_pass_two(data, reason):
     with pytest.raises(_pickle_stream.NotStreamable, match=reason) as refused:
