@@ -427,6 +427,10 @@ _RARE = {
     "short-binstring": b"U\x03xyz",
     "binunicode": b"X" + _n(4, 2) + "é".encode() + b"",
     "binunicode8": b"\x8d" + _n(8, 3) + b"uvw",
+    # a lone surrogate, as pickle writes it (UTF-8 with surrogatepass), in each string opcode
+    "short-binunicode-surrogate": b"\x8c\x04a" + "\ud800".encode("utf-8", "surrogatepass"),
+    "binunicode-surrogate": b"X" + _n(4, 3) + "\udfff".encode("utf-8", "surrogatepass"),
+    "binunicode8-surrogate": b"\x8d" + _n(8, 3) + "\udc80".encode("utf-8", "surrogatepass"),
     "binbytes": b"B" + _n(4, 2) + b"\x00\xff",
     "short-binbytes": b"C\x01\x01",
     "binbytes8": b"\x8e" + _n(8, 2) + b"\x02\x03",
