@@ -165,7 +165,10 @@ def test_only_the_top_level_dicts_traces_are_streamed(protocol):
     # a nested dict's key looks like the top-level one's while it is read: its events are
     # handed over, and then the stream is refused (the caller reads the file whole)
     nested = {"inner": {"device_traces": [[{"i": 1}, {"i": 2}]]}, "device_traces": []}
-    with pytest.raises(_pickle_stream.NotStreamable, match="not the top-level") as refused:
+    with pytest.raises(
+        _pickle_stream.NotStreamable,
+        match=r"^the streamed lists are not the top-level device_traces$",
+    ) as refused:
         _pickle_stream.stream(io.BytesIO(pickle.dumps(nested, protocol=protocol)), print)
     assert refused.value.handed
     _check_against_pickle({"inner": {"device_traces": [[{"i": 1}, {"i": 2}]]}}, protocol)
@@ -549,6 +552,11 @@ def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
         for fragment in _RARE.values():
             data = b"\x80\x05(" + fragment + _unicode("s" * (chunk % 40)) + fragment + b"l."
             assert _stream(data) == (pickle.loads(data), [])
+        # long runs of opcodes without data (small ints, empty dicts and lists, memo fetches)
+        # cross every cut too
+        value = [list(range(700)), [{} for _ in range(60)], [[]] * 60, [-(2**31)] * 40]
+        data = pickle.dumps(value, protocol=protocol)
+        assert _stream(data) == (value, [])
 
 
 _TRACES = _unicode("device_traces")
@@ -574,6 +582,23 @@ def test_events_handed_over_from_a_list_pickle_does_not_keep_there_are_refused(d
     # result, else the stream is refused (after the fact) and the caller reads it whole
     pickle.loads(data)  # a valid pickle
     handed = []
-    with pytest.raises(_pickle_stream.NotStreamable, match="not the top-level") as refused:
+    with pytest.raises(
+        _pickle_stream.NotStreamable,
+        match=r"^the streamed lists are not the top-level device_traces$",
+    ) as refused:
         _pickle_stream.stream(io.BytesIO(data), lambda d, e: handed.append((d, e)))
     assert refused.value.handed and handed == [(0, 7), (0, 8)]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x04}0].",  # a list pushed on an empty stack once the top-level dict is gone
+        b"\x80\x04}0(" + _TRACES + b"](](K\x07eel.",  # "device_traces", then a list, in a MARK
+        b"\x80\x04}0](" + _TRACES + b"](](K\x07eee.",  # the same, appended to a list
+    ],
+    ids=["list-after-the-dict", "key-in-a-list-mark", "key-in-an-appends-mark"],
+)
+def test_a_list_after_device_traces_outside_the_top_level_dict_is_built_not_streamed(data):
+    # the top-level dict was popped: what follows "device_traces" is no trace of it
+    assert _stream(data) == (pickle.loads(data), [])
