@@ -554,7 +554,10 @@ def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
             assert _stream(data) == (pickle.loads(data), [])
         # long runs of opcodes without data (small ints, empty dicts and lists, memo fetches)
         # cross every cut too
+        # and a value memoized after 300 others, fetched again (LONG_BINGET) outside a MARK
+        shared = {"k": 1}
         value = [list(range(700)), [{} for _ in range(60)], [[]] * 60, [-(2**31)] * 40]
+        value += [[str(i) for i in range(300)], shared, shared]
         data = pickle.dumps(value, protocol=protocol)
         assert _stream(data) == (value, [])
 
