@@ -554,10 +554,11 @@ def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
             assert _stream(data) == (pickle.loads(data), [])
         # long runs of opcodes without data (small ints, empty dicts and lists, memo fetches)
         # cross every cut too
-        # and a value memoized after 300 others, fetched again (LONG_BINGET) outside a MARK
-        shared = {"k": 1}
+        # and values memoized after 300 others, fetched again (LONG_BINGET) outside a MARK and
+        # right after one (a list of shared frames)
+        shared, other = {"k": 1}, {"k": 2}
         value = [list(range(700)), [{} for _ in range(60)], [[]] * 60, [-(2**31)] * 40]
-        value += [[str(i) for i in range(300)], shared, shared]
+        value += [[str(i) for i in range(300)], shared, other, shared, [other, shared, other]]
         data = pickle.dumps(value, protocol=protocol)
         assert _stream(data) == (value, [])
 
