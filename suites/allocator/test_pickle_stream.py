@@ -465,7 +465,7 @@ def test_rare_opcodes_build_what_pickle_builds(fragment):
 @pytest.mark.parametrize(
     "data, reason",
     [
-        (b"\x80\x04K\x01K\x02.", "objects left on the stack at STOP"),
+        (b"\x80\x04K\x01K\x02.", "^objects left on the stack at STOP$"),
         (b"\x80\x04h\x05.", r"malformed at byte 3 \(KeyError\)"),  # fetches what it never put
         (b"\x80\x04(K\x01" + b"\x94" + b"h\x00u.", r"malformed at byte \d+ \(IndexError\)"),
         (b"\x80\x04K\x010.", r"^malformed at byte \d+ \(IndexError\)$"),  # STOP finds nothing
@@ -531,12 +531,16 @@ def test_summary_of_a_snapshot_the_stream_cannot_hand_over_is_still_its_summary(
     assert "120 events" in memory.summary(path) and "0 events" in memory.summary(path, device=0)
 
 
+_CHUNKS = [2, 3, 9, 16, 17, 33, 100, 4096]
+_PIECES = [1, 5, 64, 1 << 26]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     snapshot=snapshots_of_values(),
     protocol=st.sampled_from(PROTOCOLS),
-    chunk=st.sampled_from([2, 3, 9, 16, 17, 33, 100, 4096]),
-    piece=st.sampled_from([1, 5, 64, 1 << 26]),
+    chunk=st.sampled_from(_CHUNKS),
+    piece=st.sampled_from(_PIECES),
 )
 def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
     snapshot, protocol, chunk, piece
@@ -549,16 +553,27 @@ def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
         mock.patch.object(_pickle_stream, "_PIECE", piece),
     ):
         _check_against_pickle(snapshot, protocol, may_refuse_late=True)
+
+
+@pytest.mark.parametrize("chunk", _CHUNKS)
+@pytest.mark.parametrize("piece", _PIECES)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_rare_opcodes_and_long_runs_do_not_depend_on_the_read_cuts(chunk, piece, protocol):
+    # each hand-built opcode between two cuts; long runs of opcodes without data (small ints,
+    # empty dicts and lists, memo fetches; right after LONG1 and a string, which read data)
+    # across the cuts; values memoized after 300 others, fetched again (LONG_BINGET) outside
+    # a MARK and right after one (a list of shared frames)
+    with (
+        mock.patch.object(_pickle_stream, "_CHUNK", chunk),
+        mock.patch.object(_pickle_stream, "_PIECE", piece),
+    ):
         for fragment in _RARE.values():
             data = b"\x80\x05(" + fragment + _unicode("s" * (chunk % 40)) + fragment + b"l."
             assert _stream(data) == (pickle.loads(data), [])
-        # long runs of opcodes without data (small ints, empty dicts and lists, memo fetches)
-        # cross every cut too
-        # and values memoized after 300 others, fetched again (LONG_BINGET) outside a MARK and
-        # right after one (a list of shared frames)
         shared, other = {"k": 1}, {"k": 2}
         value = [list(range(700)), [{} for _ in range(60)], [[]] * 60, [-(2**31)] * 40]
         value += [[str(i) for i in range(300)], shared, other, shared, [other, shared, other]]
+        value += [[2**40, *range(300)], ["s", *range(300)]]
         data = pickle.dumps(value, protocol=protocol)
         assert _stream(data) == (value, [])
 
