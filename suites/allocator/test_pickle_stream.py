@@ -623,3 +623,28 @@ def test_events_handed_over_from_a_list_pickle_does_not_keep_there_are_refused(d
 def test_a_list_after_device_traces_outside_the_top_level_dict_is_built_not_streamed(data):
     # the top-level dict was popped: what follows "device_traces" is no trace of it
     assert _stream(data) == (pickle.loads(data), [])
+
+
+class _Tracked(io.BytesIO):
+    """A file that refuses to be read whole (a read of any size, or of -1)."""
+
+    def read(self, size=-1):
+        assert size is not None and size >= 0, "the whole file asked for at once"
+        return super().read(size)
+
+
+def test_the_file_is_read_in_pieces_as_the_events_go_not_whole():
+    # 4 KiB chunks and pieces: a 100 KB string before the traces is read in pieces, and the
+    # first event is handed over long before the file's end (a reader that read on to the end,
+    # or asked for the whole file, would hold it all: what streaming is for)
+    snapshot = {"pad": "x" * 100_000, "device_traces": [[{"i": i} for i in range(100_000)]]}
+    f = _Tracked(pickle.dumps(snapshot, protocol=4))
+    size = len(f.getvalue())
+    where = []
+    with (
+        mock.patch.object(_pickle_stream, "_CHUNK", 4096),
+        mock.patch.object(_pickle_stream, "_PIECE", 4096),
+    ):
+        result = _pickle_stream.stream(f, lambda d, e: where.append(f.tell()))
+    assert result == {"pad": "x" * 100_000, "device_traces": [[]]} and len(where) == 100_000
+    assert where[0] < 100_000 + 3 * 4096 < size / 4
