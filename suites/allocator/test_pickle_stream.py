@@ -492,12 +492,16 @@ def test_a_pickle_pass_one_cannot_judge_is_refused_by_pass_two(data, reason):
 
 
 def test_the_byte_named_is_the_pickles_own_past_the_first_chunk():
-    # a refusal names its byte in the pickle, not in the chunk being read (3 MB in, 3 chunks)
-    long = b"\x8d" + _n(8, 3_000_000) + b"x" * 3_000_000 + b"0"  # a string, popped
+    # a refusal names its byte in the pickle, not in the chunk being read (3 MB in, 3 chunks):
+    # a string, popped, then 20 Nones pushed and popped, so that the byte is well inside its
+    # chunk; bytes after STOP, never read as opcodes, so that it is not within _SLACK of the
+    # end (there every opcode is read from a fresh buffer, at its position 0)
+    long = b"\x8d" + _n(8, 3_000_000) + b"x" * 3_000_000 + b"0" + b"N0" * 20
+    tail = b"\x00" * 40
     where = 2 + len(long)
     with pytest.raises(_pickle_stream.NotStreamable, match=f"opcode b'c' at byte {where}$"):
-        _pickle_stream.stream(io.BytesIO(b"\x80\x04" + long + b"cos\nsystem\n."), print)
-    data = b"\x80\x04" + long + b"h\x05."  # the argument of a BINGET that fetches nothing
+        _pickle_stream.stream(io.BytesIO(b"\x80\x04" + long + b"cos\nsystem\n." + tail), print)
+    data = b"\x80\x04" + long + b"h\x05." + tail  # the argument of a BINGET that fetches nothing
     with pytest.raises(_pickle_stream.NotStreamable, match=rf"at byte {where + 1} \(KeyError"):
         _pickle_stream.stream(io.BytesIO(data), print)
 
