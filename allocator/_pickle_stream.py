@@ -114,12 +114,12 @@ class _FromCallback(Exception):
 
 class _Reader:
     """A file read in chunks: ``buf[pos:]`` holds the next bytes, at least ``_SLACK`` of them
-    (or all that is left) after :meth:`fill`."""
+    (or all that is left) after :meth:`fill`; ``buf[0]`` is byte ``start`` of the pickle."""
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.buf = f.read(_CHUNK)
-        self.pos = 0
+        self.start = 0
 
     def fill(self, pos: int, need: int = _SLACK) -> tuple[bytes, int]:
         """Keep ``buf[pos:]`` and read on until ``need`` bytes are there (or the file ends).
@@ -135,7 +135,8 @@ class _Reader:
             have += len(more)
             if have >= need:
                 break
-        self.buf, self.pos = b"".join(parts), 0
+        self.buf = b"".join(parts)
+        self.start += pos
         return self.buf, 0
 
 
@@ -216,7 +217,7 @@ def _fetched(f: BinaryIO) -> set[int]:
                 _, buf, pos = _data(reader, buf, pos + 1, _DATA[op])
                 limit = len(buf) - _SLACK
             else:
-                raise NotStreamable(f"opcode {bytes([op])!r} at byte {pos}")
+                raise NotStreamable(f"opcode {bytes([op])!r} at byte {reader.start + pos}")
 
 
 OnEvent = Callable[[int, object], None]
@@ -341,15 +342,15 @@ def _build(f: BinaryIO, keep: set[int], on_event: OnEvent) -> object:
     except NotStreamable as exc:
         raise NotStreamable(str(exc), handed=True) from None
     except (IndexError, KeyError, TypeError, ValueError, AttributeError, struct.error) as exc:
-        raise NotStreamable(f"malformed at byte {pos} ({type(exc).__name__})", True) from None
+        raise NotStreamable(
+            f"malformed at byte {reader.start + pos} ({type(exc).__name__})", True
+        ) from None
 
 
 def _check_placed(result: object, root: dict | None, traces: list | None, streamed: dict) -> None:
     """Each list whose elements were handed over is where they were taken to be from:
     ``result["device_traces"][device]``. (While a pickle is read, a key ``device_traces`` of a
     dict nested in the top-level one can look like the top-level one's.)"""
-    if not streamed and traces is None:
-        return
     placed = result is root and isinstance(root, dict) and root.get("device_traces") is traces
     for trace, device in streamed.values():
         if not placed or device >= len(traces) or traces[device] is not trace:

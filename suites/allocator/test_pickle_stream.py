@@ -12,7 +12,9 @@ import io
 import pickle
 import pickletools
 import re
+import struct
 import sys
+from unittest import mock
 
 import hypothesis.strategies as st
 import pytest
@@ -164,7 +166,10 @@ def test_only_the_top_level_dicts_traces_are_streamed(protocol):
     # a nested dict's key looks like the top-level one's while it is read: its events are
     # handed over, and then the stream is refused (the caller reads the file whole)
     nested = {"inner": {"device_traces": [[{"i": 1}, {"i": 2}]]}, "device_traces": []}
-    with pytest.raises(_pickle_stream.NotStreamable, match="not the top-level") as refused:
+    with pytest.raises(
+        _pickle_stream.NotStreamable,
+        match=r"^the streamed lists are not the top-level device_traces$",
+    ) as refused:
         _pickle_stream.stream(io.BytesIO(pickle.dumps(nested, protocol=protocol)), print)
     assert refused.value.handed
     _check_against_pickle({"inner": {"device_traces": [[{"i": 1}, {"i": 2}]]}}, protocol)
@@ -183,38 +188,48 @@ class _Thing:  # a global: a pickle of it calls something to build it
     pass
 
 
+_NOT_PROTOCOL_2 = "^not a pickle of protocol 2 or later$"
+_TRUNCATED = "^the pickle is truncated$"
+
+
 @pytest.mark.parametrize(
-    "data",
+    "data, reason",
     [
-        pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=0),
-        pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=1),
-        pickle.dumps({"device_traces": [[_Thing()]]}, protocol=4),
-        pickle.dumps({"device_traces": [[{"i": 1}] * 2000]}, protocol=4)[:-20],  # truncated
-        b"",
-        b"\x80",
-        b"not a pickle",
-        b"\x80\x04}q\x00.",  # protocol 4 numbering its memo by PUT: refused, never mixed
-        b"\x80\x02}\x94.",  # protocol 2 with MEMOIZE
-        b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.",  # a string of 4 EiB
+        (pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=0), _NOT_PROTOCOL_2),
+        (pickle.dumps({"device_traces": [[{"i": 1}]]}, protocol=1), _NOT_PROTOCOL_2),
+        (b"\x80\x01}q\x00.", _NOT_PROTOCOL_2),  # protocol 1 saying so
+        (pickle.dumps({"device_traces": [[_Thing()]]}, protocol=4), r"^opcode b'\\x93' at byte"),
+        (pickle.dumps({"device_traces": [[{"i": 1}] * 2000]}, protocol=4)[:-20], _TRUNCATED),
+        (b"", _NOT_PROTOCOL_2),
+        (b"\x80", _NOT_PROTOCOL_2),
+        (b"\x80\x04", _TRUNCATED),
+        (b"\x80\x04N", _TRUNCATED),  # no STOP
+        (b"not a pickle", _NOT_PROTOCOL_2),
+        (b"\x80\x04}q\x00.", "^opcode b'q' at byte 3$"),  # protocol 4 numbering its memo by PUT
+        (b"\x80\x02}\x94.", r"^opcode b'\\x94' at byte 3$"),  # protocol 2 with MEMOIZE
+        (b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.", _TRUNCATED),  # 4 EiB
     ],
     ids=[
         "protocol-0",
         "protocol-1",
+        "protocol-1-header",
         "global",
         "truncated",
         "empty",
         "proto-only",
+        "header-only",
+        "no-stop",
         "text",
         "put-in-protocol-4",
         "memoize-in-protocol-2",
         "a-length-beyond-the-file",
     ],
 )
-def test_what_it_does_not_handle_is_refused_before_any_event_and_the_file_rewound(data):
+def test_what_it_does_not_handle_is_refused_before_any_event_and_the_file_rewound(data, reason):
     f = io.BytesIO(b"head" + data)
     f.seek(4)
     events = []
-    with pytest.raises(_pickle_stream.NotStreamable) as refused:
+    with pytest.raises(_pickle_stream.NotStreamable, match=reason) as refused:
         _pickle_stream.stream(f, lambda d, e: events.append(e))
     assert not refused.value.handed and events == [] and f.tell() == 4
 
@@ -543,3 +558,258 @@ def test_the_timeline_of_a_file_holds_levels_not_events(tmp_path):
     assert len(whole["device_traces"][0]) == 59_999
     assert streamed < 1.5 * 60_000  # about a block an event: its time
     assert held > 3 * 60_000  # an event's dict, its frames list, its numbers
+
+
+# --- opcodes ``pickle.dumps`` seldom or never writes, assembled by hand ---
+
+
+def _n(width: int, value: int) -> bytes:
+    return value.to_bytes(width, "little")
+
+
+def _unicode(text: str) -> bytes:  # SHORT_BINUNICODE
+    data = text.encode()
+    return b"\x8c" + _n(1, len(data)) + data
+
+
+# one value each, pushed by opcodes that pickle.dumps of a snapshot does not write (MARK-based
+# DICT, LIST, TUPLE, FROZENSET, DUP, POP, POP_MARK) or writes only for rare values (LONG4,
+# BINSTRING, the 4- and 8-byte length forms, BYTEARRAY8)
+_RARE = {
+    "dict": b"(" + _unicode("a") + b"K\x01" + _unicode("b") + b"N" + b"d",
+    "empty-dict-by-mark": b"(d",
+    "list": b"(K\x01K\x02K\x03l",
+    "tuple": b"(K\x01K\x02K\x03K\x04t",
+    "frozenset": b"(K\x05K\x06\x91",
+    "set-additems": b"\x8f(K\x07K\x08\x90",
+    "dup": b"]2\x86",  # the same list twice, in a pair
+    "pop": b"K\x01K\x02" + b"0",
+    "pop-mark": b"K\x09(K\x01K\x021",
+    "long4": b"\x8b" + _n(4, 9) + (-(2**70)).to_bytes(9, "little", signed=True),
+    "long1-negative": b"\x8a\x02" + (-300).to_bytes(2, "little", signed=True),
+    "binstring": b"T" + _n(4, 3) + b"abc",
+    "short-binstring": b"U\x03xyz",
+    "binunicode": b"X" + _n(4, 2) + "é".encode() + b"",
+    "binunicode8": b"\x8d" + _n(8, 3) + b"uvw",
+    # a lone surrogate, as pickle writes it (UTF-8 with surrogatepass), in each string opcode
+    "short-binunicode-surrogate": b"\x8c\x04a" + "\ud800".encode("utf-8", "surrogatepass"),
+    "binunicode-surrogate": b"X" + _n(4, 3) + "\udfff".encode("utf-8", "surrogatepass"),
+    "binunicode8-surrogate": b"\x8d" + _n(8, 3) + "\udc80".encode("utf-8", "surrogatepass"),
+    "binbytes": b"B" + _n(4, 2) + b"\x00\xff",
+    "short-binbytes": b"C\x01\x01",
+    "binbytes8": b"\x8e" + _n(8, 2) + b"\x02\x03",
+    "bytearray8": b"\x96" + _n(8, 3) + b"\x04\x05\x06",
+    "binfloat": b"G" + struct.pack(">d", -2.5),
+    "bools-none": b"\x88\x89N\x87",
+    "empty-tuple": b")",
+    "tuple1": b"K\x01\x85",
+    "binint": b"J" + (-5).to_bytes(4, "little", signed=True),
+    "binint2": b"M" + _n(2, 65535),
+}
+
+
+@pytest.mark.parametrize("fragment", list(_RARE.values()), ids=list(_RARE))
+def test_rare_opcodes_build_what_pickle_builds(fragment):
+    data = b"\x80\x05\x95" + _n(8, len(fragment) + 1) + fragment + b"."
+    built = _stream(data)
+    assert built == (pickle.loads(data), [])
+    assert repr(built[0]) == repr(pickle.loads(data))  # of the same types (bytearray is not bytes)
+    # the same value as both events of a device's trace, handed over as pickle builds it
+    key = _unicode("device_traces")
+    snapshot = b"\x80\x05}(" + key + b"](](" + fragment + fragment + b"eeu."
+    expected = pickle.loads(snapshot)
+    events = [(0, event) for event in expected["device_traces"][0]]
+    assert _stream(snapshot) == ({"device_traces": [[]]}, events)
+    # a value kept by BINPUT and fetched by BINGET in protocol 2 (explicit memo indices)
+    kept = b"\x80\x02(" + fragment + b"q\x07h\x07l."
+    assert _stream(kept) == (pickle.loads(kept), [])
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"\x80\x04K\x01K\x02.", "^objects left on the stack at STOP$"),
+        (b"\x80\x04h\x05.", r"malformed at byte 3 \(KeyError\)"),  # fetches what it never put
+        (b"\x80\x04(K\x01" + b"\x94" + b"h\x00u.", r"malformed at byte \d+ \(IndexError\)"),
+        (b"\x80\x04K\x010.", r"^malformed at byte \d+ \(IndexError\)$"),  # STOP finds nothing
+        (b"\x80\x04K\x01(0.", "^POP of a MARK$"),  # pickle pops the MARK: refused here
+        (b"\x80\x04}(K\x01K\x02K\x03u.", r"malformed at byte \d+ \(ValueError\)"),  # a key alone
+        (b"\x80\x04(K\x01K\x02K\x03d.", r"malformed at byte \d+ \(ValueError\)"),  # the same
+    ],
+    ids=[
+        "two-values-at-stop",
+        "binget-unset",
+        "setitems-without-dict",
+        "stop-on-nothing",
+        "pop-of-a-mark",
+        "setitems-odd",
+        "dict-odd",
+    ],
+)
+def test_a_pickle_pass_one_cannot_judge_is_refused_by_pass_two(data, reason):
+    with pytest.raises(_pickle_stream.NotStreamable, match=reason) as refused:
+        _pickle_stream.stream(io.BytesIO(data), print)
+    assert refused.value.handed
+
+
+def test_the_byte_named_is_the_pickles_own_past_the_first_chunk():
+    # a refusal names its byte in the pickle, not in the chunk being read (3 MB in, 3 chunks):
+    # a string, popped, then 20 Nones pushed and popped, so that the byte is well inside its
+    # chunk; bytes after STOP, never read as opcodes, so that it is not within _SLACK of the
+    # end (there every opcode is read from a fresh buffer, at its position 0)
+    long = b"\x8d" + _n(8, 3_000_000) + b"x" * 3_000_000 + b"0" + b"N0" * 20
+    tail = b"\x00" * 40
+    where = 2 + len(long)
+    with pytest.raises(_pickle_stream.NotStreamable, match=f"opcode b'c' at byte {where}$"):
+        _pickle_stream.stream(io.BytesIO(b"\x80\x04" + long + b"cos\nsystem\n." + tail), print)
+    data = b"\x80\x04" + long + b"h\x05." + tail  # the argument of a BINGET that fetches nothing
+    with pytest.raises(_pickle_stream.NotStreamable, match=rf"at byte {where + 1} \(KeyError"):
+        _pickle_stream.stream(io.BytesIO(data), print)
+
+
+def _by_marks(value) -> bytes:
+    """``value`` (dicts, lists, str, int) pickled with MARK-built lists (LIST, never
+    EMPTY_LIST): a trace built in one step, which the stream cannot hand over event by event."""
+    if isinstance(value, dict):
+        return b"}(" + b"".join(_by_marks(k) + _by_marks(v) for k, v in value.items()) + b"u"
+    if isinstance(value, list):
+        return b"(" + b"".join(map(_by_marks, value)) + b"l"
+    if isinstance(value, str):
+        return _unicode(value)
+    return b"J" + value.to_bytes(4, "little", signed=True)
+
+
+@pytest.mark.parametrize("how", ["protocol-0", "protocol-1", "lists-by-mark"])
+def test_summary_of_a_snapshot_the_stream_cannot_hand_over_is_still_its_summary(how, tmp_path):
+    # read whole (protocols 0 and 1: not streamable) or built whole (its traces by LIST, then
+    # counted from the result): the same text as of the snapshot itself, for each device
+    snapshot = _distinct_stacks(60)
+    snapshot["device_traces"].insert(0, [])  # the default device: the first with events
+    path = tmp_path / "whole.pickle"
+    if how == "lists-by-mark":
+        path.write_bytes(b"\x80\x04" + _by_marks(snapshot) + b".")
+    else:
+        path.write_bytes(pickle.dumps(snapshot, protocol=int(how[-1])))
+    assert memory.load(path) == snapshot
+    for device in (None, 0, 1):
+        assert memory.summary(path, top=3, device=device) == memory.summary(
+            snapshot, top=3, device=device
+        )
+    assert "120 events" in memory.summary(path) and "0 events" in memory.summary(path, device=0)
+
+
+_CHUNKS = [2, 3, 9, 16, 17, 33, 100, 4096]
+_PIECES = [1, 5, 64, 1 << 26]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    snapshot=snapshots_of_values(),
+    protocol=st.sampled_from(PROTOCOLS),
+    chunk=st.sampled_from(_CHUNKS),
+    piece=st.sampled_from(_PIECES),
+)
+def test_what_it_builds_does_not_depend_on_where_the_file_is_cut_into_reads(
+    snapshot, protocol, chunk, piece
+):
+    # reads of `chunk` bytes (an opcode, its argument or its data cut anywhere, in pass 1 and
+    # in pass 2; 2 at least, the header checked in the first read), a long string read in
+    # pieces of `piece` bytes: what pickle builds, as ever
+    with (
+        mock.patch.object(_pickle_stream, "_CHUNK", chunk),
+        mock.patch.object(_pickle_stream, "_PIECE", piece),
+    ):
+        _check_against_pickle(snapshot, protocol, may_refuse_late=True)
+
+
+@pytest.mark.parametrize("chunk", _CHUNKS)
+@pytest.mark.parametrize("piece", _PIECES)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_rare_opcodes_and_long_runs_do_not_depend_on_the_read_cuts(chunk, piece, protocol):
+    # each hand-built opcode between two cuts; long runs of opcodes without data (small ints,
+    # empty dicts and lists, memo fetches; right after LONG1 and a string, which read data)
+    # across the cuts; values memoized after 300 others, fetched again (LONG_BINGET) outside
+    # a MARK and right after one (a list of shared frames)
+    with (
+        mock.patch.object(_pickle_stream, "_CHUNK", chunk),
+        mock.patch.object(_pickle_stream, "_PIECE", piece),
+    ):
+        for fragment in _RARE.values():
+            data = b"\x80\x05(" + fragment + _unicode("s" * (chunk % 40)) + fragment + b"l."
+            assert _stream(data) == (pickle.loads(data), [])
+        shared, other = {"k": 1}, {"k": 2}
+        value = [list(range(700)), [{} for _ in range(60)], [[]] * 60, [-(2**31)] * 40]
+        value += [[str(i) for i in range(300)], shared, other, shared, [other, shared, other]]
+        value += [[2**40, *range(300)], ["s", *range(300)]]
+        data = pickle.dumps(value, protocol=protocol)
+        assert _stream(data) == (value, [])
+
+
+_TRACES = _unicode("device_traces")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # the top-level dict, its events handed over, is popped: the result is None
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08eeu0N.",
+        # its device_traces key is set again, to another list: the events are not in it
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08ee" + _TRACES + b"]u.",
+        # a trace, its events handed over, is popped from the traces' MARK and another list
+        # takes its place (device 0)
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08e0]eu.",
+        # a trace, its events handed over, is popped: device 0 of a traces list that is empty
+        b"\x80\x04}(" + _TRACES + b"](](K\x07K\x08e0eu.",
+    ],
+    ids=["top-level-dict-popped", "key-set-again", "trace-replaced", "trace-dropped"],
+)
+def test_events_handed_over_from_a_list_pickle_does_not_keep_there_are_refused(data):
+    # whatever pickle builds, the events handed over must be those of device_traces[d] of the
+    # result, else the stream is refused (after the fact) and the caller reads it whole
+    pickle.loads(data)  # a valid pickle
+    handed = []
+    with pytest.raises(
+        _pickle_stream.NotStreamable,
+        match=r"^the streamed lists are not the top-level device_traces$",
+    ) as refused:
+        _pickle_stream.stream(io.BytesIO(data), lambda d, e: handed.append((d, e)))
+    assert refused.value.handed and handed == [(0, 7), (0, 8)]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x04}0].",  # a list pushed on an empty stack once the top-level dict is gone
+        b"\x80\x04}0(" + _TRACES + b"](](K\x07eel.",  # "device_traces", then a list, in a MARK
+        b"\x80\x04}0](" + _TRACES + b"](](K\x07eee.",  # the same, appended to a list
+    ],
+    ids=["list-after-the-dict", "key-in-a-list-mark", "key-in-an-appends-mark"],
+)
+def test_a_list_after_device_traces_outside_the_top_level_dict_is_built_not_streamed(data):
+    # the top-level dict was popped: what follows "device_traces" is no trace of it
+    assert _stream(data) == (pickle.loads(data), [])
+
+
+class _Tracked(io.BytesIO):
+    """A file that refuses to be read whole (a read of any size, or of -1)."""
+
+    def read(self, size=-1):
+        assert size is not None and size >= 0, "the whole file asked for at once"
+        return super().read(size)
+
+
+def test_the_file_is_read_in_pieces_as_the_events_go_not_whole():
+    # 4 KiB chunks and pieces: a 100 KB string before the traces is read in pieces, and the
+    # first event is handed over long before the file's end (a reader that read on to the end,
+    # or asked for the whole file, would hold it all: what streaming is for)
+    snapshot = {"pad": "x" * 100_000, "device_traces": [[{"i": i} for i in range(100_000)]]}
+    f = _Tracked(pickle.dumps(snapshot, protocol=4))
+    size = len(f.getvalue())
+    where = []
+    with (
+        mock.patch.object(_pickle_stream, "_CHUNK", 4096),
+        mock.patch.object(_pickle_stream, "_PIECE", 4096),
+    ):
+        result = _pickle_stream.stream(f, lambda d, e: where.append(f.tell()))
+    assert result == {"pad": "x" * 100_000, "device_traces": [[]]} and len(where) == 100_000
+    assert where[0] < 100_000 + 3 * 4096 < size / 4
