@@ -209,6 +209,7 @@ WHITE_BOX = {
         "runtime.checkpoint._revolve",
     },
     "suites.runtime.test_checkpoint_knobs": {"runtime.checkpoint._knobs"},
+    "suites.runtime.test_pipeline_statefile": {"runtime.pipeline._statefile"},
     "suites.runtime.test_ring_fatals": {"runtime.ring._sim"},
     "suites.runtime.test_ring_writers": {"runtime.ring._program"},
     "suites.runtime.test_tensormap": {"runtime.tensormap._map", "runtime.tensormap._strided"},
@@ -216,7 +217,8 @@ WHITE_BOX = {
 """The runtime's private modules that a suite module may import: each patches a name inside the
 module that looks it up (a mutant probe putting a seed's bug back, or a spy counting calls),
 which the package's re-exported name cannot reach, or tests a primitive below the public API
-(``_strided.values_in``'s closed interval, which no public call reaches at one value).
+(``_strided.values_in``'s closed interval, which no public call reaches at one value;
+``_statefile.Layout.for_dims``, the layout a header without one packs with).
 Anything else uses the public names."""
 
 
