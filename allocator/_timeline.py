@@ -416,7 +416,6 @@ class TraceScan:
         self.top = self.top_at = 0  # the highest relative level, first reached after event top_at
         self.levels, self.reserves, self.times, self.owners = [0], [0], [], []
         self.time_us: int | float = 0  # the last time seen (series): an event without one has it
-        self.first_us: int | float = 0  # the first event's time (series), 0 without events
 
     def add(self, event: dict) -> None:
         """Count one more event (a checked event dict, see :func:`check_one`)."""
@@ -460,8 +459,6 @@ class TraceScan:
         if self.series:
             self.levels.append(self.delta_live)
             self.reserves.append(self.delta_reserved)
-            if i == 1:
-                self.first_us = event.get("time_us", 0)
             self.time_us = event.get("time_us", self.time_us)
             self.times.append(self.time_us)
             self.owners.append(site)
@@ -618,7 +615,8 @@ def timeline_of(snapshot: dict, device: int, scan: TraceScan, top: int = 6) -> T
     live = [before + level for level in levels]
     start_reserved = end_reserved - scan.delta_reserved
     reserved = [start_reserved + level for level in scan.reserves]
-    time_us = [scan.first_us, *scan.times]
+    # point 0 takes the first event's time (its time, or 0 without one: what times[0] holds)
+    time_us = [scan.times[0] if scan.times else 0, *scan.times]
     by_site = {}
     for name in chosen:
         owner = None if name == BEFORE_TRACE else name

@@ -125,20 +125,20 @@ def _read_streamed(
     scans: dict[int, TraceScan] = {}
     counts: dict[int, int] = {}
     seen: dict[tuple, object] = {}
-    chosen: list[int] = [] if device is None else [device]  # series: the device scanned
-    late: list[int] = []  # series, no device: a trace with events after the one chosen
+    chosen = device  # series: the one device scanned (not given: the first with an event)
+    late = False  # series, no device: an earlier device's events came after the chosen one's
     short = series  # site names: with directories in a summary, without in a picture
 
     def count(index: int, event: object) -> None:
+        nonlocal chosen, late
         done = counts.get(index, 0)
         check_one(event, done, f"device_traces[{index}]", seen)
         counts[index] = done + 1
         if series:
-            if not chosen:
-                chosen.append(index)
-            elif index != chosen[0]:
-                if device is None and index < chosen[0]:
-                    late.append(index)  # an earlier device has events: it is the one
+            if chosen is None:
+                chosen = index
+            elif index != chosen:
+                late = late or (device is None and index < chosen)  # that one is the first
                 return
         scan = scans.get(index)
         if scan is None:

@@ -21,3 +21,23 @@ def _simulator_aborts_raise(monkeypatch):
 def pin(backend: str):
     """``pin(**knobs)``: :func:`pinned_env` for the backend under test."""
     return functools.partial(pinned_env, backend)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures :func:`allocator.memory.plot` draws, kept for ``describe``
+    (``test_memory_cli``); skips without matplotlib (the plot extra)."""
+    pytest.importorskip("matplotlib", reason="the plot extra: pip install 'devmem-harness[plot]'")
+    from matplotlib.figure import Figure
+
+    from allocator import memory
+
+    figures = []
+
+    class Kept(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            figures.append(self)
+
+    monkeypatch.setattr(memory, "_figure", lambda: Kept)
+    return figures

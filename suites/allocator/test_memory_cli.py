@@ -707,23 +707,6 @@ def describe(fig) -> dict:
     }
 
 
-@pytest.fixture
-def drawn(monkeypatch):
-    """The figures :func:`memory.plot` draws, kept for :func:`describe`."""
-    pytest.importorskip("matplotlib", reason="the plot extra: pip install 'devmem-harness[plot]'")
-    from matplotlib.figure import Figure
-
-    figures = []
-
-    class Kept(Figure):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            figures.append(self)
-
-    monkeypatch.setattr(memory, "_figure", lambda: Kept)
-    return figures
-
-
 def test_the_picture_of_the_snapshot_written_by_hand(drawn, tmp_path):
     memory.plot(BY_HAND, tmp_path / "t.png")
     # KiB (7168 B reserved at most); markers at the top: max level 7.0 KiB

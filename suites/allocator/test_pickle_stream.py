@@ -22,7 +22,7 @@ from hypothesis import given, settings
 
 from allocator import _pickle_stream, _timeline, memory
 
-from .test_memory_cli import random_snapshots
+from .test_memory_cli import BY_HAND, describe, random_snapshots, well_formed
 
 PROTOCOLS = (2, 3, 4, 5)
 
@@ -258,6 +258,19 @@ def test_what_the_callback_raises_is_raised_as_it_is():
 # --- summary of a file: streamed, the same text as of the snapshot read whole ---
 
 
+def _on_the_last_device(snapshot: dict, devices: int, protocol: int, tmp_path_factory):
+    """Pickle ``snapshot`` (one trace) to a new file with its events and segments on device
+    ``devices - 1``, the other devices' traces empty (the default device is the first with
+    events); returns the file's path."""
+    trace = snapshot["device_traces"][0]
+    snapshot["device_traces"] = [[] for _ in range(devices - 1)] + [trace]
+    for segment in snapshot["segments"]:
+        segment["device"] = devices - 1
+    path = tmp_path_factory.mktemp("s") / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=protocol))
+    return path
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     snapshot=random_snapshots(),
@@ -268,11 +281,7 @@ def test_what_the_callback_raises_is_raised_as_it_is():
 def test_summary_of_a_file_is_the_summary_of_its_snapshot(
     snapshot, protocol, top, devices, tmp_path_factory
 ):
-    trace = snapshot["device_traces"][0]
-    # the events on device `devices - 1`, the others empty: the default is the first with events
-    snapshot["device_traces"] = [[] for _ in range(devices - 1)] + [trace]
-    path = tmp_path_factory.mktemp("s") / "s.pickle"
-    path.write_bytes(pickle.dumps(snapshot, protocol=protocol))
+    path = _on_the_last_device(snapshot, devices, protocol, tmp_path_factory)
     whole = memory.load(path)
     assert memory.summary(path, top=top) == memory.summary(whole, top=top)
     for device in range(devices):
@@ -452,12 +461,7 @@ def test_the_timeline_of_a_file_is_the_timeline_of_its_snapshot(
 ):
     snapshot = _timed(snapshot, data)
     trace = snapshot["device_traces"][0]
-    # the events on device `devices - 1`, the others empty: the default is the first with events
-    snapshot["device_traces"] = [[] for _ in range(devices - 1)] + [trace]
-    for segment in snapshot["segments"]:
-        segment["device"] = devices - 1
-    path = tmp_path_factory.mktemp("t") / "t.pickle"
-    path.write_bytes(pickle.dumps(snapshot, protocol=protocol))
+    path = _on_the_last_device(snapshot, devices, protocol, tmp_path_factory)
     whole = memory.load(path)
     for device in (None, *range(devices)):
         line = _streamed_timeline(path, device, top)
@@ -473,47 +477,26 @@ def test_the_timeline_of_a_file_is_the_timeline_of_its_snapshot(
         _streamed_timeline(path, devices, top)
 
 
-def _with_events_kept(snapshot: dict) -> dict:
-    from .test_memory_cli import well_formed
-
-    return well_formed(snapshot)
-
-
 @pytest.mark.parametrize("protocol", [0, 1, 2, 4, 5])
 @pytest.mark.parametrize("options", [{}, {"device": 1, "use_time": True, "top": 1}])
 def test_plot_of_a_file_draws_what_plot_of_its_snapshot_draws(
-    protocol, options, tmp_path, monkeypatch
+    protocol, options, drawn, tmp_path, monkeypatch
 ):
-    from .test_memory_cli import BY_HAND, describe
-
-    pytest.importorskip("matplotlib", reason="the plot extra: pip install 'devmem-harness[plot]'")
-    from matplotlib.figure import Figure
-
-    figures = []
-
-    class Kept(Figure):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            figures.append(self)
-
-    monkeypatch.setattr(memory, "_figure", lambda: Kept)
     path = tmp_path / "s.pickle"
-    path.write_bytes(pickle.dumps(_with_events_kept(BY_HAND), protocol=protocol))
+    path.write_bytes(pickle.dumps(well_formed(BY_HAND), protocol=protocol))
     memory.plot(memory.load(path), tmp_path / "whole.png", **options)
     if protocol >= 2:  # streamed: never read whole
         monkeypatch.setattr(memory, "load", lambda path: pytest.fail("read whole"))
     memory.plot(path, tmp_path / "streamed.png", **options)
-    assert describe(figures[1]) == describe(figures[0])
+    assert describe(drawn[1]) == describe(drawn[0])
     assert (tmp_path / "streamed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_an_earlier_device_whose_events_come_late_is_read_whole(tmp_path, monkeypatch):
     # a reader that handed device 1's events before device 0's (device 0's trace built in one
     # step, say) must not draw device 1: the default device is the first with events
-    from .test_memory_cli import BY_HAND
-
     path = tmp_path / "s.pickle"
-    whole = _with_events_kept(BY_HAND)
+    whole = well_formed(BY_HAND)
     path.write_bytes(pickle.dumps(whole, protocol=4))
     traces = whole["device_traces"]
     assert traces[0] and traces[1]
