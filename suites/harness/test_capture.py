@@ -271,32 +271,29 @@ class _Endless(Stream):
             self.eof = True
 
 
-def test_finish_does_not_wait_on_a_writer_that_never_stops():
-    table = GuardTable()
-    with Capture(table) as capture:
-        endless = _Endless("stderr")
-        endless.until = time.monotonic() + 5.0
-        capture.stderr.close()
-        capture.stderr = endless  # a grandchild that escaped the group kill, writing on
-        start = time.monotonic()
-        capture.finish(within_s=0.2)
-        took = time.monotonic() - start
-        assert 0.2 <= took < 3.0, f"finish took {took:.1f} s with a writer that never stops"
-        assert capture.stderr.total > 0 and not capture.stderr.eof
-        endless.close()
-
-
-def test_finish_gives_a_writer_that_never_stops_a_tenth_of_a_second_by_default():
-    # what a death test costs when a grandchild that escaped the group kill writes on
-    table = GuardTable()
-    with Capture(table) as capture:
+def _finish_with_an_endless_writer(**finish: float) -> tuple[float, _Endless]:
+    """Seconds ``Capture.finish(**finish)`` takes when stderr is a writer that goes on for 5 s
+    (a grandchild that escaped the group kill, writing on), and that writer."""
+    with Capture(GuardTable()) as capture:
         endless = _Endless("stderr")
         endless.until = time.monotonic() + 5.0
         capture.stderr.close()
         capture.stderr = endless
         start = time.monotonic()
-        capture.finish()
+        capture.finish(**finish)
         took = time.monotonic() - start
-        assert 0.1 <= took < 0.6, f"finish took {took:.2f} s by default, not 0.1 s"
-        assert capture.stderr.total > 0 and not capture.stderr.eof
         endless.close()
+    return took, endless
+
+
+def test_finish_does_not_wait_on_a_writer_that_never_stops():
+    took, endless = _finish_with_an_endless_writer(within_s=0.2)
+    assert 0.2 <= took < 3.0, f"finish took {took:.1f} s with a writer that never stops"
+    assert endless.total > 0 and not endless.eof
+
+
+def test_finish_gives_a_writer_that_never_stops_a_tenth_of_a_second_by_default():
+    # what a death test costs when a grandchild that escaped the group kill writes on
+    took, endless = _finish_with_an_endless_writer()
+    assert 0.1 <= took < 0.6, f"finish took {took:.2f} s by default, not 0.1 s"
+    assert endless.total > 0 and not endless.eof
