@@ -47,7 +47,7 @@ from ._timeline import (
     timeline_of,
 )
 
-__all__ = ["PLOT_EXTRA_HINT", "load", "main", "plot", "summary"]
+__all__ = ["MAX_POINTS", "PLOT_EXTRA_HINT", "load", "main", "plot", "summary", "thinned"]
 
 PLOT_EXTRA_HINT = "pip install 'devmem-harness[plot]' (or pip install 'matplotlib>=3.7')"
 
