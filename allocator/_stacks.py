@@ -2,14 +2,21 @@
 
 Recording a stack must be cheap, so :func:`capture` only walks the frames and keeps each one's
 code object and last instruction offset, in one flat tuple ``(code, lasti, code, lasti, ...)``,
-innermost first (PyTorch's order: the most recent call first). Everything else waits for a
-snapshot: :func:`frame_dicts` turns a stack into PyTorch's frame dicts ``{"filename", "line",
-"name"}``, leaving out the allocator's own frames, so that the first frame is the user's line
-that allocated or freed (in ``x = dm.full(n, 1.0)`` that line, not ``Allocator.full``).
+innermost first (PyTorch's order: the most recent call first). As PyTorch gathers its Python
+frames in C++, :func:`capture` is the C function ``allocator._cstacks.capture`` where the
+package was built with it (``pip install`` compiles it when a C compiler and the Python headers
+are there, CPython 3.11 or newer; ``bench/alloc.py`` times both), else it is
+:func:`capture_python`; :data:`CAPTURE_IN_C` says which. Both return the same frames: the same
+code objects and offsets, but the innermost offset where that frame is the caller's, which
+CPython stamps at the call for a C callee and past the call's inline cache for a Python one (the
+same line). Everything else waits for a snapshot: :func:`frame_dicts` turns a stack into PyTorch's
+frame dicts ``{"filename", "line", "name"}``, leaving out the allocator's own frames, so that the
+first frame is the user's line that allocated or freed (in ``x = dm.full(n, 1.0)`` that line, not
+``Allocator.full``).
 
-A finalizer never captures a stack (DESIGN 2.9): the free of a block whose last reference died
-is recorded when the next public call drains the finalizers' queue, with the drain's stack under
-the marker frame :data:`FINALIZED`, so no reader takes the drain point for the release point.
+A finalizer never captures a stack (DESIGN 2.9): the free of a block whose last reference died is
+recorded when the next public call drains the finalizers' queue, with the drain's stack under the
+marker frame :data:`FINALIZED`, so no reader takes the drain point for the release point.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ import sys
 from types import CodeType
 
 __all__ = [
+    "CAPTURE_IN_C",
     "FINALIZED",
     "FINALIZED_MARK",
     "SKIPPED_PREFIXES",
     "FrameCache",
     "capture",
+    "capture_python",
     "frame_dicts",
     "frames_of",
 ]
@@ -40,13 +49,20 @@ FINALIZED_MARK = (None, 0)
 """How :data:`FINALIZED` starts a captured stack (a code of ``None``)."""
 
 
-def capture(skip: int) -> tuple:
-    """The Python stack as ``(code, lasti, ...)`` pairs, innermost first.
+def capture_python(skip: int) -> tuple:
+    """The Python stack as ``(code, lasti, ...)`` pairs, innermost first: :func:`capture`
+    written in Python (the fallback where the C one is not built).
 
     Args:
         skip: how many frames to leave out, this function's own included: 1 starts at its
             caller. Frames left out at resolution (:data:`SKIPPED_PREFIXES`) need no skipping.
+
+    Raises:
+        ValueError: ``skip`` is below 1, or the stack is less than ``skip`` frames deep.
+        TypeError: ``skip`` is not an integer.
     """
+    if skip < 1:
+        raise ValueError(f"skip must be at least 1, got {skip}")
     frame = sys._getframe(skip)
     out: list = []
     append = out.append
@@ -55,6 +71,16 @@ def capture(skip: int) -> tuple:
         append(frame.f_lasti)
         frame = frame.f_back
     return tuple(out)
+
+
+try:
+    from ._cstacks import capture
+except ImportError:  # not built: no C compiler or Python headers at install, CPython < 3.11
+    capture = capture_python
+    CAPTURE_IN_C = False
+else:
+    CAPTURE_IN_C = True
+"""Whether :func:`capture` is the C function (``allocator._cstacks``) or :func:`capture_python`."""
 
 
 def _line(code: CodeType, lasti: int) -> int:

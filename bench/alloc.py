@@ -18,7 +18,9 @@ wall time.
     run over the fastest reference run. Target: at most 10x
     ``numpy.empty`` (3 us where it takes 0.3 us, the figure the allocator issue set).
     With the memory history on, without and with stacks (from a caller 40 frames deep, as a
-    test under pytest is), as ratios to history off measured alongside, same run. Off, the
+    test under pytest is), as ratios to history off measured alongside, same run; and one
+    stack capture at that depth, ``allocator._cstacks`` (C) against ``capture_python``, which
+    a build without a C compiler falls back to (``python_capture_over_c`` in the JSON). Off, the
     history's layers are not in the stack at all: its cost is nothing by construction, which
     the row "recorded once, then off" measures (an allocator that recorded and stopped,
     against one that never recorded).
@@ -55,7 +57,7 @@ from _common import min_ratio, per_call_us
 
 sys.path.insert(0, str(_common.ROOT))
 
-from allocator import Allocator, AllocatorConfig
+from allocator import Allocator, AllocatorConfig, _stacks
 from allocator._detector import Detector
 from allocator.device import backend_unavailable_reason
 
@@ -149,6 +151,14 @@ def bench_history(repeat: int, number: int) -> dict:
             )
     on_over_off = min_ratio(runs["on"], runs["off"])
     stacks_over_off = min_ratio(runs["stacks"], runs["off"])
+    captures: dict[str, list[float]] = {"c": [], "python": []}
+    ways = {"c": _stacks.capture, "python": _stacks.capture_python}
+    for _ in range(repeat):  # one stack capture, same depth, the C one against Python's
+        for way, cap in ways.items():
+            captures[way] += _at_depth(
+                HISTORY_STACK_DEPTH,
+                lambda cap=cap: per_call_us(lambda: cap(1), number, 1, CLOCK),
+            )
     return {
         "off_us": min(runs["off"]),
         "was_on_us": min(runs["was_on"]),
@@ -159,6 +169,9 @@ def bench_history(repeat: int, number: int) -> dict:
         "stacks_over_off": stacks_over_off,
         "median_us": {name: statistics.median(times) for name, times in runs.items()},
         "caller_depth": HISTORY_STACK_DEPTH,
+        "capture_in_c": _stacks.CAPTURE_IN_C,
+        "capture_us": {way: min(times) for way, times in captures.items()},
+        "python_capture_over_c": min_ratio(captures["python"], captures["c"]),
         "on_meets_target": on_over_off <= TARGET_HISTORY_ON,
         "stacks_meets_target": stacks_over_off <= TARGET_HISTORY_STACKS,
     }
@@ -345,6 +358,9 @@ def bench_cuda(repeat: int, number: int) -> dict:
 def render(results: dict) -> str:
     """The results as a plain-text table."""
     a, b, h = results["round_trip"], results["detector"], results["history"]
+    capture_label = "    one stack capture, 40 deep: C / Python" + (
+        "" if h["capture_in_c"] else " (C not built)"
+    )
     lines = [
         f"{'benchmark (fastest run, CPU time)':<58} {'best':>12} {'target':>10} {'ok':>4}",
         "-" * 87,
@@ -379,6 +395,11 @@ def render(results: dict) -> str:
             f" {h['stacks_over_off']:>11.2f}x"
             f" {'<= ' + format(TARGET_HISTORY_STACKS, 'g') + 'x':>10}"
             f" {'yes' if h['stacks_meets_target'] else 'NO':>4}"
+        ),
+        (
+            f"{capture_label:<58}"
+            f" {h['capture_us']['c']:.2f}/{h['capture_us']['python']:.2f} us"
+            f" {h['python_capture_over_c']:>9.1f}x"
         ),
         (
             f"{'(b) arena workload, detector raise / off':<58}"
@@ -470,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     results["cuda"] = bench_cuda(args.repeat, 20_000 // scale)
     verdicts = {
         "(a) <= 10x numpy.empty": results["round_trip"]["meets_target"],
+        "(a) history on <= 1.5x off": results["history"]["on_meets_target"],
+        "(a) history with stacks, 40 deep, <= 4x off": results["history"]["stacks_meets_target"],
         "(b) detector <= 1.05x": results["detector"]["meets_target"],
     }
     for backend, exit_ in results["arena_exit"].items():

@@ -133,6 +133,10 @@ if [ ! -x "$py" ]; then
     exit 1
 fi
 export PATH="$venv/bin:$PATH"
+# the memory history's stack capture must be the C one that the install compiled
+# (allocator/_cstacks.c), not the Python fallback: suites/allocator/test_stacks.py checks;
+# DEVMEM_REQUIRE_C_STACKS=0 accepts the fallback (a machine with no C compiler)
+export DEVMEM_REQUIRE_C_STACKS="${DEVMEM_REQUIRE_C_STACKS:-1}"
 
 if [ "$ci_all" = 1 ]; then
     step "import every module"
