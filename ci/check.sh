@@ -43,6 +43,10 @@ environment:
   PYTHON            interpreter that creates .venv (default: python3)
   VENV_SYSTEM_SITE  1: create .venv with --system-site-packages (e.g. to see a preinstalled CuPy)
   CUDA_EXTRA        the extra --cuda installs: cuda (default, cupy-cuda12x) or cuda13
+  DEVMEM_REQUIRE_C_STACKS
+                    1 (default): the suites fail if the install did not compile the C stack
+                    capture (allocator/_cstacks.c; needs gcc and the Python headers); 0: the
+                    pure-Python capture is accepted
   PYTEST_ARGS       extra arguments appended to every pytest run
   pip's own PIP_NO_INDEX / PIP_FIND_LINKS work for offline installs
 USAGE
