@@ -88,12 +88,14 @@ def test_fork_unsafe_reasons_are_recorded_once_and_joined(monkeypatch):
 
 def module_files(root: Path, tops: Iterable[str]) -> dict[str, Path]:
     """The project's modules by dotted name: every ``.py`` file of each top-level package in
-    ``tops`` (a folder under ``root``) or top-level module (``root/<name>.py``). A package's
-    ``__init__.py`` is named for the package."""
+    ``tops`` (a folder under ``root``) or top-level module (``root/<name>.py``), and every C
+    extension's source (``allocator/_cstacks.c``: a module that imports none of the project's).
+    A package's ``__init__.py`` is named for the package."""
     files = {}
     for top in tops:
         paths = [root / f"{top}.py"] if (root / f"{top}.py").is_file() else []
-        paths += sorted((root / top).rglob("*.py")) if (root / top).is_dir() else []
+        if (root / top).is_dir():
+            paths += sorted((root / top).rglob("*.py")) + sorted((root / top).rglob("*.c"))
         for path in paths:
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -117,6 +119,9 @@ def module_graph(files: Mapping[str, Path]) -> dict[str, set[str]]:
 
     graph = {}
     for module, path in files.items():
+        if path.suffix == ".c":
+            graph[module] = set()
+            continue
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         targets = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
