@@ -19,6 +19,12 @@ forkserver child is its zygote's). They are why a child costs more than a raw fo
 harness's Python code around the fork touches a few hundred pages where the raw fork's loop
 touches a few dozen, and each touch is a fault (a page copy in the child).
 
+And the floor of the forkserver design, in the same run: a bare fork server
+(:data:`FLOOR_SERVER`, a fresh interpreter preloading what the zygote preloads, one fork per
+request, no harness) timed against the raw fork like the children; with the CPU time per
+trivial child of the zygote and of its child against the bare server's and its child's
+(``/proc/PID/stat``, clock ticks), which is what the harness's own work costs there.
+
 Targets (verdicts on ratios, so a busy or slow machine gives the same verdict):
 
 - a fork-style child costs at most 1.5x a raw fork (trivial and NumPy targets);
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -77,6 +84,22 @@ def _faults() -> tuple[int, int]:
     return own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
 
 
+def server_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of process ``pid`` so far, and of its reaped children
+    (``/proc/PID/stat``): a fork server's own work and its children's."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def _cpu_per_child_ms(before: tuple, after: tuple, children: int) -> dict[str, float]:
+    return {
+        "server": (after[0] - before[0]) / children * 1000,
+        "child": (after[1] - before[1]) / children * 1000,
+    }
+
+
 def _counted(step) -> tuple[float, int, int]:
     """``step()``'s seconds, with the minor faults it cost this process and its children."""
     own, children = _faults()
@@ -90,8 +113,9 @@ def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[li
     (the reference), after one warm-up child (which may start a zygote).
 
     Returns:
-      ``(children, raw_forks)``: two lists of ``repeat`` ``(seconds, faults in this process,
-      faults in the child)`` triples.
+      ``(children, raw_forks, cpu)``: two lists of ``repeat`` ``(seconds, faults in this
+      process, faults in the child)`` triples; for the forkserver, the CPU milliseconds per
+      child of its zygote (``server``) and of the child (``child``), else ``None``.
 
     Raises:
       RuntimeError: a child did not end cleanly (the figures would mean nothing).
@@ -107,11 +131,81 @@ def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[li
         return elapsed
 
     one()
+    zygote = harness._forkserver.current() if style == "forkserver" else None
+    before = None if zygote is None else server_cpu_s(zygote.pid)
     children, raws = [], []
     for _ in range(repeat):
         raws.append(_counted(raw_fork))
         children.append(_counted(one))
-    return children, raws
+    cpu = None if zygote is None else _cpu_per_child_ms(before, server_cpu_s(zygote.pid), repeat)
+    return children, raws, cpu
+
+
+FLOOR_SERVER = """
+import os, select, socket, sys
+import numpy, pkgutil  # what the harness's zygote preloads in this benchmark
+sock = socket.socket(fileno=int(sys.argv[1]))
+while True:
+    message, fds, _, _ = socket.recv_fds(sock, 64, 1)
+    if not message:
+        break
+    pid = os.fork()
+    if pid == 0:
+        os.write(fds[0], b"0")
+        os._exit(0)
+    os.close(fds[0])
+    pidfd = os.pidfd_open(pid)
+    sock.send(b"forked")
+    select.select([pidfd], [], [])
+    os.close(pidfd)
+    sock.send(str(os.waitpid(pid, 0)[1]).encode())
+"""
+"""The floor of any fork server: a fresh interpreter that preloads what the harness's zygote
+preloads here, then serves one request at a time over a ``SOCK_SEQPACKET`` socket with a
+descriptor attached (the child's status pipe), forks a child that writes one byte and
+``os._exit``s, waits on its pidfd and sends its wait status; no harness at all."""
+
+
+def time_floor_server(repeat: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``repeat`` requests to :data:`FLOOR_SERVER` (a child each, its byte read
+    back), each right after a raw fork, after ten warm-up requests.
+
+    Returns:
+      ``(requests, raw_forks, cpu)``: seconds each, and the CPU milliseconds per request of
+      the server (``server``) and of its child (``child``).
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen(
+        [sys.executable, "-c", FLOOR_SERVER, str(theirs.fileno())], pass_fds=[theirs.fileno()]
+    )
+    theirs.close()
+
+    def one() -> float:
+        start = time.perf_counter()
+        read_end, write_end = os.pipe()
+        socket.send_fds(ours, [b"run"], [write_end])
+        os.close(write_end)
+        forked, status = ours.recv(64), ours.recv(64)
+        byte = os.read(read_end, 1)
+        os.close(read_end)
+        elapsed = time.perf_counter() - start
+        if forked != b"forked" or status != b"0" or byte != b"0":
+            raise RuntimeError(f"the floor server failed: {forked!r} {status!r} {byte!r}")
+        return elapsed
+
+    try:
+        for _ in range(10):
+            one()
+        before = server_cpu_s(server.pid)
+        requests, raws = [], []
+        for _ in range(repeat):
+            raws.append(raw_fork())
+            requests.append(one())
+        cpu = _cpu_per_child_ms(before, server_cpu_s(server.pid), repeat)
+    finally:
+        ours.close()  # the server reads end of file and leaves
+        server.wait(timeout=60)
+    return requests, raws, cpu
 
 
 def time_pytest_forked(tests: int, repeat: int) -> dict:
@@ -179,7 +273,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         children[style] = {}
         runs = repeat if style != "exec" else max(repeat // 4, 5)  # exec is 10-30x slower
         for name, (target, args) in (("trivial", TRIVIAL), ("numpy", NUMPY)):
-            counted, raw = time_children(style, target, args, runs)
+            counted, raw, cpu = time_children(style, target, args, runs)
             raws += raw
             times = [seconds for seconds, _, _ in counted]
             row = children[style]
@@ -189,6 +283,9 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
             row[f"{name}_faults_child"] = (  # a forkserver child is reaped by its zygote
                 None if style == "forkserver" else statistics.median(c for _, _, c in counted)
             )
+            if cpu is not None:
+                row[f"{name}_cpu_ms"] = cpu
+    floor, floor_raws, floor_cpu = time_floor_server(repeat)
     forked = time_pytest_forked(forked_tests, forked_repeat)
     ratios = {
         "fork_over_raw": max(
@@ -209,6 +306,11 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         "raw_fork_faults_parent": statistics.median(own for _, own, _ in raws),
         "raw_fork_faults_child": statistics.median(child for _, _, child in raws),
         "children": children,
+        "floor_server": {
+            "ms": statistics.median(floor) * 1000,
+            "over_raw": _common.paired_ratio(floor, floor_raws),
+            "cpu_ms": floor_cpu,
+        },
         "pytest_forked": forked,
         "ratios": ratios,
         "limits": LIMITS,
@@ -243,6 +345,17 @@ def format_table(results: dict) -> str:
             f" {row['numpy_ms']:.2f} ms ({row['numpy_over_raw']:.1f}x) |"
             f" {faults(row['trivial_faults_parent'], row['trivial_faults_child'])} |"
         )
+    floor = results["floor_server"]
+    lines.append(
+        "| a bare fork server (no harness; its zygote preloads what the forkserver's does) |"
+        f" {floor['ms']:.2f} ms ({floor['over_raw']:.1f}x) | | |"
+    )
+    server = results["children"]["forkserver"]["trivial_cpu_ms"]
+    lines.append(
+        "| CPU per trivial child, server / child: forkserver vs bare server |"
+        f" {server['server']:.2f} / {server['child']:.2f} ms vs"
+        f" {floor['cpu_ms']['server']:.2f} / {floor['cpu_ms']['child']:.2f} ms | | |"
+    )
     forked = results["pytest_forked"]
     label = "pytest-forked, per test" + ("" if forked["all_passed"] else " (tests FAILED)")
     lines.append(f"| {label} | {forked['per_test_ms']:.2f} ms | | |")
