@@ -44,9 +44,9 @@ environment:
   VENV_SYSTEM_SITE  1: create .venv with --system-site-packages (e.g. to see a preinstalled CuPy)
   CUDA_EXTRA        the extra --cuda installs: cuda (default, cupy-cuda12x) or cuda13
   DEVMEM_REQUIRE_C_STACKS
-                    1 (default): the suites fail if the install did not compile the C stack
-                    capture (allocator/_cstacks.c; needs gcc and the Python headers); 0: the
-                    pure-Python capture is accepted
+                    1 (default): on CPython 3.11 or newer, the suites fail if the install did
+                    not compile the C stack capture (allocator/_cstacks.c; needs a C compiler
+                    and the Python headers); 0: the pure-Python capture is accepted
   PYTEST_ARGS       extra arguments appended to every pytest run
   pip's own PIP_NO_INDEX / PIP_FIND_LINKS work for offline installs
 USAGE

@@ -110,8 +110,11 @@ needs_c = pytest.mark.skipif(
 
 def test_the_c_capture_is_built_where_ci_requires_it():
     # ci/check.sh sets DEVMEM_REQUIRE_C_STACKS=1: there the build must not fall back silently
+    # (where it can build at all: CPython 3.11 or newer, as the C source requires)
     if os.environ.get("DEVMEM_REQUIRE_C_STACKS") != "1":
         pytest.skip("DEVMEM_REQUIRE_C_STACKS is not set (ci/check.sh sets it)")
+    if sys.implementation.name != "cpython" or sys.version_info < (3, 11):
+        pytest.skip(f"allocator/_cstacks.c needs CPython 3.11 or newer, not {sys.version}")
     assert _stacks.CAPTURE_IN_C
     assert capture is _cstacks_capture() and capture is not _stacks.capture_python
 
