@@ -282,3 +282,55 @@ def test_events_record_wait_query_and_synchronize_on_every_backend(alloc, make_a
     y.record_stream(alloc.default_stream)
     for buf in (x, y):
         alloc.release(buf)
+
+
+class _FailingScope:
+    """A device stream scope whose entry fails (as CuPy's could), ``fails`` times."""
+
+    def __init__(self, fails: int) -> None:
+        self.fails = fails
+
+    def __enter__(self):
+        if self.fails:
+            self.fails -= 1
+            raise OSError("the device refused the stream")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def _entered_elsewhere(scope) -> str:
+    """Enter ``scope`` in another thread: ``"entered"``, or the error's text."""
+    out = []
+
+    def other() -> None:
+        try:
+            with scope:
+                out.append("entered")
+        except RuntimeError as exc:
+            out.append(str(exc))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(10)
+    return out[0]
+
+
+def test_a_failed_device_scope_leaves_the_scope_object_as_it_was(alloc, monkeypatch):
+    side = alloc.new_stream("side")
+    failing = _FailingScope(fails=1)
+    monkeypatch.setattr(type(alloc.device), "stream_scope", lambda self, stream: failing)
+    scope = alloc.use_stream(side)
+    with pytest.raises(OSError, match="refused"):
+        scope.__enter__()  # its first entry fails: nothing is entered, nothing is held
+    assert alloc.current_stream() is alloc.default_stream
+    assert _entered_elsewhere(scope) == "entered"
+    with scope:  # entered for real; a nested entry that fails keeps the outer one's claim
+        failing.fails = 1
+        with pytest.raises(OSError, match="refused"):
+            scope.__enter__()
+        assert alloc.current_stream() is side
+        assert _entered_elsewhere(scope).startswith("use_stream('side'): this scope object")
+    assert alloc.current_stream() is alloc.default_stream
+    assert _entered_elsewhere(scope) == "entered"
