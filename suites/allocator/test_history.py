@@ -1212,7 +1212,13 @@ _A, _P, _I = "active_allocated", "active_pending_free", "inactive"
             (16, _A),
             (32, _A),
             False,
-            ["free_requested@1", "free_completed@1", "segment_free@1", "segment_alloc@2", "alloc@2"],
+            [
+                "free_requested@1",
+                "free_completed@1",
+                "segment_free@1",
+                "segment_alloc@2",
+                "alloc@2",
+            ],
         ),
     ],
 )
@@ -1278,3 +1284,126 @@ def test_the_events_a_snapshot_adds_are_stamped_at_the_snapshot_on_the_blocks_st
     ]
     assert side.id != 0 and now > 0
     alloc.empty_cache()
+
+
+@pytest.mark.backends("sim")
+def test_a_device_free_in_flight_survives_another_thread_restarting_the_history(make_alloc):
+    # empty_cache frees to the device with no allocator lock held; meanwhile another thread
+    # stops and starts the history (which begins with a fresh address map): the free in flight
+    # still completes and records its segment_free
+    import threading
+
+    alloc = make_alloc()
+    alloc.record_history(True)
+    alloc.release(alloc.full(4, 1.0))  # cached
+    inside, go, errors = threading.Event(), threading.Event(), []
+    device_free = alloc.device.free
+
+    def free(block):
+        inside.set()
+        go.wait(10)
+        device_free(block)
+
+    def flush():
+        try:
+            alloc.empty_cache()
+        except BaseException as exc:
+            errors.append(exc)
+
+    alloc.device.free = free
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    try:
+        assert inside.wait(10)
+        alloc.record_history(False)
+        alloc.record_history(True)
+    finally:
+        go.set()
+        flusher.join(10)
+        del alloc.device.free
+    assert errors == []
+    assert alloc.stats().cache_bytes == 0 and alloc.snapshot()["segments"] == []
+    assert actions(alloc) == ["segment_free"]
+    alloc.record_history(False)
+
+
+@pytest.mark.backends("sim")
+def test_a_snapshot_taken_while_another_thread_stops_the_history_is_whole(make_alloc, monkeypatch):
+    # stop() ends recording, then walks what the allocator holds to keep the state the trace
+    # ends in; a snapshot taken in between has no such state yet and reconciles nothing
+    import threading
+
+    alloc = make_alloc()
+    alloc.record_history(True)
+    buf = alloc.full(4, 1.0)
+    alloc.release(alloc.full(8, 1.0))  # cached
+    inside, go, errors = threading.Event(), threading.Event(), []
+    blocks = type(alloc._cache).blocks
+    stopper_ident = []
+
+    def paused_blocks(cache):
+        if threading.get_ident() in stopper_ident:
+            inside.set()
+            go.wait(10)
+        return blocks(cache)
+
+    def stop():
+        stopper_ident.append(threading.get_ident())
+        try:
+            alloc.record_history(False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    monkeypatch.setattr(type(alloc._cache), "blocks", paused_blocks)
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    try:
+        assert inside.wait(10)
+        snapshot = alloc.snapshot()
+    finally:
+        go.set()
+        stopper.join(10)
+    assert errors == [] and not alloc._history.recording
+    assert snapshot["devmem"]["recording"] is False and snapshot["devmem"]["reconciled"] == 0
+    _snapshot_checks.check_consistent(snapshot)
+    alloc.release(buf)
+
+
+@pytest.mark.backends("sim", "cpu")
+def test_an_allocation_in_flight_across_a_stop_lets_the_history_start_again(make_alloc):
+    # another thread's allocation passes the history layer while recording stops: the frames it
+    # leaves behind belong to no storage known at the stop, and the next start drops them
+    import threading
+
+    alloc = make_alloc()
+    alloc.record_history(True)
+    inside, go, out, errors = threading.Event(), threading.Event(), [], []
+    malloc = alloc.device.malloc
+
+    def paused_malloc(nbytes):
+        inside.set()
+        go.wait(10)
+        return malloc(nbytes)
+
+    def allocate():
+        try:
+            out.append(alloc.full(4, 1.0))
+        except BaseException as exc:
+            errors.append(exc)
+
+    alloc.device.malloc = paused_malloc
+    allocating = threading.Thread(target=allocate)
+    allocating.start()
+    try:
+        assert inside.wait(10)
+        alloc.record_history(False)
+    finally:
+        go.set()
+        allocating.join(10)
+        del alloc.device.malloc
+    assert errors == []
+    alloc.record_history(True)
+    (live,) = alloc.live_blocks()
+    assert live.frames == ()  # its frames were recorded after the stop, for no known storage
+    alloc.record_history(False)
+    alloc.release(out.pop())
