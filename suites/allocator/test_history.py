@@ -1177,3 +1177,233 @@ def test_a_block_used_on_another_stream_is_freed_to_the_device_at_once_on_cpu(ma
         "free_completed",
         "segment_free",
     ]
+
+
+# -- reconcile: every way a block can change while recording is off -------------------------------
+
+_A, _P, _I = "active_allocated", "active_pending_free", "inactive"
+
+
+@pytest.mark.parametrize(
+    ("then", "now", "reallocated", "expected"),
+    [
+        # the same segment (address and size): frees on the trace's stream, allocations on now's
+        ((16, _A), (16, _A), True, ["free_requested@1", "free_completed@1", "alloc@2"]),
+        ((16, _A), (16, _P), False, ["free_requested@1"]),
+        ((16, _A), (16, _I), False, ["free_requested@1", "free_completed@1"]),
+        ((16, _P), (16, _A), False, ["free_completed@1", "alloc@2"]),
+        ((16, _P), (16, _I), False, ["free_completed@1"]),
+        ((16, _I), (16, _A), False, ["alloc@2"]),
+        ((16, _I), (16, _P), False, ["alloc@2", "free_requested@2"]),
+        ((16, _A), (16, _A), False, []),
+        ((16, _P), (16, _P), False, []),
+        ((16, _I), (16, _I), False, []),
+        # the trace's segment went back to the device
+        ((16, _A), None, False, ["free_requested@1", "free_completed@1", "segment_free@1"]),
+        ((16, _P), None, False, ["free_completed@1", "segment_free@1"]),
+        ((16, _I), None, False, ["segment_free@1"]),
+        # a segment the trace does not know of
+        (None, (32, _I), False, ["segment_alloc@2"]),
+        (None, (32, _A), False, ["segment_alloc@2", "alloc@2"]),
+        (None, (32, _P), False, ["segment_alloc@2", "alloc@2", "free_requested@2"]),
+        # another segment at the same address, in the same state
+        ((16, _I), (32, _I), False, ["segment_free@1", "segment_alloc@2"]),
+        (
+            (16, _A),
+            (32, _A),
+            False,
+            [
+                "free_requested@1",
+                "free_completed@1",
+                "segment_free@1",
+                "segment_alloc@2",
+                "alloc@2",
+            ],
+        ),
+    ],
+)
+def test_reconcile_adds_the_events_of_each_change_made_while_off(then, now, reallocated, expected):
+    from allocator._snapshot import OFF_FRAME, reconcile
+
+    address = 0x1000
+    before = {} if then is None else {address: (*then, 1, None)}
+    after = {} if now is None else {address: (*now, 2)}
+    events = reconcile(before, after, {address} if reallocated else set(), 1234)
+    assert [f"{e['action']}@{e['stream']}" for e in events] == expected
+    for event in events:
+        size = then[0] if event["stream"] == 1 else now[0]
+        assert event == {
+            "action": event["action"],
+            "addr": address,
+            "size": size,
+            "stream": event["stream"],
+            "time_us": 1234,
+            "frames": [OFF_FRAME],
+        }
+
+
+def test_reconcile_orders_its_events_by_address():
+    from allocator._snapshot import reconcile
+
+    before = {0x3000: (8, "inactive", 0, None), 0x1000: (8, "inactive", 0, None)}
+    events = reconcile(before, {0x2000: (8, "inactive", 0)}, set(), 5)
+    assert [(e["action"], e["addr"]) for e in events] == [
+        ("segment_free", 0x1000),
+        ("segment_alloc", 0x2000),
+        ("segment_free", 0x3000),
+    ]
+
+
+@pytest.mark.backends("sim")
+def test_the_events_a_snapshot_adds_are_stamped_at_the_snapshot_on_the_blocks_stream(make_alloc):
+    from allocator._snapshot import OFF_FRAME
+
+    alloc = make_alloc(sim_latency_us=10)
+    alloc.record_history(True)
+    side = alloc.new_stream("side")
+    with alloc.use_stream(side):
+        buf = alloc.full(4, 1.0)
+    alloc.record_history(False)
+    alloc.release(buf)  # while off
+    alloc.device.advance(25)
+    now = alloc.device.clock_us()
+    snapshot = alloc.snapshot()
+    _snapshot_checks.check_page_readable(pickle.dumps(snapshot, protocol=4))
+    tail = snapshot["device_traces"][0][-snapshot["devmem"]["reconciled"] :]
+    (segment,) = snapshot["segments"]
+    assert tail == [
+        {
+            "action": action,
+            "addr": segment["address"],
+            "size": 16,
+            "stream": side.id,
+            "time_us": now,
+            "frames": [OFF_FRAME],
+        }
+        for action in ("free_requested", "free_completed")
+    ]
+    assert side.id != 0 and now > 0
+    alloc.empty_cache()
+
+
+@pytest.mark.backends("sim")
+def test_a_device_free_in_flight_survives_another_thread_restarting_the_history(make_alloc):
+    # empty_cache frees to the device with no allocator lock held; meanwhile another thread
+    # stops and starts the history (which begins with a fresh address map): the free in flight
+    # still completes and records its segment_free
+    import threading
+
+    alloc = make_alloc()
+    alloc.record_history(True)
+    alloc.release(alloc.full(4, 1.0))  # cached
+    inside, go, errors = threading.Event(), threading.Event(), []
+    device_free = alloc.device.free
+
+    def free(block):
+        inside.set()
+        go.wait(10)
+        device_free(block)
+
+    def flush():
+        try:
+            alloc.empty_cache()
+        except BaseException as exc:
+            errors.append(exc)
+
+    alloc.device.free = free
+    flusher = threading.Thread(target=flush)
+    flusher.start()
+    try:
+        assert inside.wait(10)
+        alloc.record_history(False)
+        alloc.record_history(True)
+    finally:
+        go.set()
+        flusher.join(10)
+        del alloc.device.free
+    assert errors == []
+    assert alloc.stats().cache_bytes == 0 and alloc.snapshot()["segments"] == []
+    assert actions(alloc) == ["segment_free"]
+    alloc.record_history(False)
+
+
+@pytest.mark.backends("sim")
+def test_a_snapshot_taken_while_another_thread_stops_the_history_is_whole(make_alloc, monkeypatch):
+    # stop() ends recording, then walks what the allocator holds to keep the state the trace
+    # ends in; a snapshot taken in between has no such state yet and reconciles nothing
+    import threading
+
+    alloc = make_alloc()
+    alloc.record_history(True)
+    buf = alloc.full(4, 1.0)
+    alloc.release(alloc.full(8, 1.0))  # cached
+    inside, go, errors = threading.Event(), threading.Event(), []
+    blocks = type(alloc._cache).blocks
+    stopper_ident = []
+
+    def paused_blocks(cache):
+        if threading.get_ident() in stopper_ident:
+            inside.set()
+            go.wait(10)
+        return blocks(cache)
+
+    def stop():
+        stopper_ident.append(threading.get_ident())
+        try:
+            alloc.record_history(False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    monkeypatch.setattr(type(alloc._cache), "blocks", paused_blocks)
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    try:
+        assert inside.wait(10)
+        snapshot = alloc.snapshot()
+    finally:
+        go.set()
+        stopper.join(10)
+    assert errors == [] and not alloc._history.recording
+    assert snapshot["devmem"]["recording"] is False and snapshot["devmem"]["reconciled"] == 0
+    _snapshot_checks.check_consistent(snapshot)
+    alloc.release(buf)
+
+
+@pytest.mark.backends("sim", "cpu")
+def test_an_allocation_in_flight_across_a_stop_lets_the_history_start_again(make_alloc):
+    # another thread's allocation passes the history layer while recording stops: the frames it
+    # leaves behind belong to no storage known at the stop, and the next start drops them
+    import threading
+
+    alloc = make_alloc()
+    alloc.record_history(True)
+    inside, go, out, errors = threading.Event(), threading.Event(), [], []
+    malloc = alloc.device.malloc
+
+    def paused_malloc(nbytes):
+        inside.set()
+        go.wait(10)
+        return malloc(nbytes)
+
+    def allocate():
+        try:
+            out.append(alloc.full(4, 1.0))
+        except BaseException as exc:
+            errors.append(exc)
+
+    alloc.device.malloc = paused_malloc
+    allocating = threading.Thread(target=allocate)
+    allocating.start()
+    try:
+        assert inside.wait(10)
+        alloc.record_history(False)
+    finally:
+        go.set()
+        allocating.join(10)
+        del alloc.device.malloc
+    assert errors == []
+    alloc.record_history(True)
+    (live,) = alloc.live_blocks()
+    assert live.frames == ()  # its frames were recorded after the stop, for no known storage
+    alloc.record_history(False)
+    alloc.release(out.pop())

@@ -796,3 +796,20 @@ def test_the_file_is_read_in_pieces_as_the_events_go_not_whole():
         result = _pickle_stream.stream(f, lambda d, e: where.append(f.tell()))
     assert result == {"pad": "x" * 100_000, "device_traces": [[]]} and len(where) == 100_000
     assert where[0] < 100_000 + 3 * 4096 < size / 4
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_value_fetched_only_inside_a_run_of_fetches_is_kept(protocol):
+    # values memoized after 300 others are fetched with LONG_BINGET; `second` and `third` are
+    # fetched again only as the second and third of a run (a list of shared frames), so pass 1
+    # must read each fetch of the run, not only its first (the run is not in the buffer's last
+    # bytes: more values follow it)
+    first, second, third = {"k": 1}, {"k": 2}, {"k": 3}
+    value = [[str(i) for i in range(300)], first, second, third, [first, second, third]]
+    value.append(list(range(100)))
+    data = pickle.dumps(value, protocol=protocol)
+    ops = [op.name for op, _, _ in pickletools.genops(data)]
+    assert ["MARK", *["LONG_BINGET"] * 3, "APPENDS"] in [ops[i : i + 5] for i in range(len(ops))]
+    result, events = _stream(data)
+    assert (result, events) == (value, [])
+    assert result[4][1] is result[2] and result[4][2] is result[3]

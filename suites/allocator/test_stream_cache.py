@@ -133,3 +133,45 @@ def test_a_block_recorded_on_a_dropped_stream_keeps_it_alive_only_while_it_waits
     sim.device.advance(20)
     sim.release(sim.empty(8))  # the cache finds the event done: the block forgets the stream
     assert alive() is None and sim._cache.awaiting() == ()
+
+
+def test_every_size_a_dropped_stream_cached_goes_back_to_the_device():
+    alloc = _sim()
+    side = alloc.new_stream("side")
+    with alloc.use_stream(side):
+        bufs = [alloc.empty(N), alloc.empty(2 * N), alloc.empty(N)]
+        for buf in bufs:
+            alloc.release(buf)
+    del buf, bufs
+    assert alloc.stats().cache_bytes == 4 * MIB
+    del side
+    stats = alloc.stats()
+    assert (stats.cache_bytes, stats.device_frees) == (0, 3)
+    assert alloc._cache.blocks() == [] and alloc.empty_cache() == 0
+
+
+def test_a_dropped_stream_takes_only_its_own_awaiting_blocks_with_it():
+    sim = _sim(sim_latency_us=10)
+    consumer = sim.new_stream("consumer")
+    doomed = sim.new_stream("doomed")
+    kept = sim.full(4, 1.0)  # on the default stream, kept alive
+    with sim.use_stream(doomed):
+        gone = sim.full(4, 1.0)
+    consumer.wait_stream(sim.default_stream)
+    consumer.wait_stream(doomed)
+    with sim.use_stream(consumer):
+        sim.release(sim.copy(kept))  # both read on the consumer stream until t = 20
+        sim.release(sim.copy(gone))  # the same 16-byte block again, cached on consumer
+    kept_block, gone_block = kept.storage.block, gone.storage.block
+    for buf in (kept, gone):
+        buf.record_stream(consumer)
+        sim.release(buf)  # both await the consumer's event
+    del kept, gone, buf
+    assert [block for block, _ in sim._cache.awaiting()] == [kept_block, gone_block]
+    del doomed
+    stats = sim.stats()  # reaps the dropped stream: its awaiting block goes to the device
+    assert (stats.cache_bytes, stats.device_frees) == (32, 1)
+    assert [block for block, _ in sim._cache.awaiting()] == [kept_block]
+    assert kept_block in sim._cache.blocks() and gone_block not in sim._cache.blocks()
+    sim.device.advance(20)
+    assert sim.empty_cache() == 32 and sim.stats().device_frees == 3
