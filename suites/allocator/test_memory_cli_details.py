@@ -1,0 +1,176 @@
+"""``python -m allocator.memory``: details the broader tests in ``test_memory_cli`` leave open.
+
+The snapshots PyTorch took drawn as marks, ``plot --top 0``, the exact words of the help, of a
+refused pickle and of a thinned picture's axis.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from allocator import memory
+from allocator._timeline import timeline
+
+from .test_memory_cli import describe
+
+SNAPSHOT_MARKS = {
+    "segments": [
+        {
+            "total_size": 4096,
+            "blocks": [
+                {"size": 1024, "state": "active_allocated"},
+                {"size": 1024, "state": "active_allocated"},
+                {"size": 2048, "state": "inactive"},
+            ],
+        }
+    ],
+    "device_traces": [
+        [
+            {"action": "segment_alloc", "addr": 0, "size": 4096},
+            {"action": "alloc", "addr": 0, "size": 1024},
+            {"action": "snapshot", "addr": 0, "size": 0},  # after event 2: x 2
+            {"action": "alloc", "addr": 1024, "size": 1024},
+            {"action": "snapshot", "addr": 0, "size": 0},  # after event 4: x 3
+        ]
+    ],
+}
+
+
+def test_each_snapshot_pytorch_took_is_a_dashed_green_line_counted_once(drawn, tmp_path):
+    memory.plot(SNAPSHOT_MARKS, tmp_path / "t.png")
+    seen = describe(drawn[-1])
+    dashed = ["#1a9641", "--", 0.8, "None", 6.0, True, "default"]
+    assert seen["lines"][1:] == [
+        ["snapshot taken (2)", *dashed, [2.0, 2.0], [0.0, 1.0]],
+        [None, *dashed, [3.0, 3.0], [0.0, 1.0]],  # the first one names them
+    ]
+    assert seen["legend"][-1][-1] == "snapshot taken (2)"  # one legend entry for both
+
+
+def test_plot_with_top_0_bands_every_site_as_others(drawn, tmp_path, capsys):
+    memory.plot(SNAPSHOT_MARKS, tmp_path / "t.png", top=0)
+    cached = "cached (reuse cache, blocks awaiting their event)"
+    bands = [(band[0], band[3]) for band in describe(drawn[-1])["bands"]]
+    assert bands == [("other sites", 2.0), (cached, 4.0)]  # KiB: 2 live, 4 reserved
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(SNAPSHOT_MARKS))
+    out = tmp_path / "u.png"
+    assert memory.main(["plot", str(path), "-o", str(out), "--top", "0"]) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
+    assert [(band[0], band[3]) for band in describe(drawn[-1])["bands"]] == bands
+
+
+def test_a_persistent_id_is_refused_in_these_words(tmp_path):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(b"\x80\x04P0\n.")  # PERSID "0"
+    with pytest.raises(ValueError) as info:
+        memory.load(path)
+    assert str(info.value) == (
+        f"{path}: not a pickled memory snapshot (it holds a persistent id; a snapshot has none)"
+    )
+
+
+def test_the_plot_help_describes_the_picture_in_these_words(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        memory.main(["plot", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "Draw the live bytes over time, stacked by allocation site (the largest sites by peak in"
+        " bands of their own), the cached bytes on top, and marks: arena exits, releases, cap"
+        " evictions, OOMs, and the snapshots PyTorch took." in out
+    )
+
+
+def test_a_thinned_picture_says_so_on_its_axis_in_these_words(drawn, tmp_path):
+    count = memory.MAX_POINTS + 1
+    trace = [{"action": "alloc", "addr": i, "size": 8} for i in range(count)]
+    snapshot = {"segments": [], "device_traces": [trace]}
+    line = timeline(snapshot)
+    kept = len(memory.thinned(line.live, line.reserved))
+    memory.plot(snapshot, tmp_path / "t.png")
+    assert drawn[-1].axes[0].get_xlabel() == (
+        f"{memory.EVENT_AXIS}; {count:,} events drawn as {kept:,} points (each stretch's first,"
+        " lowest and highest levels)"
+    )
+
+
+def test_no_command_is_a_usage_error_naming_the_commands(capsys):
+    with pytest.raises(SystemExit) as info:
+        memory.main([])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.endswith(
+        "python -m allocator.memory: error: the following arguments are required: {plot,summary}\n"
+    )
+
+
+def test_one_event_on_the_time_axis_says_the_clock_never_moved(drawn, tmp_path):
+    one = {"segments": [], "device_traces": [[{"action": "oom", "size": 0, "time_us": 7}]]}
+    memory.plot(one, tmp_path / "t.png", use_time=True)
+    assert drawn[-1].axes[0].get_xlabel() == memory.STILL_CLOCK_AXIS
+    memory.plot(one, tmp_path / "t.png")  # not asked for time: the plain event axis
+    assert drawn[-1].axes[0].get_xlabel() == memory.EVENT_AXIS
+
+
+def test_thinned_keeps_every_point_up_to_exactly_as_many_as_asked():
+    live = list(range(8))
+    assert memory.thinned(live, live, 8) == list(range(8))
+    assert len(memory.thinned([*live, 8], [*live, 8], 8)) < 9  # one more: thinned
+
+
+def _ring(device0: int, device1: int, notes: int, max_entries: int) -> dict:
+    """A snapshot whose ring held ``device0`` events of device 0 and ``notes`` annotations."""
+
+    def allocs(count):
+        return [{"action": "alloc", "addr": i, "size": 8} for i in range(count)]
+
+    return {
+        "segments": [],
+        "device_traces": [allocs(device0), allocs(device1)],
+        "devmem": {
+            "max_entries": max_entries,
+            "annotations": [{"action": "release", "trace_index": 0}] * notes,
+        },
+    }
+
+
+FULL = " (the ring is full: older events were dropped)"
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "device", "head"),
+    [
+        # the segments alone: what was live before a trace with no event
+        (
+            {
+                "segments": [
+                    {"total_size": 64, "blocks": [{"size": 24, "state": "active_allocated"}]}
+                ],
+                "device_traces": [[], []],
+                "devmem": {"annotations": [{"action": "release", "trace_index": 0}]},
+            },
+            None,
+            [
+                "backend torch: 0 events",
+                "peak live 24 B after event 0; at the end: live 24 B, cached 40 B, reserved 64 B",
+                "arena exits 0, releases 1, cap evictions 0, OOMs 0",
+            ],
+        ),
+        # the ring counts device 0's events (and the annotations), whichever device is read
+        (_ring(3, 1, 1, 4), None, [f"backend torch: 3 events{FULL}"]),
+        (_ring(3, 1, 1, 4), 1, [f"backend torch: 1 events{FULL}"]),
+        (_ring(1, 3, 1, 4), 1, ["backend torch: 3 events"]),
+        (_ring(0, 3, 2, 3), None, ["backend torch: 3 events"]),  # 2 of 3 held: not full
+    ],
+)
+def test_summary_of_a_file_at_the_edges_is_the_summary_of_its_snapshot(
+    tmp_path, snapshot, device, head
+):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    text = memory.summary(path, device=device)
+    assert text == memory.summary(snapshot, device=device)
+    assert text.splitlines()[: len(head)] == head
