@@ -11,7 +11,7 @@ import pickle
 import pytest
 
 from allocator import memory
-from allocator._timeline import timeline
+from allocator._timeline import check_snapshot, overview, scan_device, timeline, timeline_of
 
 from .test_memory_cli import describe
 
@@ -174,3 +174,129 @@ def test_summary_of_a_file_at_the_edges_is_the_summary_of_its_snapshot(
     text = memory.summary(path, device=device)
     assert text == memory.summary(snapshot, device=device)
     assert text.splitlines()[: len(head)] == head
+
+
+def _alloc(**fields) -> dict:
+    return {"action": "alloc", "addr": 0, "size": 0, **fields}
+
+
+FRAME = {"filename": "a.py", "line": 1, "name": "f"}
+
+
+@pytest.mark.parametrize(
+    ("event", "message"),
+    [
+        (
+            _alloc(action="bogus"),
+            "action is str 'bogus', expected one of alloc, free_requested, free_completed,"
+            " segment_alloc, segment_free, segment_map, segment_unmap, snapshot, oom",
+        ),
+        ({"action": "alloc", "addr": 0}, "size is missing, expected an int"),
+        ({"action": "alloc", "size": 0}, "addr is missing, expected an int"),
+        (_alloc(addr="x"), "addr is str 'x', expected an int"),
+        (_alloc(stream="s"), "stream is str 's', expected an int"),
+        (_alloc(device_free="x"), "device_free is str 'x', expected an int"),
+        (_alloc(time_us="1"), "time_us is str '1', expected a number"),
+        (_alloc(compile_context=1), "compile_context is int 1, expected a str"),
+        (_alloc(user_metadata=1), "user_metadata is int 1, expected a str"),
+        (_alloc(frames=3), "frames is int 3, expected a list of frames"),
+        (_alloc(frames=[3]), "frames[0] is int 3, expected a dict {filename, line, name}"),
+        (_alloc(frames=[{"filename": 3}]), "frames[0].filename is int 3, expected a str"),
+        (_alloc(frames=[FRAME, {"name": 3}]), "frames[1].name is int 3, expected a str"),
+        # every field that is right is let through on the way to the one that is wrong
+        (
+            _alloc(stream=7, device_free=0, time_us=1, frames=[FRAME], compile_context="fwd")
+            | {"user_metadata": None},
+            "user_metadata is None, expected a str",
+        ),
+        (_alloc(time_us=1.5, user_metadata=2), "user_metadata is int 2, expected a str"),
+    ],
+)
+def test_an_event_that_is_not_what_a_snapshot_holds_is_named_in_these_words(
+    tmp_path, event, message
+):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[_alloc(), event]]}))
+    expected = f"{path}: not a memory snapshot: device_traces[0][1].{message}"
+    for read in (memory.load, memory.summary):
+        with pytest.raises(ValueError) as info:
+            read(path)
+        assert str(info.value) == expected, read
+
+
+def test_check_snapshot_names_a_snapshot_that_is_not_a_dict():
+    with pytest.raises(ValueError) as info:
+        check_snapshot([3])
+    assert str(info.value) == "the snapshot is list [3], expected a dict"
+
+
+def test_a_peak_of_one_byte_is_a_peak():
+    one = {
+        "segments": [{"total_size": 8, "blocks": [{"size": 1, "state": "active_allocated"}]}],
+        "device_traces": [[{"action": "alloc", "addr": 0, "size": 1}]],
+    }
+    assert overview(one).peak == (1, 1)
+    assert memory.summary(one).splitlines()[1].startswith("peak live 1 B after event 1;")
+
+
+def test_timeline_of_a_scan_bands_6_sites_by_default():
+    trace = [
+        {"action": "alloc", "addr": i, "size": 8 + i, "frames": [{"filename": f"f{i}.py"}]}
+        for i in range(8)
+    ]
+    snapshot = {"segments": [], "device_traces": [[], trace]}
+    line = timeline_of(snapshot, 1, scan_device(snapshot, 1, short=True, series=True))
+    assert line == timeline(snapshot)
+    assert list(line.by_site) == [f"f{i}.py:? in ?" for i in range(7, 1, -1)]  # by peak
+
+
+def _segment(**fields) -> dict:
+    return {"total_size": 8, "blocks": [], **fields}
+
+
+def _block(**fields) -> dict:
+    return {"size": 8, "state": "active_allocated", **fields}
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "message"),
+    [
+        ({}, "segments is missing, expected a list of segments"),
+        ({"segments": 1}, "segments is int 1, expected a list of segments"),
+        ({"segments": [_segment(address="x")]}, "segments[0].address is str 'x', expected an int"),
+        ({"segments": [_segment(stream=1.5)]}, "segments[0].stream is float 1.5, expected an int"),
+        (
+            {"segments": [_segment(frames=3)]},
+            "segments[0].frames is int 3, expected a list of frames",
+        ),
+        ({"segments": [_segment(blocks=[1])]}, "segments[0].blocks[0] is int 1, expected a dict"),
+        (
+            {"segments": [_segment(blocks=[{"state": "inactive"}])]},
+            "segments[0].blocks[0].size is missing, expected an int",
+        ),
+        (
+            {"segments": [_segment(blocks=[_block(size="8")])]},
+            "segments[0].blocks[0].size is str '8', expected an int",
+        ),
+        (
+            {"segments": [_segment(blocks=[_block(state=1)])]},
+            "segments[0].blocks[0].state is int 1, expected a str",
+        ),
+        (
+            {"segments": [_segment(blocks=[_block(), _block(frames=[3])])]},
+            "segments[0].blocks[1].frames[0] is int 3, expected a dict {filename, line, name}",
+        ),
+        (
+            {"segments": [], "device_traces": "abc"},
+            "device_traces is str 'abc', expected a list of lists of events",
+        ),
+        (
+            {"segments": [], "device_traces": [[], "abc"]},
+            "device_traces[1] is str 'abc', expected a list of events",
+        ),
+    ],
+)
+def test_check_snapshot_names_the_first_wrong_field_in_these_words(snapshot, message):
+    with pytest.raises(ValueError) as info:
+        check_snapshot(snapshot)
+    assert str(info.value) == message
