@@ -7,11 +7,20 @@ refused pickle and of a thinned picture's axis.
 from __future__ import annotations
 
 import pickle
+import sys
 
 import pytest
 
-from allocator import memory
-from allocator._timeline import check_snapshot, overview, scan_device, timeline, timeline_of
+from allocator import _timeline, memory
+from allocator._timeline import (
+    ACTIONS,
+    check_snapshot,
+    overview,
+    scan_device,
+    sites,
+    timeline,
+    timeline_of,
+)
 
 from .test_memory_cli import describe
 
@@ -191,6 +200,11 @@ FRAME = {"filename": "a.py", "line": 1, "name": "f"}
             "action is str 'bogus', expected one of alloc, free_requested, free_completed,"
             " segment_alloc, segment_free, segment_map, segment_unmap, snapshot, oom",
         ),
+        (
+            _alloc(action=["alloc"]),  # unhashable: never looked up in a set
+            "action is list ['alloc'], expected one of alloc, free_requested, free_completed,"
+            " segment_alloc, segment_free, segment_map, segment_unmap, snapshot, oom",
+        ),
         ({"action": "alloc", "addr": 0}, "size is missing, expected an int"),
         ({"action": "alloc", "size": 0}, "addr is missing, expected an int"),
         (_alloc(addr="x"), "addr is str 'x', expected an int"),
@@ -300,3 +314,63 @@ def test_check_snapshot_names_the_first_wrong_field_in_these_words(snapshot, mes
     with pytest.raises(ValueError) as info:
         check_snapshot(snapshot)
     assert str(info.value) == message
+
+
+# --- the fast check: a well-formed event is read once, never sent to the slow check -----------
+
+
+def _well_formed_events() -> list[dict]:
+    """Every action, and every optional field present and absent, all of the right type."""
+    events = [_alloc(action=action) for action in ACTIONS if action != "oom"]
+    events += [
+        {"action": "oom", "size": 8, "device_free": 0},  # an OOM has no address
+        {"action": "oom", "size": 8},
+        _alloc(stream=7, time_us=5),
+        _alloc(stream=1 << 40, device_free=3, time_us=5.5),
+        _alloc(compile_context="fwd", user_metadata="step 1", frames=[FRAME]),
+        _alloc(frames=[]),
+    ]
+    return events
+
+
+def test_well_formed_events_are_checked_by_the_fast_check_alone(tmp_path, monkeypatch):
+    def slow(event, where):
+        raise AssertionError(f"{where} went to the slow check: {event}")
+
+    snapshot = {"segments": [], "device_traces": [_well_formed_events()]}
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    monkeypatch.setattr(_timeline, "_check_event", slow)
+    assert check_snapshot(snapshot) is snapshot
+    assert memory.summary(path) == memory.summary(snapshot)  # streamed: checked one by one
+    monkeypatch.undo()
+    bad = {"segments": [], "device_traces": [[{**_alloc(), "size": "8"}]]}
+    with pytest.raises(ValueError, match=r"size is str '8'"):  # the slow check names it
+        check_snapshot(bad)
+
+
+def test_overview_and_sites_keep_no_level_per_event(monkeypatch):
+    # one pass, without the series a picture needs: the allocated blocks stay flat while
+    # 40,000 events go by (a level kept per event is a new int, and more, each)
+    trace = []
+    for i in range(20_000):
+        trace.append({"action": "alloc", "addr": i, "size": 1000 + i})
+        trace.append({"action": "free_requested", "addr": i, "size": 1000 + i})
+    snapshot = {"segments": [], "device_traces": [trace]}
+    blocks: list[int] = []
+    add = _timeline.TraceScan.add
+
+    def sampled(scan, event):
+        if scan.events % 1000 == 0:
+            blocks.append(sys.getallocatedblocks())
+        add(scan, event)
+
+    monkeypatch.setattr(_timeline.TraceScan, "add", sampled)
+    for read in (overview, sites):
+        blocks.clear()
+        read(snapshot)
+        assert len(blocks) == 40
+        assert max(blocks[5:]) - min(blocks[5:]) < 4_000, (read, blocks)
+    blocks.clear()
+    timeline(snapshot)  # the series: what the others do not hold
+    assert blocks[-1] - blocks[5] > 12_000
