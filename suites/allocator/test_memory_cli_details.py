@@ -374,3 +374,42 @@ def test_overview_and_sites_keep_no_level_per_event(monkeypatch):
     blocks.clear()
     timeline(snapshot)  # the series: what the others do not hold
     assert blocks[-1] - blocks[5] > 12_000
+
+
+def test_a_wrong_frame_after_a_right_one_is_named():
+    trace = [_alloc(frames=[FRAME]), _alloc(frames=[{**FRAME, "line": "7"}])]
+    with pytest.raises(ValueError) as info:
+        check_snapshot({"segments": [], "device_traces": [trace]})
+    assert str(info.value) == "device_traces[0][1].frames[0].line is str '7', expected an int"
+
+
+def test_a_streamed_frame_list_checked_and_freed_never_vouches_for_a_later_one(tmp_path):
+    # the frames of a free's request are no site's: the streaming reader drops them once
+    # checked, and later frames reuse their ids; the cache of frame lists checked must hold
+    # them, or a later wrong frame at a reused id would pass unchecked
+    trace = []
+    for i in range(3000):
+        frames = [{"filename": "/src/m.py", "line": "7" if i >= 1500 else i, "name": "f"}]
+        trace.append({"action": "alloc", "addr": i * 64, "size": 64})
+        trace.append({"action": "free_requested", "addr": i * 64, "size": 64, "frames": frames})
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
+    with pytest.raises(ValueError) as info:
+        memory.summary(path)
+    assert str(info.value) == (
+        f"{path}: not a memory snapshot: device_traces[0][3001].frames[0].line is str '7',"
+        " expected an int"
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [
+        ("x" * 38, "'" + "x" * 38 + "'"),  # a repr of 40 characters: whole
+        ("x" * 39, "'" + "x" * 36 + "..."),  # 41: its first 37 and "..."
+    ],
+)
+def test_a_long_value_is_shown_cut_to_40_characters(size, shown):
+    with pytest.raises(ValueError) as info:
+        check_snapshot({"segments": [_segment(blocks=[_block(size=size)])]})
+    assert str(info.value) == f"segments[0].blocks[0].size is str {shown}, expected an int"
