@@ -6,6 +6,7 @@ refused pickle and of a thinned picture's axis.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 
@@ -413,3 +414,22 @@ def test_a_long_value_is_shown_cut_to_40_characters(size, shown):
     with pytest.raises(ValueError) as info:
         check_snapshot({"segments": [_segment(blocks=[_block(size=size)])]})
     assert str(info.value) == f"segments[0].blocks[0].size is str {shown}, expected an int"
+
+
+def test_each_file_name_is_made_relative_once_per_scan(monkeypatch):
+    # a relative path costs a getcwd: 300 frame lists of their own in 3 files cost 3
+    trace = [
+        _alloc(addr=i, frames=[{"filename": f"/src/m{i % 3}.py", "line": i, "name": "f"}])
+        for i in range(300)
+    ]
+    snapshot = {"segments": [], "device_traces": [trace]}
+    made: list[str] = []
+    relpath = os.path.relpath
+
+    def counted(path, *args):
+        made.append(path)
+        return relpath(path, *args)
+
+    monkeypatch.setattr(os.path, "relpath", counted)
+    assert len(sites(snapshot)) == 300
+    assert sorted(made) == ["/src/m0.py", "/src/m1.py", "/src/m2.py"]
