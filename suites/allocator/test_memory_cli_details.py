@@ -254,6 +254,20 @@ def test_a_peak_of_one_byte_is_a_peak():
     assert memory.summary(one).splitlines()[1].startswith("peak live 1 B after event 1;")
 
 
+def test_the_peak_is_the_first_point_that_reaches_it():
+    trace = [
+        {"action": "alloc", "addr": 0, "size": 8},
+        {"action": "free_requested", "addr": 0, "size": 8},
+        {"action": "alloc", "addr": 0, "size": 8},  # the same level again: not the peak's point
+    ]
+    snapshot = {
+        "segments": [{"total_size": 8, "blocks": [{"size": 8, "state": "active_allocated"}]}],
+        "device_traces": [trace],
+    }
+    assert overview(snapshot).peak == (8, 1) == timeline(snapshot).peak
+    assert memory.summary(snapshot).splitlines()[1].startswith("peak live 8 B after event 1;")
+
+
 def test_timeline_of_a_scan_bands_6_sites_by_default():
     trace = [
         {"action": "alloc", "addr": i, "size": 8 + i, "frames": [{"filename": f"f{i}.py"}]}
@@ -300,6 +314,15 @@ def _block(**fields) -> dict:
         (
             {"segments": [_segment(blocks=[_block(), _block(frames=[3])])]},
             "segments[0].blocks[1].frames[0] is int 3, expected a dict {filename, line, name}",
+        ),
+        ({"segments": [], "devmem": []}, "devmem is list [], expected a dict"),
+        (
+            {"segments": [], "devmem": {"annotations": 3}},
+            "devmem.annotations is int 3, expected a list",
+        ),
+        (
+            {"segments": [], "devmem": {"annotations": [{}, 1]}},
+            "devmem.annotations[1] is int 1, expected a dict",
         ),
         (
             {"segments": [], "device_traces": "abc"},
