@@ -1,7 +1,11 @@
 """``python -m allocator.memory``: details the broader tests in ``test_memory_cli`` leave open.
 
 The snapshots PyTorch took drawn as marks, ``plot --top 0``, the exact words of the help, of a
-refused pickle and of a thinned picture's axis.
+refused pickle, of a thinned picture's axis and of every structural check of a snapshot; a
+file's summary at its edges (no event, a full ring counted on device 0); the peak's point; and
+what the readers promise about their cost: a well-formed event never takes the slow check, a
+frame list checked and freed while streaming never vouches for a later one, ``overview`` and
+``sites`` keep no level per event, and a file name is made relative once per scan.
 """
 
 from __future__ import annotations
