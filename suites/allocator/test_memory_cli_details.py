@@ -135,6 +135,13 @@ def test_thinned_keeps_every_point_up_to_exactly_as_many_as_asked():
     assert len(memory.thinned([*live, 8], [*live, 8], 8)) < 9  # one more: thinned
 
 
+def test_thinned_to_9_points_keeps_the_extremes_of_two_stretches():
+    # (9 - 1) // 4 = 2 stretches of 4 points at most, and the last point: 9 at most
+    live = [5, 0, 5, 5, 9, 5, 5, 1, 5, 5]  # the second half's lowest, 1 at 7, is no extreme
+    reserved = [3, 3, 3, 3, 3, 3, 3, 3, 3, 8]  # of the whole
+    assert memory.thinned(live, reserved, 9) == [0, 1, 4, 5, 7, 9]
+
+
 def _ring(device0: int, device1: int, notes: int, max_entries: int) -> dict:
     """A snapshot whose ring held ``device0`` events of device 0 and ``notes`` annotations."""
 
