@@ -374,11 +374,11 @@ MAX_POINTS = 20_000
 
 def thinned(live: list[int], reserved: list[int], points: int = MAX_POINTS) -> list[int]:
     """The indices of the points of a timeline to draw: all of them if there are at most
-    ``points``; else, for each stretch of consecutive points (``points // 4`` stretches of equal
-    length), its first point and those of its lowest and highest live level and of its highest
-    reserved level, in order, and the last point. So the picture keeps every stretch's extremes:
-    the peak, the lowest level and the end are drawn exactly (a 1,000,000-event trace is more
-    points than a picture has pixels; matplotlib would hold every one).
+    ``points``; else, for each stretch of consecutive points (``(points - 1) // 4`` stretches of
+    equal length), its first point and those of its lowest and highest live level and of its
+    highest reserved level, in order, and the last point. So the picture keeps every stretch's
+    extremes: the peak, the lowest level and the end are drawn exactly (a 1,000,000-event trace
+    is more points than a picture has pixels; matplotlib would hold every one).
 
     Args:
         live, reserved: the levels in bytes at each point (as long as each other).
