@@ -41,3 +41,24 @@ def drawn(monkeypatch):
 
     monkeypatch.setattr(memory, "_figure", lambda: Kept)
     return figures
+
+
+@pytest.fixture
+def blocks_per_1000_events(monkeypatch) -> list[int]:
+    """``sys.getallocatedblocks()`` sampled at every 1,000th event a
+    :class:`allocator._timeline.TraceScan` adds, appended to the list returned (clear it
+    between reads): flat where a one-pass reader holds nothing per event."""
+    import sys
+
+    from allocator import _timeline
+
+    blocks: list[int] = []
+    add = _timeline.TraceScan.add
+
+    def sampled(scan, event):
+        if scan.events % 1000 == 0:
+            blocks.append(sys.getallocatedblocks())
+        add(scan, event)
+
+    monkeypatch.setattr(_timeline.TraceScan, "add", sampled)
+    return blocks

@@ -12,6 +12,7 @@ import gc
 import inspect
 import pickle
 import re
+import threading
 import weakref
 
 import hypothesis.strategies as st
@@ -1286,42 +1287,63 @@ def test_the_events_a_snapshot_adds_are_stamped_at_the_snapshot_on_the_blocks_st
     alloc.empty_cache()
 
 
+class _Hold:
+    """One point where another thread waits while this one acts (the races below): the code
+    under test calls :meth:`here` in the other thread; :meth:`race` runs it."""
+
+    def __init__(self) -> None:
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def here(self) -> None:
+        """Called by the other thread at the held point: wait there until released."""
+        self.inside.set()
+        self.go.wait(10)
+
+    def race(self, work, meanwhile) -> None:
+        """Run ``work()`` in another thread; once it is held, run ``meanwhile()`` here; then let
+        it go and join it. Fails if ``work`` raised (or never reached the held point)."""
+        errors = []
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            assert self.inside.wait(10)
+            meanwhile()
+        finally:
+            self.go.set()
+            thread.join(10)
+        assert errors == []
+
+
+def _restart(alloc) -> None:
+    alloc.record_history(False)
+    alloc.record_history(True)
+
+
 @pytest.mark.backends("sim")
-def test_a_device_free_in_flight_survives_another_thread_restarting_the_history(make_alloc):
+def test_a_device_free_in_flight_survives_another_thread_restarting_the_history(
+    make_alloc, monkeypatch
+):
     # empty_cache frees to the device with no allocator lock held; meanwhile another thread
     # stops and starts the history (which begins with a fresh address map): the free in flight
     # still completes and records its segment_free
-    import threading
-
     alloc = make_alloc()
     alloc.record_history(True)
     alloc.release(alloc.full(4, 1.0))  # cached
-    inside, go, errors = threading.Event(), threading.Event(), []
-    device_free = alloc.device.free
+    hold, device_free = _Hold(), alloc.device.free
 
     def free(block):
-        inside.set()
-        go.wait(10)
+        hold.here()
         device_free(block)
 
-    def flush():
-        try:
-            alloc.empty_cache()
-        except BaseException as exc:
-            errors.append(exc)
-
-    alloc.device.free = free
-    flusher = threading.Thread(target=flush)
-    flusher.start()
-    try:
-        assert inside.wait(10)
-        alloc.record_history(False)
-        alloc.record_history(True)
-    finally:
-        go.set()
-        flusher.join(10)
-        del alloc.device.free
-    assert errors == []
+    monkeypatch.setattr(alloc.device, "free", free)
+    hold.race(alloc.empty_cache, lambda: _restart(alloc))
     assert alloc.stats().cache_bytes == 0 and alloc.snapshot()["segments"] == []
     assert actions(alloc) == ["segment_free"]
     alloc.record_history(False)
@@ -1331,77 +1353,48 @@ def test_a_device_free_in_flight_survives_another_thread_restarting_the_history(
 def test_a_snapshot_taken_while_another_thread_stops_the_history_is_whole(make_alloc, monkeypatch):
     # stop() ends recording, then walks what the allocator holds to keep the state the trace
     # ends in; a snapshot taken in between has no such state yet and reconciles nothing
-    import threading
-
     alloc = make_alloc()
     alloc.record_history(True)
     buf = alloc.full(4, 1.0)
     alloc.release(alloc.full(8, 1.0))  # cached
-    inside, go, errors = threading.Event(), threading.Event(), []
-    blocks = type(alloc._cache).blocks
-    stopper_ident = []
+    hold, blocks, snapshots = _Hold(), type(alloc._cache).blocks, []
+    stopper = []
 
     def paused_blocks(cache):
-        if threading.get_ident() in stopper_ident:
-            inside.set()
-            go.wait(10)
+        if threading.get_ident() in stopper:
+            hold.here()
         return blocks(cache)
 
     def stop():
-        stopper_ident.append(threading.get_ident())
-        try:
-            alloc.record_history(False)
-        except BaseException as exc:
-            errors.append(exc)
+        stopper.append(threading.get_ident())
+        alloc.record_history(False)
 
     monkeypatch.setattr(type(alloc._cache), "blocks", paused_blocks)
-    stopper = threading.Thread(target=stop)
-    stopper.start()
-    try:
-        assert inside.wait(10)
-        snapshot = alloc.snapshot()
-    finally:
-        go.set()
-        stopper.join(10)
-    assert errors == [] and not alloc._history.recording
+    hold.race(stop, lambda: snapshots.append(alloc.snapshot()))
+    (snapshot,) = snapshots
+    assert not alloc._history.recording
     assert snapshot["devmem"]["recording"] is False and snapshot["devmem"]["reconciled"] == 0
     _snapshot_checks.check_consistent(snapshot)
     alloc.release(buf)
 
 
 @pytest.mark.backends("sim", "cpu")
-def test_an_allocation_in_flight_across_a_stop_lets_the_history_start_again(make_alloc):
+def test_an_allocation_in_flight_across_a_stop_lets_the_history_start_again(
+    make_alloc, monkeypatch
+):
     # another thread's allocation passes the history layer while recording stops: the frames it
     # leaves behind belong to no storage known at the stop, and the next start drops them
-    import threading
-
     alloc = make_alloc()
     alloc.record_history(True)
-    inside, go, out, errors = threading.Event(), threading.Event(), [], []
-    malloc = alloc.device.malloc
+    hold, malloc, out = _Hold(), alloc.device.malloc, []
 
     def paused_malloc(nbytes):
-        inside.set()
-        go.wait(10)
+        hold.here()
         return malloc(nbytes)
 
-    def allocate():
-        try:
-            out.append(alloc.full(4, 1.0))
-        except BaseException as exc:
-            errors.append(exc)
-
-    alloc.device.malloc = paused_malloc
-    allocating = threading.Thread(target=allocate)
-    allocating.start()
-    try:
-        assert inside.wait(10)
-        alloc.record_history(False)
-    finally:
-        go.set()
-        allocating.join(10)
-        del alloc.device.malloc
-    assert errors == []
+    monkeypatch.setattr(alloc.device, "malloc", paused_malloc)
+    hold.race(lambda: out.append(alloc.full(4, 1.0)), lambda: alloc.record_history(False))
+    monkeypatch.undo()
     alloc.record_history(True)
     (live,) = alloc.live_blocks()
     assert live.frames == ()  # its frames were recorded after the stop, for no known storage

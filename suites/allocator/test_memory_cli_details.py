@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 
 import pytest
 
@@ -384,7 +383,7 @@ def test_well_formed_events_are_checked_by_the_fast_check_alone(tmp_path, monkey
         check_snapshot(bad)
 
 
-def test_overview_and_sites_keep_no_level_per_event(monkeypatch):
+def test_overview_and_sites_keep_no_level_per_event(blocks_per_1000_events):
     # one pass, without the series a picture needs: the allocated blocks stay flat while
     # 40,000 events go by (a level kept per event is a new int, and more, each)
     trace = []
@@ -392,15 +391,7 @@ def test_overview_and_sites_keep_no_level_per_event(monkeypatch):
         trace.append({"action": "alloc", "addr": i, "size": 1000 + i})
         trace.append({"action": "free_requested", "addr": i, "size": 1000 + i})
     snapshot = {"segments": [], "device_traces": [trace]}
-    blocks: list[int] = []
-    add = _timeline.TraceScan.add
-
-    def sampled(scan, event):
-        if scan.events % 1000 == 0:
-            blocks.append(sys.getallocatedblocks())
-        add(scan, event)
-
-    monkeypatch.setattr(_timeline.TraceScan, "add", sampled)
+    blocks = blocks_per_1000_events
     for read in (overview, sites):
         blocks.clear()
         read(snapshot)

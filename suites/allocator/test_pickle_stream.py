@@ -385,21 +385,13 @@ def _round_trips(path, events: int) -> int:
     return path.stat().st_size
 
 
-def test_summary_of_a_file_holds_no_event(tmp_path, monkeypatch):
+def test_summary_of_a_file_holds_no_event(tmp_path, blocks_per_1000_events):
     # the events are counted and dropped: the memory blocks allocated stay flat while 60,000
     # events go by (each event kept would hold three blocks or more: its dict, its frames list,
     # its numbers), where reading the snapshot whole holds them all
     path = tmp_path / "trips.pickle"
     _round_trips(path, 30_000)
-    blocks: list[int] = []
-    add = _timeline.TraceScan.add
-
-    def sampled(scan, event):
-        if scan.events % 1000 == 0:
-            blocks.append(sys.getallocatedblocks())
-        add(scan, event)
-
-    monkeypatch.setattr(_timeline.TraceScan, "add", sampled)
+    blocks = blocks_per_1000_events
     memory.summary(path)
     streamed = blocks[5:]
     assert len(blocks) == 60
