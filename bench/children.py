@@ -94,6 +94,8 @@ def server_cpu_s(pid: int) -> tuple[float, float]:
 
 
 def _cpu_per_child_ms(before: tuple, after: tuple, children: int) -> dict[str, float]:
+    """Milliseconds of CPU per child, the server's own and its children's, from two
+    :func:`server_cpu_s` readings around ``children`` children."""
     return {
         "server": (after[0] - before[0]) / children * 1000,
         "child": (after[1] - before[1]) / children * 1000,
@@ -179,6 +181,7 @@ def time_floor_server(repeat: int) -> tuple[list[float], list[float]]:
         [sys.executable, "-c", FLOOR_SERVER, str(theirs.fileno())], pass_fds=[theirs.fileno()]
     )
     theirs.close()
+    ours.settimeout(60)  # a server that died fails the benchmark instead of hanging it
 
     def one() -> float:
         start = time.perf_counter()

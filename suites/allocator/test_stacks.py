@@ -115,14 +115,10 @@ def test_the_c_capture_is_built_where_ci_requires_it():
         pytest.skip("DEVMEM_REQUIRE_C_STACKS is not set (ci/check.sh sets it)")
     if sys.implementation.name != "cpython" or sys.version_info < (3, 11):
         pytest.skip(f"allocator/_cstacks.c needs CPython 3.11 or newer, not {sys.version}")
-    assert _stacks.CAPTURE_IN_C
-    assert capture is _cstacks_capture() and capture is not _stacks.capture_python
-
-
-def _cstacks_capture():
     from allocator import _cstacks
 
-    return _cstacks.capture
+    assert _stacks.CAPTURE_IN_C
+    assert capture is _cstacks.capture and capture is not _stacks.capture_python
 
 
 def _theirs(stack: tuple) -> tuple:
