@@ -78,6 +78,7 @@ __all__ = [
     "Recorder",
     "awaiting_free",
     "block_stream",
+    "expanded",
     "held",
     "storages",
 ]
@@ -92,6 +93,12 @@ look)."""
 DEFAULT_MAX_ENTRIES = 100_000
 
 _NO_FRAMES: tuple = ()
+
+FREED = "free_requested+free_completed"
+"""The action of a ring entry that stands for a ``free_requested``, its ``release``
+annotation when its ``extra`` is the release's :class:`FreeCause`, and a ``free_completed`` at
+the same time (a block no other stream used): one entry where there would be three, which is
+most of what recording costs per free. :meth:`Recorder.entries` expands it."""
 
 
 def block_stream(block: Block) -> int:
@@ -147,9 +154,11 @@ class Recorder:
         device: the backend.
         recording: whether the history layers are in the stack.
         stacks: whether events carry the Python stack.
-        ring: the events, oldest first, at most ``ring.maxlen``: tuples ``(action, address,
-            size, stream, time_us, frames, extra)``; ``extra`` is ``None``, a dict of an
-            annotation's or an ``oom``'s own fields, or a release's :class:`FreeCause`.
+        ring: the events, oldest first, at most ``ring.maxlen`` entries: tuples ``(action,
+            address, size, stream, time_us, frames, extra)``; ``extra`` is ``None``, a dict of
+            an annotation's or an ``oom``'s own fields, or a release's :class:`FreeCause`. A
+            :data:`FREED` entry stands for up to three of them; read it through
+            :meth:`entries`, which expands it and keeps the newest ``ring.maxlen``.
         alloc_frames: the frames each live block recorded while on was allocated with. They
             belong to the storage that allocation made, not to the block (a cached block is
             handed to another storage later): exact while recording (a free takes them off);
@@ -315,8 +324,7 @@ class Recorder:
         address = self.addresses.get(block)
         if address is None:
             address = self._address(block)
-        stream = block.stream
-        stream = 0 if stream is None else stream.id
+        stream = block.stream_id  # block_stream(block), without the call
         lock = self._lock
         lock.acquire()
         try:
@@ -350,22 +358,23 @@ class Recorder:
         address = self.addresses.get(block)
         if address is None:
             address = self._address(block)
-        size, stream = block.nbytes, block.stream
-        stream = 0 if stream is None else stream.id
+        size, stream = block.nbytes, block.stream_id
         lock = self._lock
         lock.acquire()
         try:
             now = self.device.clock_us()
-            append = self.ring.append
-            append(("free_requested", address, size, stream, now, frames, None))
-            if kind == "release":
-                append(("release", address, size, stream, now, frames, cause))
             frames_of = self.alloc_frames
             alloc_frames = frames_of.pop(block, _NO_FRAMES) if frames_of else _NO_FRAMES
+            release = cause if kind == "release" else None
             if block.stream_uses:
+                append = self.ring.append
+                append(("free_requested", address, size, stream, now, frames, None))
+                if release is not None:
+                    append(("release", address, size, stream, now, frames, release))
                 self.pending[block] = (address, size, stream, frames, alloc_frames)
                 return False
-            append(("free_completed", address, size, stream, now, frames, None))
+            # the request, its release annotation and its completion, as one entry
+            self.ring.append((FREED, address, size, stream, now, frames, release))
             return True
         finally:
             lock.release()
@@ -464,11 +473,31 @@ class Recorder:
             self.ring.append(("oom", None, nbytes, 0, now, frames, {"device_free": device_free}))
 
     def entries(self) -> list[tuple]:
-        """The ring's events, oldest first (after the frees found completed by now)."""
+        """The ring's events and annotations, oldest first (after the frees found completed by
+        now), as :func:`expanded` gives them."""
         with self._lock:
             if self.recording:
                 self._complete_ready(self.device.clock_us())
-            return list(self.ring)
+            return expanded(self.ring)
+
+
+def expanded(ring: collections.deque) -> list[tuple]:
+    """The events and annotations of ``ring`` (a :attr:`Recorder.ring`), oldest first: each
+    :data:`FREED` entry expanded into the ``free_requested``, ``release`` (if it has a cause)
+    and ``free_completed`` it stands for, then the newest ``ring.maxlen`` kept, so that
+    ``max_entries`` counts events and annotations however the ring stores them."""
+    out: list[tuple] = []
+    append = out.append
+    for entry in ring:
+        if entry[0] is not FREED:
+            append(entry)
+            continue
+        _, address, size, stream, now, frames, release = entry
+        append(("free_requested", address, size, stream, now, frames, None))
+        if release is not None:
+            append(("release", address, size, stream, now, frames, release))
+        append(("free_completed", address, size, stream, now, frames, None))
+    return out[-ring.maxlen :]
 
 
 def _unhook(

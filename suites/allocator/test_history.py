@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 
 import allocator as dm
 from allocator import LiveBlock, StackFrame
-from allocator._history import ACTIONS, DeviceHistoryLayer, HistoryLayer
+from allocator._history import ACTIONS, FREED, DeviceHistoryLayer, HistoryLayer, expanded
 from allocator._stacks import FINALIZED
 
 from . import _history_probes, _snapshot_checks, _stress
@@ -325,6 +325,44 @@ def test_a_flush_completes_a_pending_free_after_the_wait(make_alloc):
 # -- the ring ---------------------------------------------------------------------------------
 
 
+@pytest.mark.backends("sim")
+def test_a_free_completed_at_once_is_one_ring_entry_and_all_its_events_in_entries(make_alloc):
+    # what recording costs per free (issue 22, item 6): a free no other stream used is one
+    # entry of the ring for its free_requested, its release annotation and its free_completed
+    alloc = make_alloc()
+    alloc.release(alloc.full(4, 1.0))  # cached: the round trips below reuse it
+    with alloc.history():
+        alloc.empty(4).storage.resize_(0, "release_param")
+        buf = alloc.empty(4)
+        del buf  # finalized: no release annotation
+        alloc.release(alloc.empty(4))  # this call drains the queue first
+        recorder = alloc._history
+        assert [entry[0] for entry in recorder.ring] == ["alloc", FREED] * 3
+        release, finalized, plain = (entry for entry in recorder.ring if entry[0] is FREED)
+        assert release[6].reason == "release_param" and finalized[6] is None
+        assert plain[6].reason == "release()"
+        assert [(entry[0], entry[6]) for entry in recorder.entries()] == [
+            ("alloc", None),
+            ("free_requested", None),
+            ("release", release[6]),
+            ("free_completed", None),
+            ("alloc", None),
+            ("free_requested", None),
+            ("free_completed", None),
+            ("alloc", None),
+            ("free_requested", None),
+            ("release", plain[6]),
+            ("free_completed", None),
+        ]
+        # every expanded entry has its FREED entry's fields
+        assert {entry[1:6] for entry in recorder.entries()[1:4]} == {release[1:6]}
+        alloc.record_history(True, max_entries=2)  # the ring keeps its newest 2 entries...
+        assert [entry[0] for entry in recorder.ring] == ["alloc", FREED]
+        # ... and max_entries counts events and annotations: the newest 2 of the 4 they are
+        assert [entry[0] for entry in recorder.entries()] == ["release", "free_completed"]
+    assert [(note["action"], note["reason"]) for note in notes(alloc)] == [("release", "release()")]
+
+
 def test_the_ring_keeps_the_newest_events(make_alloc):
     alloc = make_alloc()
     with alloc.history(max_entries=3):  # annotations count too: release, arena_exit ...
@@ -336,9 +374,9 @@ def test_the_ring_keeps_the_newest_events(make_alloc):
     assert actions(alloc)[-1] in ("free_completed", "segment_free")
     alloc.record_history(True, max_entries=10)
     alloc.release(alloc.full(4, 1.0))
-    before = list(alloc._history.ring)
+    before = alloc._history.entries()
     alloc.record_history(True, max_entries=2)  # while recording: keeps the newest two
-    assert list(alloc._history.ring) == before[-2:]
+    assert alloc._history.entries() == before[-2:]
     alloc.record_history(False)
     alloc.record_history(True)  # off to on: a fresh history
     assert actions(alloc) == []
@@ -653,7 +691,7 @@ def test_a_free_completes_its_own_blocks_not_others_found_ready(make_alloc, free
             alloc.arena_exit()
         else:
             alloc.release(kept)
-        events = [entry for entry in alloc._history.ring if entry[0] in ACTIONS]
+        events = [entry for entry in expanded(alloc._history.ring) if entry[0] in ACTIONS]
         tail = [(entry[0], entry[2]) for entry in events][-2:]
         assert tail == [("free_requested", 128), ("free_completed", 128)]
         assert [block.nbytes for block in alloc._history.pending] == [16]
@@ -863,7 +901,7 @@ def test_record_history_starts_by_default_and_takes_a_ring_of_one(make_alloc):
     assert alloc._history.recording and alloc._history.stacks
     alloc.record_history(True, max_entries=1)  # the smallest ring: the newest entry alone
     alloc.release(alloc.full(4, 1.0))
-    assert len(alloc._history.ring) == 1
+    assert len(alloc._history.entries()) == 1
     alloc.record_history(False)
     assert not alloc._history.recording
 
