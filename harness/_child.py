@@ -344,6 +344,19 @@ class _Status:
             self._seal_final(event, error)
         return True
 
+    def started(self) -> None:
+        """Send the ``started`` record, ``emit("started", pid=...)`` without its general steps
+        (each a few copy-on-write page faults in a forked child): it is written before the
+        target runs, by the child itself, and is not final."""
+        if self.fd is None:  # a repro run: emit prints nothing for it either
+            return
+        data = b'{"event": "started", "pid": %d}\n' % self.pid
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError:  # as emit: the parent then finds no "started", a harness error
+            pass
+
     def _seal_final(self, event: str, error: str | None) -> None:
         if self.seal is None:
             return
@@ -379,6 +392,7 @@ def run_child(
     target: object = None,
     seal: object = None,
     status_identity: tuple[int, int] | None = None,
+    set_up_by_parent: bool = False,
 ):
     """Run one death-test child in this (freshly forked or exec'd) process. Never returns.
 
@@ -402,6 +416,9 @@ def run_child(
         inherited through fork); None for a repro run.
       status_identity: ``(st_dev, st_ino)`` of ``status_fd``, taken by the process that forks
         (the child then need not: see below), or None.
+      set_up_by_parent: the process that forked this one ran :func:`set_up_ahead` and applied
+        the request's environment, ``sys.path``, working directory and import caches itself
+        (the zygote does, before each fork): this child inherited them, and skips those steps.
 
     A forked child shares every page with its parent until it writes one (a copy-on-write
     fault, tens of microseconds on a virtual machine), so the harness's own steps here touch
@@ -414,11 +431,14 @@ def run_child(
     status = _Status(status_fd, seal, echo=stderr_fd is None, identity=status_identity)
     try:
         _isolate(parent_pid, new_group)
+        if not set_up_by_parent:
+            _reset_signals_and_limits()
         _redirect(stdout_fd, stderr_fd)
         status.echo = True
-        _arm_faulthandler()
-        _apply_request(request)
-        status.emit("started", pid=os.getpid())
+        if not set_up_by_parent:
+            _arm_faulthandler()
+            _apply_request(request)
+        status.started()
     except BaseException as exc:
         status.harness_error(f"could not set up the child: {type(exc).__name__}: {exc}", exc)
         _leave(EXIT_HARNESS_ERROR)
@@ -520,11 +540,33 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(EXIT_HARNESS_ERROR)
 
 
+def set_up_ahead() -> bool:
+    """Put this process, which forks children (the forkserver's zygote), in the state each
+    child's own set-up would put it in: the signal dispositions and mask, no core files, and
+    ``faulthandler`` armed on descriptor 2 (whatever descriptor 2 is when it fires). Its
+    children inherit that state through fork, and skip those steps
+    (``run_child(set_up_by_parent=True)``): fewer of its pages copied in each child. Call
+    it after anything that may change that state has run (a preload's imports).
+
+    Returns:
+      Whether it succeeded (if not, the children must set themselves up).
+    """
+    try:
+        _reset_signals_and_limits()
+        _arm_faulthandler()
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return True
+
+
 def _isolate(parent_pid: int | None, new_group: bool) -> None:
     if new_group:
         os.setpgid(0, 0)
     if parent_pid is not None:
         die_with_parent(parent_pid)
+
+
+def _reset_signals_and_limits() -> None:
     if resource is not None:
         try:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

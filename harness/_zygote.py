@@ -155,6 +155,7 @@ class Zygote:
         self.root_gone = self.child.start_ticks(root_pid) != root_start
         self.goodbye = False
         self.preloaded: dict[str, str] | None = None  # module -> error, once preloaded
+        self.set_up = False  # whether the children's set-up is done here (see _preload)
         self.poller = select.poll()
         self.listener: socket.socket | None = None
         if name:
@@ -330,7 +331,7 @@ class Zygote:
                 message=f"preloading failed ({detail}); see harness.set_forkserver_preload",
             )
             return
-        request = self._apply(request)
+        request, applied = self._apply(request)
         zygote_pid = os.getpid()
         offset = request.get("seal_offset")
         table_map = client.table_map
@@ -361,6 +362,7 @@ class Zygote:
                     parent_pid=zygote_pid,
                     seal=seal,
                     status_identity=identity,
+                    set_up_by_parent=applied and self.set_up,
                 )
             finally:
                 os._exit(self.child.EXIT_HARNESS_ERROR)
@@ -390,23 +392,27 @@ class Zygote:
             # collections never touch (and copy) it. CPython's advice for a fork server.
             gc.collect()
             gc.freeze()
+            # The children's signals, core limit and faulthandler, set here once they are
+            # inherited (after the preload, whose imports could have changed them)
+            self.set_up = self.child.set_up_ahead()
         return self.preloaded
 
-    def _apply(self, request: dict) -> dict:
+    def _apply(self, request: dict) -> tuple[dict, bool]:
         """Set up here, before the fork, the environment, ``sys.path``, working directory and
         import caches that the child would set up itself (after the preload, which sees the
         zygote's own): the child inherits them, without the page copies that the work would
         cost it. Each request sets them all again, so none leaks into the next.
 
         Returns:
-          The request for the child: without those parts, or as it was if setting them up
-          failed here (the child then fails at it, and reports it as it would have).
+          The request for the child, and whether it was applied here: without those parts,
+          or as it was if setting them up failed here (the child then sets itself up, fails
+          at it, and reports it as it would have).
         """
         try:
             self.child._apply_request(request)
         except Exception:
-            return request
-        return {key: value for key, value in request.items() if key not in _APPLIED}
+            return request, False
+        return {key: value for key, value in request.items() if key not in _APPLIED}, True
 
     @staticmethod
     def _close_all_but(keep: tuple[int, ...]) -> None:

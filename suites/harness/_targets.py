@@ -139,6 +139,29 @@ def hygiene() -> dict:
     }
 
 
+def set_up_state() -> dict:
+    """How this child's process state was set up: signal dispositions and mask, core-file
+    limit, faulthandler, and whether the kernel says it catches the stack-dump signal."""
+    import faulthandler
+    import resource
+    import signal
+
+    from harness._child import DUMP_SIGNAL
+
+    with open("/proc/self/status") as status:
+        caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+    return {
+        "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+        "sigpipe": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
+        "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+        "sighup": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
+        "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "core": list(resource.getrlimit(resource.RLIMIT_CORE))[0],
+        "faulthandler": faulthandler.is_enabled(),
+        "dump_signal_caught": bool(caught >> (int(DUMP_SIGNAL) - 1) & 1),
+    }
+
+
 def env_values(*names: str) -> list:
     """The values of ``names`` in this child's environment (None when unset)."""
     return [os.environ.get(name) for name in names]

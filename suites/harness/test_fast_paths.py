@@ -3,7 +3,11 @@
 - fork style: the parent's first wait, right after the fork, does next to nothing; an
   interrupt there (KeyboardInterrupt) still kills the child and reaps it, in every style;
 - forkserver: the zygote sets up a request's environment, ``sys.path`` and working directory
-  itself before the fork; none of it carries over to the next child;
+  itself before the fork; none of it carries over to the next child; it also sets up, once,
+  the signal dispositions and mask, core-file limit and faulthandler its children would set
+  up (after its preload, whose changes to them never reach a child), and where it cannot
+  apply a request, the child sets itself up as it would have;
+- the ``started`` record is written without ``emit``'s general steps, the same bytes;
 - status records are written without the json module's encoder for plain values: what the
   parent decodes is what ``json.dumps`` would have written.
 """
@@ -19,7 +23,8 @@ import sys
 import pytest
 
 import harness
-from harness._child import encode_record
+from harness._child import _Status, encode_record
+from harness._forkserver import forkserver_preload
 from suites.harness import _procs, _targets
 
 
@@ -76,6 +81,74 @@ def test_forkserver_children_do_not_inherit_an_earlier_request(monkeypatch, tmp_
     assert second_cwd.returned == home
     assert extra in first_path.returned
     assert extra not in second_path.returned
+
+
+@pytest.fixture
+def preloading():
+    """Switch to a preload list with one more module (a fresh zygote for it), then back."""
+    before = list(forkserver_preload())
+
+    def preload(module: str) -> None:
+        harness.set_forkserver_preload([*before, module])
+
+    try:
+        yield preload
+    finally:
+        harness.set_forkserver_preload(before)
+
+
+SET_UP = {
+    "sigint": True,
+    "sigpipe": True,
+    "sigterm": True,
+    "sighup": True,
+    "blocked": [],
+    "core": 0,
+    "faulthandler": True,
+    "dump_signal_caught": True,
+}
+"""What :func:`_targets.set_up_state` reports for a child set up as documented."""
+
+
+def test_a_child_is_set_up_as_documented_whatever_the_zygote_s_preload_did(preloading):
+    preloading("suites.harness._meddling_import")
+
+    first = harness.run_child(_targets.set_up_state, style="forkserver").assert_clean()
+    second = harness.run_child(_targets.set_up_state, style="forkserver").assert_clean()
+
+    assert first.returned == SET_UP
+    assert second.returned == SET_UP
+    hung = harness.run_child(_targets.hang_forever, style="forkserver", timeout=0.5)
+    hung.assert_timed_out()
+    assert "in hang_forever" in hung.stderr  # the stacks it dumped at the deadline
+
+
+def test_where_the_zygote_cannot_apply_a_request_the_child_sets_itself_up(preloading):
+    preloading("suites.harness._failing_finder_import")
+
+    outcome = harness.run_child("os:getpid", style="forkserver")
+
+    assert outcome.kind == "harness_error"
+    assert outcome.error.startswith("could not set up the child: RuntimeError: ")
+    assert "this finder cannot refresh its caches" in outcome.error
+
+
+def test_the_started_record_is_what_emit_writes():
+    written = []
+    for send in (lambda status: status.emit("started", pid=status.pid), _Status.started):
+        read_fd, write_fd = os.pipe()
+        try:
+            send(_Status(write_fd, None, echo=False))
+            os.close(write_fd)
+            written.append(os.read(read_fd, 1 << 16))
+        finally:
+            os.close(read_fd)
+    assert written[0] == written[1] == b'{"event": "started", "pid": %d}\n' % os.getpid()
+
+
+def test_the_started_record_of_a_repro_run_prints_nothing(capfd):
+    _Status(None, None, echo=True).started()
+    assert capfd.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize(
