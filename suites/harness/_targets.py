@@ -156,7 +156,7 @@ def set_up_state() -> dict:
         "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
         "sighup": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
         "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-        "core": list(resource.getrlimit(resource.RLIMIT_CORE))[0],
+        "core": resource.getrlimit(resource.RLIMIT_CORE)[0],
         "faulthandler": faulthandler.is_enabled(),
         "dump_signal_caught": bool(caught >> (int(DUMP_SIGNAL) - 1) & 1),
     }

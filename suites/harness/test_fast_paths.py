@@ -103,7 +103,7 @@ SET_UP = {
     "sigterm": True,
     "sighup": True,
     "blocked": [],
-    "core": 0,
+    "core": 0,  # the soft limit
     "faulthandler": True,
     "dump_signal_caught": True,
 }
