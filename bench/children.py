@@ -44,6 +44,7 @@ Exits 1 on a missed target only under ``--check``. Not a test.
 
 from __future__ import annotations
 
+import importlib
 import os
 import resource
 import socket
@@ -74,6 +75,20 @@ def raw_fork() -> float:
     pid = os.fork()
     if pid == 0:
         os._exit(0)
+    os.waitpid(pid, 0)
+    return time.perf_counter() - start
+
+
+def raw_fork_running(function, args: tuple) -> float:
+    """Wall seconds of one raw fork whose child calls ``function(*args)`` before
+    ``os._exit(0)``: the reference that includes the target's own work in the child."""
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            function(*args)
+        finally:
+            os._exit(0)
     os.waitpid(pid, 0)
     return time.perf_counter() - start
 
@@ -115,9 +130,11 @@ def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[li
     (the reference), after one warm-up child (which may start a zygote).
 
     Returns:
-      ``(children, raw_forks, cpu)``: two lists of ``repeat`` ``(seconds, faults in this
-      process, faults in the child)`` triples; for the forkserver, the CPU milliseconds per
-      child of its zygote (``server``) and of the child (``child``), else ``None``.
+      ``(children, raw_forks, with_target, cpu)``: two lists of ``repeat`` ``(seconds, faults
+      in this process, faults in the child)`` triples; the seconds of as many raw forks whose
+      child runs the target (:func:`raw_fork_running`, each right after its child); for the
+      forkserver, the CPU milliseconds per child of its zygote (``server``) and of the child
+      (``child``), else ``None``.
 
     Raises:
       RuntimeError: a child did not end cleanly (the figures would mean nothing).
@@ -132,15 +149,18 @@ def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[li
             raise RuntimeError(f"{style} child of {target} did not end cleanly: {outcome!r}")
         return elapsed
 
+    module, _, name = target.partition(":")  # not pkgutil.resolve_name: its first call
+    function = getattr(importlib.import_module(module), name)  # would warm the NumPy target
     one()
     zygote = harness._forkserver.current() if style == "forkserver" else None
     before = None if zygote is None else server_cpu_s(zygote.pid)
-    children, raws = [], []
+    children, raws, with_target = [], [], []
     for _ in range(repeat):
         raws.append(_counted(raw_fork))
         children.append(_counted(one))
+        with_target.append(raw_fork_running(function, args))
     cpu = None if zygote is None else _cpu_per_child_ms(before, server_cpu_s(zygote.pid), repeat)
-    return children, raws, cpu
+    return children, raws, with_target, cpu
 
 
 FLOOR_SERVER = """
@@ -213,7 +233,9 @@ def time_floor_server(repeat: int) -> tuple[list[float], list[float]]:
 
 def time_pytest_forked(tests: int, repeat: int) -> dict:
     """pytest-forked's cost per test: ``tests`` trivial tests with and without ``--forked``;
-    and ``tests`` items that each run one death-test child, against the ``--forked`` run."""
+    and ``tests`` items that each run one death-test child, against the ``--forked`` run:
+    with the ``death`` fixture's default style (``auto``: fork here), and with
+    ``--death-style forkserver``."""
     with tempfile.TemporaryDirectory(prefix="bench-forked-") as directory:
         trivial = "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(tests))
         Path(directory, "trivial", "test_trivial.py").parent.mkdir()
@@ -238,16 +260,20 @@ def time_pytest_forked(tests: int, repeat: int) -> dict:
             return time.perf_counter() - start, result.returncode
 
         per_test, plain_runs, forked_runs, death_runs, pairs, codes = [], [], [], [], [], set()
+        server_runs, server_pairs = [], []
         for _ in range(repeat):
             plain, plain_code = run("trivial", [])
             forked, forked_code = run("trivial", ["--forked"])
             items, death_code = run("death", [])
-            codes |= {plain_code, forked_code, death_code}
+            server_items, server_code = run("death", ["--death-style", "forkserver"])
+            codes |= {plain_code, forked_code, death_code, server_code}
             plain_runs.append(plain)
             forked_runs.append(forked)
             death_runs.append(items)
+            server_runs.append(server_items)
             per_test.append((forked - plain) / tests)
             pairs.append(items / forked)
+            server_pairs.append(server_items / forked)
     return {
         "tests": tests,
         "runs": repeat,
@@ -255,6 +281,8 @@ def time_pytest_forked(tests: int, repeat: int) -> dict:
         "forked_s": statistics.median(forked_runs),
         "death_items_s": statistics.median(death_runs),
         "death_items_over_forked": statistics.median(pairs),
+        "forkserver_items_s": statistics.median(server_runs),
+        "forkserver_items_over_forked": statistics.median(server_pairs),
         "per_test_ms": statistics.median(per_test) * 1000,
         "all_passed": codes == {0},
     }
@@ -276,12 +304,13 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         children[style] = {}
         runs = repeat if style != "exec" else max(repeat // 4, 5)  # exec is 10-30x slower
         for name, (target, args) in (("trivial", TRIVIAL), ("numpy", NUMPY)):
-            counted, raw, cpu = time_children(style, target, args, runs)
+            counted, raw, with_target, cpu = time_children(style, target, args, runs)
             raws += raw
             times = [seconds for seconds, _, _ in counted]
             row = children[style]
             row[f"{name}_ms"] = statistics.median(times) * 1000
             row[f"{name}_over_raw"] = _common.paired_ratio(times, [r[0] for r in raw])
+            row[f"{name}_over_raw_target"] = _common.paired_ratio(times, with_target)
             row[f"{name}_faults_parent"] = statistics.median(own for _, own, _ in counted)
             row[f"{name}_faults_child"] = (  # a forkserver child is reaped by its zygote
                 None if style == "forkserver" else statistics.median(c for _, _, c in counted)
@@ -348,6 +377,12 @@ def format_table(results: dict) -> str:
             f" {row['numpy_ms']:.2f} ms ({row['numpy_over_raw']:.1f}x) |"
             f" {faults(row['trivial_faults_parent'], row['trivial_faults_child'])} |"
         )
+    for style in STYLES:
+        row = results["children"][style]
+        lines.append(
+            f"| {style}, over a raw fork whose child runs the target too |"
+            f" {row['trivial_over_raw_target']:.1f}x | {row['numpy_over_raw_target']:.1f}x | |"
+        )
     floor = results["floor_server"]
     lines.append(
         "| a bare fork server (no harness; its zygote preloads what the forkserver's does) |"
@@ -366,6 +401,11 @@ def format_table(results: dict) -> str:
         f"| {forked['tests']} death-test items vs {forked['tests']} trivial `--forked` items |"
         f" {forked['death_items_s']:.2f} s vs {forked['forked_s']:.2f} s"
         f" ({forked['death_items_over_forked']:.2f}x) | | |"
+    )
+    lines.append(
+        f"| the same {forked['tests']} items with `--death-style forkserver` |"
+        f" {forked['forkserver_items_s']:.2f} s ({forked['forkserver_items_over_forked']:.2f}x)"
+        " | | |"
     )
     lines += [
         "",
