@@ -631,6 +631,10 @@ def _text_stream(fd: int, *, write_through: bool) -> io.TextIOWrapper:
 def _arm_faulthandler() -> None:
     # descriptor 2 (sys.stderr's, made by _redirect) by number: no call on the file object
     faulthandler.enable(file=2, all_threads=True)
+    # register() installs no handler where this process inherited a registration of the
+    # signal (a nested death test's parent is a child), and the reset before has put the
+    # signal back to its default action: unregister first, so that register installs it
+    faulthandler.unregister(DUMP_SIGNAL)
     faulthandler.register(DUMP_SIGNAL, file=2, all_threads=True, chain=False)
 
 

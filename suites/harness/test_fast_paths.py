@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -23,7 +24,8 @@ import sys
 import pytest
 
 import harness
-from harness._child import _Status, encode_record
+from harness import _child
+from harness._child import DUMP_SIGNAL, _Status, encode_record
 from harness._forkserver import forkserver_preload
 from suites.harness import _procs, _targets
 
@@ -147,8 +149,53 @@ def test_the_started_record_is_what_emit_writes():
 
 
 def test_the_started_record_of_a_repro_run_prints_nothing(capfd):
-    _Status(None, None, echo=True).started()
+    status = _Status(None, None, echo=True)
+    status.started()
+    status.emit("started", pid=status.pid)  # the general path agrees
     assert capfd.readouterr() == ("", "")
+    status.emit("exit", code=3)  # where other records are printed
+    assert capfd.readouterr().err == 'devmem-death: exit {"code": 3}\n'
+
+
+def test_a_child_dumps_its_stacks_where_its_parent_registered_the_dump_signal(tmp_path):
+    # faulthandler.register skips installing its handler where this process registered the
+    # signal already: the child's reset of the signal must not leave it at its default action
+    # (a nested death test's test process is a child that registered it)
+    log = open(tmp_path / "dumps", "w")  # noqa: SIM115 - closed below
+    faulthandler.register(DUMP_SIGNAL, file=log, all_threads=True, chain=False)
+    try:
+        hung = harness.run_child(_targets.hang_forever, style="fork", timeout=0.5)
+    finally:
+        faulthandler.unregister(DUMP_SIGNAL)
+        log.close()
+    hung.assert_timed_out()
+    assert "in hang_forever" in hung.stderr  # the stacks it dumped at the deadline
+
+
+def _meddle_then_set_up_ahead() -> dict:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    faulthandler.disable()
+    ok = _child.set_up_ahead()
+    return {"ok": ok, **_targets.set_up_state()}
+
+
+def _set_up_ahead_with_a_failing_faulthandler() -> bool:
+    def fail() -> None:
+        raise RuntimeError("no faulthandler here")
+
+    _child._arm_faulthandler = fail
+    return _child.set_up_ahead()
+
+
+def test_set_up_ahead_puts_a_process_in_its_children_s_state_or_says_it_could_not():
+    # what the zygote runs after its preload (checked here in fork children, which are free
+    # to change their own state)
+    done = harness.run_child(_meddle_then_set_up_ahead, style="fork").assert_clean()
+    assert done.returned == {"ok": True, **SET_UP}
+    failed = harness.run_child(_set_up_ahead_with_a_failing_faulthandler, style="fork")
+    assert failed.assert_clean().returned is False
 
 
 @pytest.mark.parametrize(
