@@ -54,7 +54,7 @@ from __future__ import annotations
 import collections
 import gc
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from . import _locks, _stacks
@@ -475,17 +475,19 @@ class Recorder:
     def entries(self) -> list[tuple]:
         """The ring's events and annotations, oldest first (after the frees found completed by
         now), as :func:`expanded` gives them."""
-        with self._lock:
+        with self._lock:  # a copy under the lock, expanded outside it: allocations wait less
             if self.recording:
                 self._complete_ready(self.device.clock_us())
-            return expanded(self.ring)
+            ring, maxlen = list(self.ring), self.ring.maxlen
+        return expanded(ring, maxlen)
 
 
-def expanded(ring: collections.deque) -> list[tuple]:
-    """The events and annotations of ``ring`` (a :attr:`Recorder.ring`), oldest first: each
-    :data:`FREED` entry expanded into the ``free_requested``, ``release`` (if it has a cause)
-    and ``free_completed`` it stands for, then the newest ``ring.maxlen`` kept, so that
-    ``max_entries`` counts events and annotations however the ring stores them."""
+def expanded(ring: Iterable[tuple], maxlen: int) -> list[tuple]:
+    """The events and annotations of ``ring`` (the entries of a :attr:`Recorder.ring`, oldest
+    first): each :data:`FREED` entry expanded into the ``free_requested``, ``release`` (if it
+    has a cause) and ``free_completed`` it stands for, then the newest ``maxlen`` kept (the
+    ring's ``maxlen``, at least 1), so that ``max_entries`` counts events and annotations
+    however the ring stores them."""
     out: list[tuple] = []
     append = out.append
     for entry in ring:
@@ -497,7 +499,7 @@ def expanded(ring: collections.deque) -> list[tuple]:
         if release is not None:
             append(("release", address, size, stream, now, frames, release))
         append(("free_completed", address, size, stream, now, frames, None))
-    return out[-ring.maxlen :]
+    return out[-maxlen:]
 
 
 def _unhook(

@@ -363,6 +363,26 @@ def test_a_free_completed_at_once_is_one_ring_entry_and_all_its_events_in_entrie
     assert [(note["action"], note["reason"]) for note in notes(alloc)] == [("release", "release()")]
 
 
+def test_entries_are_expanded_outside_the_recorder_s_lock(make_alloc, monkeypatch):
+    # a snapshot of a big ring expands it in Python: other threads' allocations must not wait
+    # on the recorder's lock meanwhile (it is held only to copy the ring)
+    alloc = make_alloc()
+    held = []
+
+    def spy(ring, maxlen):
+        held.append(alloc._history._lock.locked())
+        return expanded(ring, maxlen)
+
+    monkeypatch.setattr(dm._history, "expanded", spy)
+    with alloc.history():
+        alloc.release(alloc.full(4, 1.0))
+        assert [entry[0] for entry in alloc._history.entries()][-1] in (
+            "free_completed",
+            "segment_free",
+        )
+    assert held == [False]
+
+
 def test_the_ring_keeps_the_newest_events(make_alloc):
     alloc = make_alloc()
     with alloc.history(max_entries=3):  # annotations count too: release, arena_exit ...
@@ -691,7 +711,11 @@ def test_a_free_completes_its_own_blocks_not_others_found_ready(make_alloc, free
             alloc.arena_exit()
         else:
             alloc.release(kept)
-        events = [entry for entry in expanded(alloc._history.ring) if entry[0] in ACTIONS]
+        events = [
+            entry
+            for entry in expanded(alloc._history.ring, alloc._history.ring.maxlen)
+            if entry[0] in ACTIONS
+        ]
         tail = [(entry[0], entry[2]) for entry in events][-2:]
         assert tail == [("free_requested", 128), ("free_completed", 128)]
         assert [block.nbytes for block in alloc._history.pending] == [16]
