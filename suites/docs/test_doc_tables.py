@@ -111,11 +111,14 @@ def test_the_documented_benchmark_defaults_are_the_benchmarks(capsys):
     with pytest.raises(SystemExit):
         children.main(["-h"])
     help_text = " ".join(capsys.readouterr().out.split())
-    repeat, tests = re.search(r"--repeat (\d+) --forked-tests (\d+)", line).groups()
+    found = re.search(r"--repeat (\d+) --forked-tests (\d+) --forked-repeat (\d+)", line)
+    repeat, tests, runs = found.groups()
     assert f"--repeat REPEAT runs per figure (default {repeat})" in help_text
     assert f"--forked-tests FORKED_TESTS trivial tests per pytest-forked run (default {tests})" in (
         help_text
     )
+    forked_repeat = "--forked-repeat FORKED_REPEAT pytest runs with and without --forked, and"
+    assert f"{forked_repeat} of the death-test items (default {runs}:" in help_text
 
 
 def test_a_json_of_an_older_benchmark_says_to_rerun_it(tmp_path):
