@@ -118,13 +118,37 @@ def write_lots(stream: str, megabytes: int, last_line: str) -> None:
     os.write(fd, last_line.encode() + b"\n")
 
 
+SET_UP = {
+    "core_limit": [0, 0],
+    "sigint": True,
+    "sigpipe": True,
+    "sigterm": True,
+    "sighup": True,
+    "blocked": [],
+    "faulthandler": True,
+    "dump_signal_caught": True,
+}
+"""What :func:`hygiene` reports of a child's process state set up as documented: no core
+files, SIGINT Python's own handler, SIGPIPE ignored, SIGTERM and SIGHUP at their default
+action, no signal blocked, ``faulthandler`` on, and the stack-dump signal caught."""
+
+
+def set_up_of(seen: dict) -> dict:
+    """The entries of :data:`SET_UP` in ``seen`` (what :func:`hygiene` returned)."""
+    return {key: seen[key] for key in SET_UP}
+
+
 def hygiene() -> dict:
     """Report how the harness set this child up."""
+    import faulthandler
     import resource
+    import signal
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     deathsig = ctypes.c_int(0)
     prctl(2, ctypes.byref(deathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    with open("/proc/self/status") as status:  # the signals the kernel says it catches
+        caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
     return {
         "pid": os.getpid(),
         "pgid": os.getpgid(0),
@@ -136,29 +160,14 @@ def hygiene() -> dict:
         "harness_imported": "harness" in sys.modules,
         "modules": sorted(name for name in ("colorsys", "numpy") if name in sys.modules),
         "cwd": os.getcwd(),
-    }
-
-
-def set_up_state() -> dict:
-    """How this child's process state was set up: signal dispositions and mask, core-file
-    limit, faulthandler, and whether the kernel says it catches the stack-dump signal."""
-    import faulthandler
-    import resource
-    import signal
-
-    from harness._child import DUMP_SIGNAL
-
-    with open("/proc/self/status") as status:
-        caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
-    return {
         "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
         "sigpipe": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
         "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
         "sighup": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
-        "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-        "core": resource.getrlimit(resource.RLIMIT_CORE)[0],
+        "blocked": sorted(int(signum) for signum in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "faulthandler": faulthandler.is_enabled(),
-        "dump_signal_caught": bool(caught >> (int(DUMP_SIGNAL) - 1) & 1),
+        # harness._child.DUMP_SIGNAL, by its number: this module never imports the harness
+        "dump_signal_caught": bool(caught >> (int(signal.SIGUSR2) - 1) & 1),
     }
 
 

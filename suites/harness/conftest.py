@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import harness
+from harness._forkserver import forkserver_preload
 
 RUN_STYLES = ("fork", "forkserver", "exec")
 
@@ -24,6 +25,21 @@ def run(style: str):
         return harness.run_child(target, *args, style=style, **kwargs)
 
     return run
+
+
+@pytest.fixture
+def preloading():
+    """``preloading(module)``: switch to this process's forkserver preload list plus
+    ``module`` (a fresh zygote for it); the list is put back after the test."""
+    before = list(forkserver_preload())
+
+    def preload(module: str) -> None:
+        harness.set_forkserver_preload([*before, module])
+
+    try:
+        yield preload
+    finally:
+        harness.set_forkserver_preload(before)
 
 
 QUIET_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")

@@ -26,7 +26,6 @@ import pytest
 import harness
 from harness import _child
 from harness._child import DUMP_SIGNAL, _Status, encode_record
-from harness._forkserver import forkserver_preload
 from suites.harness import _procs, _targets
 
 
@@ -85,41 +84,14 @@ def test_forkserver_children_do_not_inherit_an_earlier_request(monkeypatch, tmp_
     assert extra not in second_path.returned
 
 
-@pytest.fixture
-def preloading():
-    """Switch to a preload list with one more module (a fresh zygote for it), then back."""
-    before = list(forkserver_preload())
-
-    def preload(module: str) -> None:
-        harness.set_forkserver_preload([*before, module])
-
-    try:
-        yield preload
-    finally:
-        harness.set_forkserver_preload(before)
-
-
-SET_UP = {
-    "sigint": True,
-    "sigpipe": True,
-    "sigterm": True,
-    "sighup": True,
-    "blocked": [],
-    "core": 0,  # the soft limit
-    "faulthandler": True,
-    "dump_signal_caught": True,
-}
-"""What :func:`_targets.set_up_state` reports for a child set up as documented."""
-
-
 def test_a_child_is_set_up_as_documented_whatever_the_zygote_s_preload_did(preloading):
     preloading("suites.harness._meddling_import")
 
-    first = harness.run_child(_targets.set_up_state, style="forkserver").assert_clean()
-    second = harness.run_child(_targets.set_up_state, style="forkserver").assert_clean()
+    first = harness.run_child(_targets.hygiene, style="forkserver").assert_clean()
+    second = harness.run_child(_targets.hygiene, style="forkserver").assert_clean()
 
-    assert first.returned == SET_UP
-    assert second.returned == SET_UP
+    assert _targets.set_up_of(first.returned) == _targets.SET_UP
+    assert _targets.set_up_of(second.returned) == _targets.SET_UP
     hung = harness.run_child(_targets.hang_forever, style="forkserver", timeout=0.5)
     hung.assert_timed_out()
     assert "in hang_forever" in hung.stderr  # the stacks it dumped at the deadline
@@ -178,7 +150,7 @@ def _meddle_then_set_up_ahead() -> dict:
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
     faulthandler.disable()
     ok = _child.set_up_ahead()
-    return {"ok": ok, **_targets.set_up_state()}
+    return {"ok": ok, **_targets.set_up_of(_targets.hygiene())}
 
 
 def _set_up_ahead_with_a_failing_faulthandler() -> bool:
@@ -193,7 +165,7 @@ def test_set_up_ahead_puts_a_process_in_its_children_s_state_or_says_it_could_no
     # what the zygote runs after its preload (checked here in fork children, which are free
     # to change their own state)
     done = harness.run_child(_meddle_then_set_up_ahead, style="fork").assert_clean()
-    assert done.returned == {"ok": True, **SET_UP}
+    assert done.returned == {"ok": True, **_targets.SET_UP}
     failed = harness.run_child(_set_up_ahead_with_a_failing_faulthandler, style="fork")
     assert failed.assert_clean().returned is False
 

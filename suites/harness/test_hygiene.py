@@ -12,6 +12,7 @@ import pytest
 import harness
 from harness import _forkserver
 from harness._capture import HEAD_BYTES, TAIL_BYTES
+from harness._child import DUMP_SIGNAL
 from suites.harness import _procs, _targets
 
 
@@ -21,7 +22,8 @@ def test_child_setup(run, style):
 
     assert seen["pgid"] == seen["pid"] == outcome.pid  # its own process group
     assert seen["pgid"] != os.getpgid(0)
-    assert seen["core_limit"] == [0, 0]
+    assert _targets.set_up_of(seen) == _targets.SET_UP  # no core files; signals; faulthandler
+    assert DUMP_SIGNAL == signal.SIGUSR2  # the signal hygiene() checks is caught
     assert seen["stdin"] == "/dev/null"
     assert seen["deathsig"] == signal.SIGKILL  # dies with its parent
     assert seen["flag"] == "1"

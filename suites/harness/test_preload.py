@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
-import harness
-from harness._forkserver import forkserver_preload
 from suites.harness import _targets
 
 
-@pytest.fixture
-def slow_preload():
-    """A preload list with a module that takes 1 s to import (a fresh zygote for it)."""
-    before = list(forkserver_preload())
-    harness.set_forkserver_preload([*before, "suites.harness._slow_import"])
-    try:
-        yield
-    finally:
-        harness.set_forkserver_preload(before)
-
-
-def test_a_slow_preload_does_not_count_against_the_first_child_s_timeout(run, slow_preload):
+def test_a_slow_preload_does_not_count_against_the_first_child_s_timeout(run, preloading):
+    preloading("suites.harness._slow_import")  # takes 1 s to import
     outcome = run(_targets.abort_with, "CHECK failed at once", timeout=0.5)
 
     outcome.assert_aborted("CHECK failed at once")
