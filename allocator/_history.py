@@ -73,6 +73,7 @@ __all__ = [
     "ACTIONS",
     "ANNOTATIONS",
     "DEFAULT_MAX_ENTRIES",
+    "FREED",
     "DeviceHistoryLayer",
     "HistoryLayer",
     "Recorder",

@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import _common  # bench/_common.py, beside this script
@@ -69,24 +70,16 @@ LIMITS = {
 """Upper bounds for the first three ratios, a lower bound for the last."""
 
 
-def raw_fork() -> float:
-    """Wall seconds of one raw ``os.fork()`` + ``os._exit(0)`` in the child + ``os.waitpid``."""
-    start = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-    return time.perf_counter() - start
-
-
-def raw_fork_running(function, args: tuple) -> float:
-    """Wall seconds of one raw fork whose child calls ``function(*args)`` before
-    ``os._exit(0)``: the reference that includes the target's own work in the child."""
+def raw_fork(function: Callable[..., object] | None = None, args: tuple = ()) -> float:
+    """Wall seconds of one raw ``os.fork()`` + ``os._exit(0)`` in the child + ``os.waitpid``;
+    with ``function``, the child calls ``function(*args)`` first (the reference that includes
+    the target's own work)."""
     start = time.perf_counter()
     pid = os.fork()
     if pid == 0:
         try:
-            function(*args)
+            if function is not None:
+                function(*args)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -125,14 +118,16 @@ def _counted(step) -> tuple[float, int, int]:
     return seconds, after_own - own, after_children - children
 
 
-def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[list, list]:
+def time_children(
+    style: str, target: str, args: tuple, repeat: int
+) -> tuple[list, list, list[float], dict[str, float] | None]:
     """Wall seconds and minor page faults of ``repeat`` children, each right after a raw fork
     (the reference), after one warm-up child (which may start a zygote).
 
     Returns:
       ``(children, raw_forks, with_target, cpu)``: two lists of ``repeat`` ``(seconds, faults
       in this process, faults in the child)`` triples; the seconds of as many raw forks whose
-      child runs the target (:func:`raw_fork_running`, each right after its child); for the
+      child runs the target (:func:`raw_fork` given it, each right after its child); for the
       forkserver, the CPU milliseconds per child of its zygote (``server``) and of the child
       (``child``), else ``None``.
 
@@ -158,7 +153,7 @@ def time_children(style: str, target: str, args: tuple, repeat: int) -> tuple[li
     for _ in range(repeat):
         raws.append(_counted(raw_fork))
         children.append(_counted(one))
-        with_target.append(raw_fork_running(function, args))
+        with_target.append(raw_fork(function, args))
     cpu = None if zygote is None else _cpu_per_child_ms(before, server_cpu_s(zygote.pid), repeat)
     return children, raws, with_target, cpu
 
@@ -188,7 +183,7 @@ descriptor attached (the child's status pipe), forks a child that writes one byt
 ``os._exit``s, waits on its pidfd and sends its wait status; no harness at all."""
 
 
-def time_floor_server(repeat: int) -> tuple[list[float], list[float]]:
+def time_floor_server(repeat: int) -> tuple[list[float], list[float], dict[str, float]]:
     """Wall seconds of ``repeat`` requests to :data:`FLOOR_SERVER` (a child each, its byte read
     back), each right after a raw fork, after ten warm-up requests.
 
