@@ -487,7 +487,7 @@ def expanded(ring: Iterable[tuple], maxlen: int) -> list[tuple]:
     """The events and annotations of ``ring`` (the entries of a :attr:`Recorder.ring`, oldest
     first): each :data:`FREED` entry expanded into the ``free_requested``, ``release`` (if it
     has a cause) and ``free_completed`` it stands for, then the newest ``maxlen`` kept (the
-    ring's ``maxlen``, at least 1), so that ``max_entries`` counts events and annotations
+    ring's ``maxlen``), so that ``max_entries`` counts events and annotations
     however the ring stores them."""
     out: list[tuple] = []
     append = out.append
@@ -500,7 +500,7 @@ def expanded(ring: Iterable[tuple], maxlen: int) -> list[tuple]:
         if release is not None:
             append(("release", address, size, stream, now, frames, release))
         append(("free_completed", address, size, stream, now, frames, None))
-    return out[-maxlen:]
+    return out[max(len(out) - maxlen, 0) :]  # not out[-maxlen:], which keeps all for 0
 
 
 def _unhook(

@@ -363,6 +363,19 @@ def test_a_free_completed_at_once_is_one_ring_entry_and_all_its_events_in_entrie
     assert [(note["action"], note["reason"]) for note in notes(alloc)] == [("release", "release()")]
 
 
+def test_expanded_keeps_the_newest_maxlen_events_and_annotations():
+    freed = (FREED, 16, 4, 0, 7, (), None)
+    alloc = ("alloc", 16, 4, 0, 5, (), None)
+    assert [entry[0] for entry in expanded([alloc, freed], 9)] == [
+        "alloc",
+        "free_requested",
+        "free_completed",
+    ]
+    assert [entry[0] for entry in expanded([alloc, freed], 1)] == ["free_completed"]
+    assert expanded([alloc, freed], 0) == []
+    assert expanded([], 3) == []
+
+
 def test_entries_are_expanded_outside_the_recorder_s_lock(make_alloc, monkeypatch):
     # a snapshot of a big ring expands it in Python: other threads' allocations must not wait
     # on the recorder's lock meanwhile (it is held only to copy the ring)
