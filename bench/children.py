@@ -86,6 +86,22 @@ def raw_fork(function: Callable[..., object] | None = None, args: tuple = ()) ->
     return time.perf_counter() - start
 
 
+def time_child(style: str, target: str, args: tuple) -> float:
+    """Wall seconds of one ``harness.run_child(target, *args, style=style)``.
+
+    Raises:
+      RuntimeError: the child did not end cleanly (the figures would mean nothing).
+    """
+    import harness
+
+    start = time.perf_counter()
+    outcome = harness.run_child(target, *args, style=style, timeout=120.0)
+    elapsed = time.perf_counter() - start
+    if outcome.kind != "exited" or outcome.exit_code != 0:
+        raise RuntimeError(f"{style} child of {target} did not end cleanly: {outcome!r}")
+    return elapsed
+
+
 def _faults() -> tuple[int, int]:
     """Minor page faults so far: ``(this process, its reaped children)``."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -118,11 +134,25 @@ def _counted(step) -> tuple[float, int, int]:
     return seconds, after_own - own, after_children - children
 
 
+BLOCK = 5
+"""Children timed in a row, between :data:`BLOCK` raw forks before them and as many raw forks
+whose child runs the target after them. After any fork, every page the benchmark process
+writes faults once (copy-on-write), so the first child of a block pays for the raw forks'
+faults on its side of the launch: a forkserver child's test process, which never forks, does
+not pay them in a test run; the median of a block's five leaves that first child out."""
+
+GAP_S = 0.002
+"""Seconds between two children of a block, untimed: a test's own work between two of its
+children, which the forkserver's zygote uses to fork a spare child ahead of the next request
+(see :func:`time_back_to_back` for children with nothing between them)."""
+
+
 def time_children(
     style: str, target: str, args: tuple, repeat: int
 ) -> tuple[list, list, list[float], dict[str, float] | None]:
-    """Wall seconds and minor page faults of ``repeat`` children, each right after a raw fork
-    (the reference), after one warm-up child (which may start a zygote).
+    """Wall seconds and minor page faults of ``repeat`` children, in blocks of :data:`BLOCK`
+    after as many raw forks (the reference; child ``i`` is paired with raw fork ``i``), after
+    one warm-up child (which may start a zygote).
 
     Returns:
       ``(children, raw_forks, with_target, cpu)``: two lists of ``repeat`` ``(seconds, faults
@@ -137,12 +167,7 @@ def time_children(
     import harness
 
     def one() -> float:
-        start = time.perf_counter()
-        outcome = harness.run_child(target, *args, style=style, timeout=120.0)
-        elapsed = time.perf_counter() - start
-        if outcome.kind != "exited" or outcome.exit_code != 0:
-            raise RuntimeError(f"{style} child of {target} did not end cleanly: {outcome!r}")
-        return elapsed
+        return time_child(style, target, args)
 
     module, _, name = target.partition(":")  # not pkgutil.resolve_name: its first call
     function = getattr(importlib.import_module(module), name)  # would warm the NumPy target
@@ -150,12 +175,27 @@ def time_children(
     zygote = harness._forkserver.current() if style == "forkserver" else None
     before = None if zygote is None else server_cpu_s(zygote.pid)
     children, raws, with_target = [], [], []
-    for _ in range(repeat):
-        raws.append(_counted(raw_fork))
-        children.append(_counted(one))
-        with_target.append(raw_fork(function, args))
+    for start in range(0, repeat, BLOCK):
+        size = min(BLOCK, repeat - start)
+        raws += [_counted(raw_fork) for _ in range(size)]
+        for _ in range(size):
+            time.sleep(GAP_S)
+            children.append(_counted(one))
+        with_target += [raw_fork(function, args) for _ in range(size)]
     cpu = None if zygote is None else _cpu_per_child_ms(before, server_cpu_s(zygote.pid), repeat)
     return children, raws, with_target, cpu
+
+
+def time_back_to_back(style: str, repeat: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``repeat`` trivial children run back to back, with nothing between them
+    (several children in one test), and of as many raw forks run the same way, after them.
+
+    Returns:
+      ``(children, raw_forks)``: seconds each.
+    """
+    time_child(style, *TRIVIAL)
+    children = [time_child(style, *TRIVIAL) for _ in range(repeat)]
+    return children, [raw_fork() for _ in range(repeat)]
 
 
 FLOOR_SERVER = """
@@ -312,6 +352,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
             )
             if cpu is not None:
                 row[f"{name}_cpu_ms"] = cpu
+    back_to_back, back_to_back_raws = time_back_to_back("forkserver", repeat)
     floor, floor_raws, floor_cpu = time_floor_server(repeat)
     forked = time_pytest_forked(forked_tests, forked_repeat)
     ratios = {
@@ -333,6 +374,10 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         "raw_fork_faults_parent": statistics.median(own for _, own, _ in raws),
         "raw_fork_faults_child": statistics.median(child for _, _, child in raws),
         "children": children,
+        "forkserver_back_to_back": {
+            "ms": statistics.median(back_to_back) * 1000,
+            "over_raw": statistics.median(back_to_back) / statistics.median(back_to_back_raws),
+        },
         "floor_server": {
             "ms": statistics.median(floor) * 1000,
             "over_raw": _common.paired_ratio(floor, floor_raws),
@@ -378,6 +423,11 @@ def format_table(results: dict) -> str:
             f"| {style}, over a raw fork whose child runs the target too |"
             f" {row['trivial_over_raw_target']:.1f}x | {row['numpy_over_raw_target']:.1f}x | |"
         )
+    row = results["forkserver_back_to_back"]
+    lines.append(
+        "| forkserver, children back to back (nothing between them: no time to fork a spare) |"
+        f" {row['ms']:.2f} ms ({row['over_raw']:.1f}x) | | |"
+    )
     floor = results["floor_server"]
     lines.append(
         "| a bare fork server (no harness; its zygote preloads what the forkserver's does) |"

@@ -82,6 +82,12 @@ SEAL_BYTES = 4096
 SEAL_FINAL_AT = 64
 """Offset in the seal of the final-record verdict (the pid line comes before it)."""
 
+SETTING_KEYS = ("environ", "env", "sys_path", "sys_path_after", "cwd", "invalidate_caches")
+"""The parts of a request that set the process up (its environment, ``sys.path``, working
+directory and import caches) rather than name the target. A forkserver request file holds
+them apart, on its second line (see ``_zygote.py``): the zygote applies them before it forks,
+and compares them to see whether a child it forked ahead fits the request."""
+
 FINAL_EVENTS = ("returned", "raised", "exit", "harness_error")
 """Events that end a child's status: the seal says whether the one sent was delivered."""
 

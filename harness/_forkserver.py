@@ -35,7 +35,7 @@ import zlib
 from typing import Any
 
 from harness._capture import Capture, read_kept
-from harness._child import start_ticks
+from harness._child import SETTING_KEYS, start_ticks
 from harness._errors import HarnessError
 from harness._fd import anonymous_fd
 from harness._guard import table
@@ -140,16 +140,18 @@ class Connection:
           Refused: the zygote would not run it.
         """
         with self.lock:
-            wire = {
-                **request.wire(forked_from_parent=False),
-                "preload": list(self.key),
-                "seal_offset": capture.seal_offset,
-            }
-            capture.write_request(json.dumps(wire).encode())
+            wire = request.wire(forked_from_parent=False)
+            target = {key: value for key, value in wire.items() if key not in SETTING_KEYS}
+            setting = {key: wire[key] for key in SETTING_KEYS if key in wire}
+            target["preload"] = list(self.key)
+            capture.write_request(
+                json.dumps(target).encode() + b"\n" + json.dumps(setting).encode()
+            )
             ident = next(self.ids)
             fds = [capture.request_fd, capture.stdout.write_fd, capture.stderr.write_fd]
             try:
-                message = json.dumps({"op": "run", "id": ident}).encode()
+                run = {"op": "run", "id": ident, "seal_offset": capture.seal_offset}
+                message = json.dumps(run).encode()
                 socket.send_fds(self.sock, [message], [*fds, capture.status_fd])  # type: ignore[list-item]
                 capture.handed_over()
                 reply = self._receive(capture, time.monotonic() + STARTUP_S, "forked", ident)

@@ -59,8 +59,7 @@ import sys
 _MAX_MESSAGE = 1 << 16
 _MAX_FD = os.sysconf("SC_OPEN_MAX")
 _CHILD_FDS = 4  # request, stdout, stderr, status
-_APPLIED = ("environ", "env", "sys_path", "sys_path_after", "cwd", "invalidate_caches")
-"""The parts of a request that the zygote applies before the fork (see ``Zygote._apply``)."""
+_SPARE_FDS = 5  # request, stdout, stderr, status, the client's guard table
 
 
 def _load_child():
@@ -106,13 +105,41 @@ def _pids_in(table_fd: int, page: int) -> list[int]:
     return pids
 
 
-def _op(message: bytes) -> tuple[object, object]:
-    """``(op, id)`` of a client's message; ``(None, None)`` if it is not one."""
+def _leave_quietly(code: int) -> None:
+    """``os._exit(code)`` as the C library has it, for a process that ran nothing of the
+    user's (the zygote, a spare sent away): a coverage.py that measures the children (its
+    "patch = subprocess, fork, _exit") also started in it, replaced ``os._exit`` with one that
+    saves a data file, and that file would come after the test run combined them (left over,
+    stray). posix's own ``_exit`` is not replaced."""
+    posix = sys.modules.get("posix")
+    (posix._exit if posix is not None else os._exit)(code)
+
+
+def _pass_descriptors(message: dict, count: int) -> bytes:
+    """Send ``message`` with ``count`` descriptors (of ``/dev/null``) through a socket pair of
+    this process's, receive them, close everything; return the message received. For the
+    rehearsals of the zygote and its spare (``Zygote._rehearse``)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        socket.send_fds(ours, [json.dumps(message).encode()], [null] * count)
+        received, fds, _flags, _addr = socket.recv_fds(theirs, 1024, count)
+        for fd in fds:
+            os.close(fd)
+    finally:
+        os.close(null)
+        ours.close()
+        theirs.close()
+    return received
+
+
+def _op(message: bytes) -> tuple[object, object, object]:
+    """``(op, id, seal_offset)`` of a client's message; Nones if it is not one."""
     try:
         request = json.loads(message)
-        return request.get("op"), request.get("id")
+        return request.get("op"), request.get("id"), request.get("seal_offset")
     except (ValueError, AttributeError):
-        return None, None
+        return None, None, None
 
 
 class _Client:
@@ -141,6 +168,19 @@ class _Child:
         self.pipes = pipes
 
 
+class _Spare:
+    """A child forked ahead of any request (see ``Zygote._fork_spare``): its pid, its pidfd,
+    the zygote's end of the socket it waits on, and the setting (a request file's second line)
+    the zygote had applied when it forked it, which a request must match to be handed to it."""
+
+    def __init__(self, pid: int, pidfd: int, sock: socket.socket, setting: bytes) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.sock = sock
+        self.setting = setting
+        self.suffix = b"\n" + setting  # how a request file that fits it ends
+
+
 class Zygote:
     """The event loop (module docstring)."""
 
@@ -156,6 +196,8 @@ class Zygote:
         self.goodbye = False
         self.preloaded: dict[str, str] | None = None  # module -> error, once preloaded
         self.set_up = False  # whether the children's set-up is done here (see _preload)
+        self.applied: bytes | None = None  # the setting applied here (see _apply), if one is
+        self.spare: _Spare | None = None  # a child forked ahead (see _fork_spare)
         self.poller = select.poll()
         self.listener: socket.socket | None = None
         if name:
@@ -190,8 +232,11 @@ class Zygote:
         """Serve until no client and no child is left and the root is gone or said goodbye."""
         while self.clients or self.children or not (self.root_gone or self.goodbye):
             if self.listener is None and not self.clients and not self.children:
-                return  # private: nobody can reach us any more
+                break  # private: nobody can reach us any more
             self._step()
+        if self.spare is not None:  # never handed a request: it ran nothing of anyone's
+            _kill_group(self.spare.pid)
+            os.waitpid(self.spare.pid, 0)
         if self.listener is not None:
             self.listener.close()
 
@@ -225,6 +270,16 @@ class Zygote:
         for pid, child in list(self.children.items()):
             if child.pidfd in ready or (child.pidfd < 0 and self._ended(pid)):
                 self._reap(pid)
+        if self.spare is not None and (self.spare.pidfd in ready or not self.clients):
+            self._retire_spare()  # it died (someone killed it), or nobody is left to use it
+        if (
+            self.spare is None
+            and self.clients
+            and not self.children
+            and self.applied is not None
+            and self.set_up
+        ):
+            self._fork_spare()
         if fallback and not self.root_gone and self.root_fd is None:
             self.root_gone = self.child.start_ticks(self.root_pid) is None
 
@@ -246,7 +301,7 @@ class Zygote:
         self._handle(client, message, fds)
 
     def _handle(self, client: _Client, message: bytes, fds: list[int]) -> None:
-        op, ident = _op(message)
+        op, ident, offset = _op(message)
         if op == "hello":
             if len(fds) == 1 and client.table is None:
                 client.table = fds.pop()
@@ -256,7 +311,7 @@ class Zygote:
                     client.table_map = None
             client.send(event="ready", pid=os.getpid())
         elif op == "run":
-            self._run(client, ident, fds)
+            self._run(client, ident, fds, offset)
             return
         elif op == "goodbye":
             self.goodbye = self.goodbye or client.pid == self.root_pid
@@ -303,7 +358,7 @@ class Zygote:
 
     # -- forkserver ----------------------------------------------------------------------------
 
-    def _run(self, client: _Client, ident: object, fds: list[int]) -> None:
+    def _run(self, client: _Client, ident: object, fds: list[int], offset: object) -> None:
         if len(fds) != _CHILD_FDS:
             for fd in fds:
                 os.close(fd)
@@ -311,8 +366,22 @@ class Zygote:
             return
         request_fd, stdout_fd, stderr_fd, status_fd = fds
         try:
-            request = json.loads(self.child.read_all(request_fd))
-        except (OSError, ValueError) as exc:
+            data, failure = self.child.read_all(request_fd), None
+        except OSError as exc:
+            data, failure = b"", exc
+        table_map = client.table_map
+        fits = (
+            isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - self.child.SEAL_BYTES
+        )
+        if failure is None and fits and self._hand_to_spare(client, ident, fds, offset, data):
+            return
+        try:
+            if failure is not None:
+                raise failure
+            target, _, setting = data.partition(b"\n")
+            request = json.loads(target)
+            request.update(json.loads(setting))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             for fd in fds:
                 os.close(fd)
             client.send(
@@ -331,13 +400,8 @@ class Zygote:
                 message=f"preloading failed ({detail}); see harness.set_forkserver_preload",
             )
             return
-        request, applied = self._apply(request)
+        request, applied = self._apply(request, setting)
         zygote_pid = os.getpid()
-        offset = request.get("seal_offset")
-        table_map = client.table_map
-        fits = (
-            isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - self.child.SEAL_BYTES
-        )
         seal = (table_map, offset) if table_map is not None and fits else None
         try:
             info = os.fstat(status_fd)
@@ -370,13 +434,194 @@ class Zygote:
             os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
         except OSError:
             pass
-        client.send(event="forked", id=ident, pid=pid)
         os.close(status_fd)
         pidfd = _pidfd(pid)  # a child that has ended already makes it readable at once
-        pipes = (stdout_fd, stderr_fd)  # kept until "reaped" is sent: one wake-up for the client
-        self.children[pid] = _Child(pidfd if pidfd is not None else -1, client, offset, pipes)
         self._watch(pidfd)
+        self._forked(client, ident, pid, -1 if pidfd is None else pidfd, offset, fds)
+
+    def _forked(
+        self, client: _Client, ident: object, pid: int, pidfd: int, offset: object, fds: list[int]
+    ) -> None:
+        """Child ``pid`` (watched on ``pidfd``, or -1) runs request ``ident`` of ``client``,
+        whose descriptors were ``fds``: tell the client, and keep the child's pipes."""
+        client.send(event="forked", id=ident, pid=pid)
+        pipes = (fds[1], fds[2])  # kept until "reaped" is sent: one wake-up for the client
+        self.children[pid] = _Child(pidfd, client, offset, pipes)
         client.children[pid] = ident  # type: ignore[assignment]
+
+    # -- the spare: a child forked ahead ------------------------------------------------------
+
+    def _fork_spare(self) -> None:
+        """Fork a child ahead of any request, while no child runs (so that the fork delays no
+        child's reaping): the *spare*. It closes the zygote's descriptors, takes its own
+        process group, has itself killed when the zygote dies, and waits on a socket for a
+        request (:meth:`_serve_as_spare`). So the next request whose setting (environment,
+        ``sys.path``, working directory: what the zygote had applied when it forked the spare)
+        matches is run without a fork, or the page copies a fork's own steps cost the child
+        (Python's after-fork hooks), on its path: a forkserver child then costs less than a
+        raw fork of the test process. A spare that does not fit a request is sent away."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        zygote_pid = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            self.applied = None  # no spare until the next request is applied here
+            return
+        if pid == 0:
+            try:
+                self._close_all_but((theirs.fileno(),))
+                self.child._isolate(zygote_pid, True)
+                self._serve_as_spare(theirs.fileno())
+            finally:
+                _leave_quietly(self.child.EXIT_HARNESS_ERROR)
+        theirs.close()
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        pidfd = _pidfd(pid)
+        if pidfd is None:  # nothing would tell us it died: no spares here
+            ours.close()
+            _kill_group(pid)
+            os.waitpid(pid, 0)
+            self.applied = None
+            return
+        self._watch(pidfd)
+        self.spare = _Spare(pid, pidfd, ours, self.applied)  # type: ignore[arg-type]
+        try:
+            self._rehearse_forward()
+        except Exception:  # a rehearsal that fails costs the next request its copies, no more
+            pass
+
+    def _hand_to_spare(
+        self, client: _Client, ident: object, fds: list[int], offset: int, data: bytes
+    ) -> bool:
+        """Hand request ``ident`` (its descriptors ``fds``, its request file's bytes ``data``)
+        to the spare, if there is one and the request's setting is the one it was forked
+        with. False (the caller forks) if not; a spare that does not fit is sent away."""
+        spare = self.spare
+        if spare is None or client.table is None:
+            return False
+        # The file's one newline ends its first line (JSON as json.dumps writes it has none):
+        # no slice of it is made, since every page this process writes now is copied
+        if not data.endswith(spare.suffix):
+            self._retire_spare()
+            return False
+        self.spare = None
+        request_fd, stdout_fd, stderr_fd, status_fd = fds
+        message = json.dumps({"seal_offset": offset}).encode()
+        try:
+            socket.send_fds(
+                spare.sock, [message], [request_fd, stdout_fd, stderr_fd, status_fd, client.table]
+            )
+        except OSError:  # it died: reap it, and fork
+            self.spare = spare
+            self._retire_spare()
+            return False
+        spare.sock.close()
+        for fd in (request_fd, status_fd):  # the spare has its own
+            os.close(fd)
+        self._forked(client, ident, spare.pid, spare.pidfd, offset, fds)
+        return True
+
+    def _retire_spare(self) -> None:
+        """Send the spare away (it reads end of file and leaves); it is reaped as a child of
+        nobody's."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.sock.close()
+            self.children[spare.pid] = _Child(spare.pidfd, None, None, ())
+
+    def _rehearse_forward(self) -> None:
+        """In the zygote, once it has forked a spare: run the steps of handing a request to a
+        spare that leave nothing behind, on made-up data (see :meth:`_rehearse`: every page
+        the zygote writes while the spare shares it is copied; 120 copies on that path,
+        measured with ``getrusage``, before this rehearsal)."""
+        _op(_pass_descriptors({"op": "run", "id": 0, "seal_offset": 0}, _CHILD_FDS))
+        fd = os.memfd_create("devmem-harness-rehearsal", os.MFD_CLOEXEC)
+        try:
+            self.child.read_all(fd).endswith(b"\n{}")
+        finally:
+            os.close(fd)
+        json.dumps({"seal_offset": 0}).encode()
+        json.dumps({"event": "forked", "id": 0, "pid": 0}).encode()
+        _Child(-1, None, 0, ())
+
+    def _rehearse(self) -> None:
+        """In the spare, before any request: run the steps of its path that leave nothing
+        behind on made-up data and descriptors of its own (receiving descriptors, decoding a
+        request, mapping a seal, the status records, resolving a standard-library target,
+        checking a value, making the child's ``sys.std*`` objects), all closed after.
+
+        Why: a forked process copies each page it writes, its interpreter's own included (the
+        code objects its specializing interpreter updates, the allocator's free pools), and
+        those copies were most of a forkserver child's time on the path of its request (167
+        faults there, measured with ``getrusage``; 32 after this rehearsal, which makes them
+        before the request comes). Nothing here may change what the request's run sees.
+        """
+        child = self.child
+        json.loads(_pass_descriptors({"seal_offset": 0}, _SPARE_FDS))
+        json.loads(
+            b'{"target": "os:getpid", "args": [], "main_path": null}\n{}'.partition(b"\n")[0]
+        )
+        fd = os.memfd_create("devmem-harness-rehearsal", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, child.SEAL_BYTES)
+            page = child._map_page(fd, 0)
+            try:
+                child.read_all(fd)
+                status = child._Status(fd, (page, 0), echo=False)
+                status.started()
+                status.emit("returned", value=0)
+            finally:
+                page.close()
+        finally:
+            os.close(fd)
+        child.plain_problem(child._resolve("os:getpid", None, None)(), "a value")
+        child._make_streams()
+
+    def _serve_as_spare(self, sock_fd: int) -> None:
+        """In the spare: wait for a request, then run it (:func:`_child.run_child`, set up by
+        the zygote). Leaves at end of file. Never returns."""
+        sock = socket.socket(fileno=sock_fd)
+        try:
+            self._rehearse()
+        except Exception:  # a rehearsal that fails costs the request its page copies, no more
+            pass
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(sock, 1024, _SPARE_FDS)
+        except OSError:
+            message, fds = b"", []
+        if not message or len(fds) != _SPARE_FDS:
+            _leave_quietly(0)  # sent away
+        sock.close()
+        request_fd, stdout_fd, stderr_fd, status_fd, table_fd = fds
+        try:
+            seal = (self.child._map_page(table_fd, json.loads(message)["seal_offset"]), 0)
+        except (OSError, ValueError, TypeError, KeyError):
+            seal = None  # the client then finds no seal, and says so
+        os.close(table_fd)
+        try:
+            request = json.loads(self.child.read_all(request_fd).partition(b"\n")[0])
+        except (OSError, ValueError) as exc:
+            request = exc
+        os.close(request_fd)
+        if not isinstance(request, dict):
+            status = self.child._Status(status_fd, seal, echo=False)
+            status.harness_error(f"could not read the request in the child: {request}")
+            _leave_quietly(self.child.EXIT_HARNESS_ERROR)
+        self.child.run_child(
+            request,
+            stdout_fd=stdout_fd,
+            stderr_fd=stderr_fd,
+            status_fd=status_fd,
+            parent_pid=None,  # done when it was forked: its group, its death with the zygote
+            new_group=False,
+            seal=seal,
+            set_up_by_parent=True,
+        )
 
     def _preload(self, request: dict) -> dict[str, str]:
         if self.preloaded is None:
@@ -397,7 +642,7 @@ class Zygote:
             self.set_up = self.child.set_up_ahead()
         return self.preloaded
 
-    def _apply(self, request: dict) -> tuple[dict, bool]:
+    def _apply(self, request: dict, setting: bytes) -> tuple[dict, bool]:
         """Set up here, before the fork, the environment, ``sys.path``, working directory and
         import caches that the child would set up itself (after the preload, which sees the
         zygote's own): the child inherits them, without the page copies that the work would
@@ -408,11 +653,16 @@ class Zygote:
           or as it was if setting them up failed here (the child then sets itself up, fails
           at it, and reports it as it would have).
         """
+        if self.spare is not None and self.spare.setting != setting:
+            self._retire_spare()
         try:
             self.child._apply_request(request)
         except Exception:
+            self.applied = None
             return request, False
-        return {key: value for key, value in request.items() if key not in _APPLIED}, True
+        self.applied = setting
+        keys = self.child.SETTING_KEYS
+        return {key: value for key, value in request.items() if key not in keys}, True
 
     @staticmethod
     def _close_all_but(keep: tuple[int, ...]) -> None:
@@ -460,13 +710,7 @@ def main(argv: list[str]) -> None:
         sock, int(options["--root-pid"]), options["--root-start"], options.get("--name")
     )
     zygote.serve()
-    # Leave without the exit handlers: a coverage.py that measures the children (its
-    # "patch = subprocess, fork, _exit") also started in this process, and would otherwise
-    # save a data file of ours after the test run combined them (left over, stray). posix's
-    # _exit: coverage's patch replaces os._exit.
-    posix = sys.modules.get("posix")
-    if posix is not None:
-        posix._exit(0)
+    _leave_quietly(0)  # without the exit handlers
 
 
 if __name__ == "__main__":
