@@ -30,14 +30,24 @@ Client to zygote:
 
 - ``{"op": "hello"}`` with the client's guard table attached: first message; reply
   ``{"event": "ready", "pid": int}``.
-- ``{"op": "run", "id": int}`` with four descriptors attached (request JSON, stdout, stderr,
-  status): reply ``{"event": "forked", "id", "pid"}``, then, once the child has ended,
-  ``{"event": "reaped", "id", "pid", "status"}`` (a raw wait status). A request it cannot
-  serve gets ``{"event": "error", "id", "message"}`` instead. The request carries the child's
-  request (see ``_child.run_child``) plus ``preload``, the modules to import before the first
-  fork, and ``seal_offset``, the child's page in the client's table. The zygote keeps its
-  copies of the child's stdout and stderr until it has sent ``reaped``, so that the client
-  wakes once per child.
+- ``{"op": "run", "id": int, "seal_offset": int}`` with four descriptors attached (request
+  file, stdout, stderr, status): reply ``{"event": "forked", "id", "pid"}``, then, once the
+  child has ended, ``{"event": "reaped", "id", "pid", "status"}`` (a raw wait status). A
+  request it cannot serve gets ``{"event": "error", "id", "message"}`` instead.
+  ``seal_offset`` is the child's page in the client's table. The request file holds two lines
+  of JSON: the child's request (see ``_child.run_child``) less its setting, plus
+  ``preload``, the modules to import before the first fork; then the setting
+  (``_child.SETTING_KEYS``: environment, ``sys.path``, working directory), which the zygote
+  applies before it forks and compares with its spare's. The zygote keeps its copies of the
+  child's stdout and stderr until it has sent ``reaped``, so that the client wakes once per
+  child.
+
+The spare: while no child runs, the zygote forks one child ahead of the next request, which
+rehearses its path and waits on a socket pair; a request whose setting it fits (the same, or
+other environment variables only) is handed to it, with ``{"client", "serial",
+"seal_offset", "environ"}`` (the changed variables) and the request's four descriptors;
+any other request gets a child forked for it, and the spare is sent away (end of file). See
+``Zygote._fork_spare``.
 - ``{"op": "goodbye"}``: from the root, at its exit: leave once no client is left.
 - end of file: the client is gone.
 """
@@ -47,6 +57,7 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.util
+import itertools
 import json
 import mmap
 import os
@@ -59,7 +70,7 @@ import sys
 _MAX_MESSAGE = 1 << 16
 _MAX_FD = os.sysconf("SC_OPEN_MAX")
 _CHILD_FDS = 4  # request, stdout, stderr, status
-_SPARE_FDS = 5  # request, stdout, stderr, status, the client's guard table
+_SPARE_MESSAGE = 1 << 15  # bytes of a message to a spare at most (else it is not used)
 
 
 def _load_child():
@@ -142,8 +153,12 @@ def _op(message: bytes) -> tuple[object, object, object]:
         return None, None, None
 
 
+_serials = itertools.count(1)
+
+
 class _Client:
     def __init__(self, sock: socket.socket, pid: int | None) -> None:
+        self.serial = next(_serials)  # names it for good (its socket's number may be reused)
         self.sock = sock
         self.pid = pid
         self.pidfd = _pidfd(pid) if pid else None
@@ -156,6 +171,28 @@ class _Client:
             self.sock.send(json.dumps(message).encode())
         except OSError:
             pass  # it is gone: its end of file comes next
+
+
+class _Handing:
+    """A request handed to the spare, until the spare says it took it: the spare, the client
+    (None once it is gone), the request's id, its four descriptors, its page's offset and its
+    request file's bytes (to fork a child for it, should the spare have died before)."""
+
+    def __init__(
+        self,
+        spare: _Spare,
+        client: _Client,
+        ident: object,
+        fds: list[int],
+        offset: int,
+        data: bytes,
+    ) -> None:
+        self.spare = spare
+        self.client: _Client | None = client
+        self.ident = ident
+        self.fds = fds
+        self.offset = offset
+        self.data = data
 
 
 class _Child:
@@ -173,12 +210,45 @@ class _Spare:
     the zygote's end of the socket it waits on, and the setting (a request file's second line)
     the zygote had applied when it forked it, which a request must match to be handed to it."""
 
-    def __init__(self, pid: int, pidfd: int, sock: socket.socket, setting: bytes) -> None:
+    def __init__(
+        self,
+        pid: int,
+        pidfd: int,
+        sock: socket.socket,
+        setting: bytes,
+        decoded: dict,
+        known: frozenset[int],
+    ) -> None:
+        self.known = known  # the serials of the clients whose guard tables it has mapped
         self.pid = pid
         self.pidfd = pidfd
         self.sock = sock
         self.setting = setting
-        self.suffix = b"\n" + setting  # how a request file that fits it ends
+        self.suffix = b"\n" + setting  # how a request file that fits it exactly ends
+        self.decoded = decoded  # the setting, decoded
+
+
+def _environ_change(spare: _Spare, data: bytes) -> tuple[dict, dict, bytes] | None:
+    """How the setting of a request file's bytes ``data`` differs from ``spare``'s:
+    ``(variables, setting, setting's bytes)``, where ``variables`` maps each changed
+    environment variable to its new value, or None where it is unset; None if anything else
+    differs (or the setting cannot be read)."""
+    setting = data.partition(b"\n")[2]
+    try:
+        decoded = json.loads(setting)
+    except ValueError:
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    before, after = spare.decoded.get("environ"), decoded.get("environ")
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return None
+    for key in spare.decoded.keys() | decoded.keys():
+        if key != "environ" and spare.decoded.get(key) != decoded.get(key):
+            return None
+    variables = {name: value for name, value in after.items() if before.get(name) != value}
+    variables.update((name, None) for name in before if name not in after)
+    return variables, decoded, setting
 
 
 class Zygote:
@@ -198,6 +268,7 @@ class Zygote:
         self.set_up = False  # whether the children's set-up is done here (see _preload)
         self.applied: bytes | None = None  # the setting applied here (see _apply), if one is
         self.spare: _Spare | None = None  # a child forked ahead (see _fork_spare)
+        self.handing: dict[int, _Handing] = {}  # the spare's socket -> the request handed to it
         self.poller = select.poll()
         self.listener: socket.socket | None = None
         if name:
@@ -230,8 +301,8 @@ class Zygote:
 
     def serve(self) -> None:
         """Serve until no client and no child is left and the root is gone or said goodbye."""
-        while self.clients or self.children or not (self.root_gone or self.goodbye):
-            if self.listener is None and not self.clients and not self.children:
+        while self.clients or self.children or self.handing or not (self.root_gone or self.goodbye):
+            if self.listener is None and not (self.clients or self.children or self.handing):
                 break  # private: nobody can reach us any more
             self._step()
         if self.spare is not None:  # never handed a request: it ran nothing of anyone's
@@ -254,7 +325,7 @@ class Zygote:
     def _step(self) -> None:
         fallback = self.root_fd is None or any(c.pidfd < 0 for c in self.children.values())
         events = self.poller.poll(50 if fallback else None)
-        ready = set()
+        ready, taken = set(), []
         for fd, _ in events:
             if self.listener is not None and fd == self.listener.fileno():
                 self._accept()
@@ -265,8 +336,12 @@ class Zygote:
             elif fd == self.root_fd:
                 self.root_gone = True
                 self._unwatch(fd)
+            elif fd in self.handing:
+                taken.append(fd)
             else:
                 ready.add(fd)
+        for fd in taken:  # first: a spare that took its request may have ended already
+            self._taken(self.handing.pop(fd))
         for pid, child in list(self.children.items()):
             if child.pidfd in ready or (child.pidfd < 0 and self._ended(pid)):
                 self._reap(pid)
@@ -276,6 +351,7 @@ class Zygote:
             self.spare is None
             and self.clients
             and not self.children
+            and not self.handing
             and self.applied is not None
             and self.set_up
         ):
@@ -355,6 +431,9 @@ class Zygote:
         for child in self.children.values():
             if child.client is client:
                 child.client = None
+        for handing in self.handing.values():
+            if handing.client is client:
+                handing.client = None
 
     # -- forkserver ----------------------------------------------------------------------------
 
@@ -364,9 +443,8 @@ class Zygote:
                 os.close(fd)
             client.send(event="error", id=ident, message=f"expected 4 descriptors, got {len(fds)}")
             return
-        request_fd, stdout_fd, stderr_fd, status_fd = fds
         try:
-            data, failure = self.child.read_all(request_fd), None
+            data, failure = self.child.read_all(fds[0]), None
         except OSError as exc:
             data, failure = b"", exc
         table_map = client.table_map
@@ -375,6 +453,24 @@ class Zygote:
         )
         if failure is None and fits and self._hand_to_spare(client, ident, fds, offset, data):
             return
+        self._fork_for(client, ident, fds, offset, data, failure)
+
+    def _fork_for(
+        self,
+        client: _Client,
+        ident: object,
+        fds: list[int],
+        offset: object,
+        data: bytes,
+        failure: OSError | None = None,
+    ) -> None:
+        """Fork a child for request ``ident`` of ``client`` (its descriptors ``fds``, its
+        request file's bytes ``data``, or the ``failure`` to read them)."""
+        request_fd, stdout_fd, stderr_fd, status_fd = fds
+        table_map = client.table_map
+        fits = (
+            isinstance(offset, int) and 0 <= offset <= len(table_map or ()) - self.child.SEAL_BYTES
+        )
         try:
             if failure is not None:
                 raise failure
@@ -460,6 +556,11 @@ class Zygote:
         matches is run without a fork, or the page copies a fork's own steps cost the child
         (Python's after-fork hooks), on its path: a forkserver child then costs less than a
         raw fork of the test process. A spare that does not fit a request is sent away."""
+        try:
+            decoded = json.loads(self.applied)  # type: ignore[arg-type]
+        except ValueError:
+            self.applied = None
+            return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         zygote_pid = os.getpid()
         try:
@@ -489,7 +590,8 @@ class Zygote:
             self.applied = None
             return
         self._watch(pidfd)
-        self.spare = _Spare(pid, pidfd, ours, self.applied)  # type: ignore[arg-type]
+        known = frozenset(c.serial for c in self.clients.values() if c.table_map is not None)
+        self.spare = _Spare(pid, pidfd, ours, self.applied, decoded, known)  # type: ignore[arg-type]
         try:
             self._rehearse_forward()
         except Exception:  # a rehearsal that fails costs the next request its copies, no more
@@ -500,31 +602,74 @@ class Zygote:
     ) -> bool:
         """Hand request ``ident`` (its descriptors ``fds``, its request file's bytes ``data``)
         to the spare, if there is one and the request's setting is the one it was forked
-        with. False (the caller forks) if not; a spare that does not fit is sent away."""
+        with, or differs from it only in environment variables (pytest's
+        ``PYTEST_CURRENT_TEST`` differs from test to test), which the spare then sets itself
+        before anything of the request runs. False (the caller forks) if not; a spare that
+        does not fit is sent away.
+
+        After a hand-over with variables changed, the zygote sets them too (while the child
+        runs): the next spare is forked with them, for the next child of the same test.
+        """
         spare = self.spare
-        if spare is None or client.table is None:
+        if spare is None or client.table_map is None:
             return False
+        if client.serial not in spare.known:  # a client that came after it: the next will do
+            self._retire_spare()
+            return False
+        message = {"client": client.sock.fileno(), "serial": client.serial, "seal_offset": offset}
         # The file's one newline ends its first line (JSON as json.dumps writes it has none):
         # no slice of it is made, since every page this process writes now is copied
-        if not data.endswith(spare.suffix):
+        exact = data.endswith(spare.suffix)
+        changed = None if exact else _environ_change(spare, data)
+        if changed is not None:
+            message["environ"] = changed[0]
+        encoded = json.dumps(message).encode()
+        if not (exact or changed is not None) or len(encoded) > _SPARE_MESSAGE:
             self._retire_spare()
             return False
         self.spare = None
-        request_fd, stdout_fd, stderr_fd, status_fd = fds
-        message = json.dumps({"seal_offset": offset}).encode()
         try:
-            socket.send_fds(
-                spare.sock, [message], [request_fd, stdout_fd, stderr_fd, status_fd, client.table]
-            )
+            socket.send_fds(spare.sock, [encoded], fds)
         except OSError:  # it died: reap it, and fork
             self.spare = spare
             self._retire_spare()
             return False
-        spare.sock.close()
-        for fd in (request_fd, status_fd):  # the spare has its own
-            os.close(fd)
-        self._forked(client, ident, spare.pid, spare.pidfd, offset, fds)
+        self.handing[spare.sock.fileno()] = _Handing(spare, client, ident, fds, offset, data)
+        self._watch(spare.sock.fileno())
+        client.children[spare.pid] = ident  # type: ignore[assignment]  # killed with the client's
+        if changed is not None:  # the zygote follows, while the spare runs: for the next spare
+            self._apply(changed[1], changed[2])
         return True
+
+    def _taken(self, handing: _Handing) -> None:
+        """The spare of ``handing`` said it took its request ("taken"), or died before it did
+        (end of file): the client is told it forked, or the request gets a child forked for
+        it (the spare ran none of it)."""
+        spare, client = handing.spare, handing.client
+        try:
+            said = spare.sock.recv(64, socket.MSG_DONTWAIT)
+        except OSError:
+            said = b""
+        self._unwatch(spare.sock.fileno())
+        spare.sock.close()
+        request_fd, stdout_fd, stderr_fd, status_fd = handing.fds
+        if said == b"taken":
+            for fd in (request_fd, status_fd):  # the spare's now
+                os.close(fd)
+            if client is None:  # gone meanwhile, its children killed: reaped as nobody's
+                self.children[spare.pid] = _Child(spare.pidfd, None, None, (stdout_fd, stderr_fd))
+            else:
+                self._forked(
+                    client, handing.ident, spare.pid, spare.pidfd, handing.offset, handing.fds
+                )
+            return
+        self.children[spare.pid] = _Child(spare.pidfd, None, None, ())  # reaped as nobody's
+        if client is None:
+            for fd in handing.fds:
+                os.close(fd)
+            return
+        client.children.pop(spare.pid, None)
+        self._fork_for(client, handing.ident, handing.fds, handing.offset, handing.data)
 
     def _retire_spare(self) -> None:
         """Send the spare away (it reads end of file and leaves); it is reaped as a child of
@@ -545,7 +690,9 @@ class Zygote:
             self.child.read_all(fd).endswith(b"\n{}")
         finally:
             os.close(fd)
-        json.dumps({"seal_offset": 0}).encode()
+        if self.spare is not None:  # the setting compared with itself: no variable changed
+            _environ_change(self.spare, b"\n" + self.spare.setting)
+        json.dumps({"client": 0, "serial": 0, "seal_offset": 0, "environ": {}}).encode()
         json.dumps({"event": "forked", "id": 0, "pid": 0}).encode()
         _Child(-1, None, 0, ())
 
@@ -562,7 +709,7 @@ class Zygote:
         before the request comes). Nothing here may change what the request's run sees.
         """
         child = self.child
-        json.loads(_pass_descriptors({"seal_offset": 0}, _SPARE_FDS))
+        json.loads(_pass_descriptors({"client": 0, "serial": 0, "seal_offset": 0}, _CHILD_FDS))
         json.loads(
             b'{"target": "os:getpid", "args": [], "main_path": null}\n{}'.partition(b"\n")[0]
         )
@@ -579,6 +726,7 @@ class Zygote:
                 page.close()
         finally:
             os.close(fd)
+        child._apply_request({"env": {}})  # sets nothing: the child's flag is set already
         child.plain_problem(child._resolve("os:getpid", None, None)(), "a value")
         child._make_streams()
 
@@ -591,27 +739,36 @@ class Zygote:
         except Exception:  # a rehearsal that fails costs the request its page copies, no more
             pass
         try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, 1024, _SPARE_FDS)
+            message, fds, _flags, _addr = socket.recv_fds(sock, _SPARE_MESSAGE, _CHILD_FDS)
         except OSError:
             message, fds = b"", []
-        if not message or len(fds) != _SPARE_FDS:
+        if not message or len(fds) != _CHILD_FDS:
             _leave_quietly(0)  # sent away
-        sock.close()
-        request_fd, stdout_fd, stderr_fd, status_fd, table_fd = fds
         try:
-            seal = (self.child._map_page(table_fd, json.loads(message)["seal_offset"]), 0)
-        except (OSError, ValueError, TypeError, KeyError):
-            seal = None  # the client then finds no seal, and says so
-        os.close(table_fd)
+            sock.send(b"taken")  # the zygote tells the client it forked
+        except OSError:
+            pass  # the zygote is gone: its death signal comes
+        sock.close()
+        request_fd, stdout_fd, stderr_fd, status_fd = fds
+        try:  # the client's guard table, as the zygote had mapped it when it forked the spare
+            orders = json.loads(message)
+            client = self.clients[orders["client"]]
+            if client.serial != orders["serial"] or client.table_map is None:
+                raise KeyError(orders["serial"])
+            seal = (client.table_map, orders["seal_offset"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            orders, seal = {}, None  # the client then finds no seal, and says so
         try:
             request = json.loads(self.child.read_all(request_fd).partition(b"\n")[0])
-        except (OSError, ValueError) as exc:
-            request = exc
-        os.close(request_fd)
-        if not isinstance(request, dict):
+            if not isinstance(request, dict):
+                raise ValueError("the request is not a JSON object")
+            # the variables in which the request's environment differs from the zygote's
+            self.child._apply_request({"env": orders.get("environ") or {}})
+        except Exception as exc:
             status = self.child._Status(status_fd, seal, echo=False)
-            status.harness_error(f"could not read the request in the child: {request}")
+            status.harness_error(f"could not set up the child: {type(exc).__name__}: {exc}")
             _leave_quietly(self.child.EXIT_HARNESS_ERROR)
+        os.close(request_fd)
         self.child.run_child(
             request,
             stdout_fd=stdout_fd,

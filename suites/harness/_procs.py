@@ -73,3 +73,12 @@ start-up on a loaded machine (or under mutmut, whose copy of ``_child.py`` impor
 def deadline_s(style: str, seconds: float) -> float:
     """``seconds``, plus :data:`EXEC_START_S` for the exec style."""
     return seconds + EXEC_START_S if style == "exec" else seconds
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids of the live children of process ``pid`` (its main thread's), in no set order."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(found) for found in children.read().split()]
+    except FileNotFoundError:
+        return []

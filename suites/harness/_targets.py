@@ -171,6 +171,17 @@ def hygiene() -> dict:
     }
 
 
+def open_descriptors() -> dict[str, str]:
+    """The descriptors open in this child, each with what it is open on (``/proc/self/fd``)."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            found[name] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own, closed by now
+            pass
+    return found
+
+
 def env_values(*names: str) -> list:
     """The values of ``names`` in this child's environment (None when unset)."""
     return [os.environ.get(name) for name in names]

@@ -1,0 +1,159 @@
+"""The forkserver's spare: a child its zygote forks ahead of the next request (issue 18, item
+13). A request whose setting (environment, ``sys.path``, working directory) is the one the
+spare was forked with, or differs from it only in environment variables, runs in the spare;
+it then sees exactly what a child forked for it would: its variables, its set-up, only its
+own descriptors. Any other request gets a child forked for it, and the spare is sent away. A
+spare that died is replaced; none outlives its zygote.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import harness
+from harness import _forkserver
+from suites.harness import _procs, _targets
+
+
+def run(target, *args, **kwargs) -> harness.Outcome:
+    return harness.run_child(target, *args, style="forkserver", timeout=30.0, **kwargs)
+
+
+def spare_of(zygote: int, within_s: float = 5.0) -> int:
+    """The pid of the spare of ``zygote``: its one live child once none of ours runs."""
+    deadline = time.monotonic() + within_s
+    while True:
+        live = [pid for pid in _procs.children_of(zygote) if not _procs.wait_until_dead(pid, 0)]
+        if len(live) == 1:
+            return live[0]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"zygote {zygote} has no one spare: its live children {live}")
+        time.sleep(0.005)
+
+
+def zygote() -> int:
+    run("os:getpid").assert_clean()  # one is running, and its state is this request's
+    return _forkserver.current().pid
+
+
+def test_a_request_like_the_one_before_runs_in_the_spare_forked_ahead():
+    spare = spare_of(zygote())
+
+    outcome = run(_targets.hygiene).assert_clean()
+
+    assert outcome.pid == spare  # forked before the request: the spare
+    seen = outcome.returned
+    assert seen["pgid"] == seen["pid"] == spare
+    assert _targets.set_up_of(seen) == _targets.SET_UP
+    assert seen["stdin"] == "/dev/null"
+    assert seen["deathsig"] == signal.SIGKILL
+    assert seen["flag"] == "1"
+    assert seen["cwd"] == os.getcwd()
+    assert (seen["pytest_imported"], seen["harness_imported"]) == (False, False)
+
+
+def test_a_spare_sees_the_variables_its_request_changed(monkeypatch):
+    monkeypatch.setenv("DEVMEM_T_GONE", "before")
+    monkeypatch.delenv("DEVMEM_T_NEW", raising=False)
+    spare = spare_of(zygote())
+    monkeypatch.setenv("DEVMEM_T_NEW", "new")
+    monkeypatch.delenv("DEVMEM_T_GONE")
+
+    outcome = run(_targets.env_values, "DEVMEM_T_NEW", "DEVMEM_T_GONE", "PYTEST_CURRENT_TEST")
+
+    assert outcome.pid == spare
+    assert outcome.returned == ["new", None, os.environ["PYTEST_CURRENT_TEST"]]
+    # and so does the next spare, forked once the zygote has set them too
+    spare = spare_of(_forkserver.current().pid)
+    outcome = run(_targets.env_values, "DEVMEM_T_NEW", "DEVMEM_T_GONE")
+    assert (outcome.pid, outcome.returned) == (spare, ["new", None])
+
+
+def test_a_request_in_another_directory_gets_a_child_forked_for_it(tmp_path, monkeypatch):
+    spare = spare_of(zygote())
+    monkeypatch.chdir(tmp_path)
+
+    outcome = run(_targets.hygiene).assert_clean()
+
+    assert outcome.pid != spare
+    assert outcome.returned["cwd"] == str(tmp_path)
+    assert _procs.wait_until_dead(spare)  # sent away
+    assert spare not in _procs.zombies_of({_forkserver.current().pid})  # and reaped
+
+
+def test_a_request_with_its_own_env_variables_runs_in_a_spare_with_them():
+    spare = spare_of(zygote())
+
+    outcome = run(_targets.env_values, "DEVMEM_T_OWN", env={"DEVMEM_T_OWN": "mine"})
+
+    assert (outcome.pid, outcome.returned) == (spare, ["mine"])
+    assert run(_targets.env_values, "DEVMEM_T_OWN").returned == [None]  # never the next's
+
+
+def test_a_spare_that_died_is_replaced():
+    server = zygote()
+    spare = spare_of(server)
+    os.kill(spare, signal.SIGKILL)
+
+    outcome = run(_targets.give_back, 7).assert_clean()  # at once: the zygote may not know yet
+
+    assert outcome.pid != spare
+    assert outcome.returned["args"] == [7]
+    assert _procs.wait_until_dead(spare)
+    assert spare_of(server) not in (spare, outcome.pid)  # a new one
+    assert spare not in _procs.zombies_of({server})
+
+
+def test_a_spare_holds_only_the_descriptors_of_a_child_forked_for_its_request(monkeypatch):
+    spare = spare_of(zygote())
+    in_spare = run(_targets.open_descriptors).assert_clean()
+    monkeypatch.chdir("/")  # another setting: a child forked for the request
+    forked = run(_targets.open_descriptors).assert_clean()
+
+    assert in_spare.pid == spare
+    assert forked.pid != spare
+    for outcome in (in_spare, forked):
+        opened = sorted(outcome.returned.values())  # 0, 1, 2, the status channel
+        assert opened == [
+            "/dev/null",
+            "/memfd:devmem-death (deleted)",
+            *sorted(target for target in opened if target.startswith("pipe:")),
+        ], outcome.returned
+
+
+SERVE_AND_LEAVE = """
+import sys, time
+import harness
+from harness import _forkserver
+outcome = harness.run_child("os:getpid", style="forkserver", timeout=30.0)
+assert outcome.kind == "exited", outcome
+zygote = _forkserver.current().pid
+for _ in range(500):
+    children = open(f"/proc/{zygote}/task/{zygote}/children").read().split()
+    if children:
+        break
+    time.sleep(0.01)
+print(zygote, *children, flush=True)
+if sys.argv[1] == "kill":
+    import os, signal
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_no_spare_outlives_its_zygote():
+    for how in ("exit", "kill"):
+        result = subprocess.run(
+            [sys.executable, "-c", SERVE_AND_LEAVE, how],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        pids = [int(word) for word in result.stdout.split()]
+        assert len(pids) == 2, (how, result.stdout, result.stderr)  # the zygote, its spare
+        for pid in pids:
+            assert _procs.wait_until_dead(pid), f"{pid} outlived the test process ({how})"
