@@ -3,11 +3,14 @@
 Measures the median wall time of ``harness.run_child`` (launch, run, reap, read back) for the
 fork, forkserver and exec styles, with a trivial target (``os:getpid``) and with a target that
 imports NumPy (``pkgutil:resolve_name("numpy:__version__")``). Like a test process of this
-project, the benchmark process has NumPy imported, and the forkserver zygote preloads it. Each
-child is timed right after a reference: a raw ``os.fork()`` whose child calls ``os._exit(0)``,
-reaped with ``os.waitpid`` (the floor any fork-based harness pays), so the verdicts are ratios
-taken in the same run, under the same load. Beside them, pytest-forked's cost per test: N
-trivial tests run under ``--forked`` and without, in the same run, (forked - plain) / N; and
+project, the benchmark process has NumPy imported, and the forkserver zygote preloads it. The
+children are timed in blocks of :data:`BLOCK`, each block right after as many references: a
+raw ``os.fork()`` whose child calls ``os._exit(0)``, reaped with ``os.waitpid`` (the floor any
+fork-based harness pays), so the verdicts are ratios taken in the same run, under the same
+load; and as many raw forks whose child runs the target, after the block. Children back to
+back, with nothing between them, are timed too (forkserver). Beside them, pytest-forked's
+cost per test: N trivial tests run under ``--forked`` and without, in the same run,
+(forked - plain) / N; and
 the pair the harness competes with: N items that each run one death-test child
 (``death.run("os:getpid")``, the ``death`` fixture's defaults) against the N trivial items
 under ``--forked``, wall time of the whole pytest run, in the same run.
@@ -25,11 +28,14 @@ request, no harness) timed against the raw fork like the children; with the CPU 
 trivial child of the zygote and of its child against the bare server's and its child's
 (``/proc/PID/stat``, clock ticks), which is what the harness's own work costs there.
 
-Targets (verdicts on ratios, so a busy or slow machine gives the same verdict):
+Targets (verdicts on ratios, so a busy or slow machine gives the same verdict), each child
+against a raw fork whose child runs the same target (for the trivial target, a bare raw fork:
+``os.getpid`` is nothing; the NumPy target is not, see docs/results.md), so that the ratio is
+what the harness adds, not what the target costs:
 
 - a fork-style child costs at most 1.5x a raw fork (trivial and NumPy targets);
-- a forkserver child costs at most 1.0x a raw fork of this process (its zygote is far smaller
-  than the process a raw fork copies);
+- a forkserver child costs at most 1.0x a raw fork of this process (a forkserver child is
+  forked ahead of its request, see ``harness/_zygote.py``);
 - N death-test items take at most 0.8x the wall time of N trivial ``--forked`` items;
 - exec costs at least 5x forkserver for the NumPy target (why the forkserver exists).
 
@@ -355,12 +361,13 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
     back_to_back, back_to_back_raws = time_back_to_back("forkserver", repeat)
     floor, floor_raws, floor_cpu = time_floor_server(repeat)
     forked = time_pytest_forked(forked_tests, forked_repeat)
-    ratios = {
+    ratios = {  # each target against a raw fork whose child runs it too: the harness's cost
         "fork_over_raw": max(
-            children["fork"]["trivial_over_raw"], children["fork"]["numpy_over_raw"]
+            children["fork"]["trivial_over_raw"], children["fork"]["numpy_over_raw_target"]
         ),
         "forkserver_over_raw": max(
-            children["forkserver"]["trivial_over_raw"], children["forkserver"]["numpy_over_raw"]
+            children["forkserver"]["trivial_over_raw"],
+            children["forkserver"]["numpy_over_raw_target"],
         ),
         "death_items_over_forked": forked["death_items_over_forked"],
         "exec_over_forkserver_numpy": children["exec"]["numpy_ms"]
@@ -454,8 +461,9 @@ def format_table(results: dict) -> str:
     )
     lines += [
         "",
-        f"Medians of {results['repeat']} children per cell (exec: a quarter), each right after a"
-        " raw fork; (Nx) = the median of each child over the raw fork beside it. Faults: medians"
+        f"Medians of {results['repeat']} children per cell (exec: a quarter), in blocks of"
+        f" {BLOCK} after as many raw forks, {GAP_S * 1000:g} ms apart; (Nx) = the median of each"
+        " child over its raw fork (back to back: over the median raw fork). Faults: medians"
         " of getrusage's ru_minflt per child (a forkserver child is its zygote's: -)."
         f" pytest-forked: {forked['tests']} trivial tests,"
         f" {forked['forked_s']:.2f} s with --forked vs {forked['plain_s']:.2f} s without (median"

@@ -548,14 +548,16 @@ class Zygote:
     # -- the spare: a child forked ahead ------------------------------------------------------
 
     def _fork_spare(self) -> None:
-        """Fork a child ahead of any request, while no child runs (so that the fork delays no
-        child's reaping): the *spare*. It closes the zygote's descriptors, takes its own
-        process group, has itself killed when the zygote dies, and waits on a socket for a
-        request (:meth:`_serve_as_spare`). So the next request whose setting (environment,
-        ``sys.path``, working directory: what the zygote had applied when it forked the spare)
-        matches is run without a fork, or the page copies a fork's own steps cost the child
-        (Python's after-fork hooks), on its path: a forkserver child then costs less than a
-        raw fork of the test process. A spare that does not fit a request is sent away."""
+        """Fork a child ahead of the next request, once no child runs (a spare forked while
+        one runs would take the CPU it runs on, and its page copies that child's time): the
+        *spare*. It closes the zygote's descriptors, takes its own process group, has itself
+        killed when the zygote dies, rehearses its path (:meth:`_rehearse`) and waits on a
+        socket for a request (:meth:`_serve_as_spare`). The next request whose setting
+        (environment, ``sys.path``, working directory: what the zygote had applied when it
+        forked the spare) matches, or differs in environment variables only, is then run
+        without a fork, and without most of the page copies a fork costs the child (Python's
+        after-fork hooks, the first run of the child's path), on its path. A spare that does
+        not fit a request is sent away."""
         try:
             decoded = json.loads(self.applied)  # type: ignore[arg-type]
         except ValueError:
@@ -592,10 +594,11 @@ class Zygote:
         self._watch(pidfd)
         known = frozenset(c.serial for c in self.clients.values() if c.table_map is not None)
         self.spare = _Spare(pid, pidfd, ours, self.applied, decoded, known)  # type: ignore[arg-type]
-        try:
-            self._rehearse_forward()
-        except Exception:  # a rehearsal that fails costs the next request its copies, no more
-            pass
+        if not self.poller.poll(0):  # nothing waits (a rehearsal would only delay it)
+            try:
+                self._rehearse_forward()
+            except Exception:  # a rehearsal that fails costs the next request its copies
+                pass
 
     def _hand_to_spare(
         self, client: _Client, ident: object, fds: list[int], offset: int, data: bytes
@@ -735,8 +738,13 @@ class Zygote:
         the zygote). Leaves at end of file. Never returns."""
         sock = socket.socket(fileno=sock_fd)
         try:
-            self._rehearse()
-        except Exception:  # a rehearsal that fails costs the request its page copies, no more
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # a request waits already:
+        except BlockingIOError:  # none does: rehearse (a rehearsal then would only delay it)
+            try:
+                self._rehearse()
+            except Exception:  # a rehearsal that fails costs the request its copies, no more
+                pass
+        except OSError:
             pass
         try:
             message, fds, _flags, _addr = socket.recv_fds(sock, _SPARE_MESSAGE, _CHILD_FDS)
