@@ -73,6 +73,16 @@ def test_a_spare_sees_the_variables_its_request_changed(monkeypatch):
     assert (outcome.pid, outcome.returned) == (spare, ["new", None])
 
 
+def test_a_spare_imports_a_module_written_after_it_was_forked(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spare = spare_of(zygote())  # its setting: this sys.path, the directory empty
+    (tmp_path / "devmem_t_late.py").write_text("def value():\n    return 'written late'\n")
+
+    outcome = run("devmem_t_late:value").assert_clean()
+
+    assert (outcome.pid, outcome.returned) == (spare, "written late")
+
+
 def test_a_request_in_another_directory_gets_a_child_forked_for_it(tmp_path, monkeypatch):
     spare = spare_of(zygote())
     monkeypatch.chdir(tmp_path)
