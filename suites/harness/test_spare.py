@@ -8,6 +8,7 @@ spare that died is replaced; none outlives its zygote.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -102,6 +103,24 @@ def test_a_request_with_its_own_env_variables_runs_in_a_spare_with_them():
 
     assert (outcome.pid, outcome.returned) == (spare, ["mine"])
     assert run(_targets.env_values, "DEVMEM_T_OWN").returned == [None]  # never the next's
+
+
+def test_a_client_that_connected_after_the_spare_gets_a_child_forked_for_it(tmp_path):
+    spare = spare_of(zygote())
+    result = tmp_path / "result.json"
+    pid = os.fork()  # a new process: it connects to the same zygote (the root's) as a new client
+    if pid == 0:
+        try:
+            outcome = run(_targets.give_back, "late")
+            result.write_text(json.dumps([outcome.kind, outcome.pid, outcome.returned["args"]]))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+    kind, child, args = json.loads(result.read_text())
+    assert (kind, args) == ("exited", ["late"])
+    assert child != spare  # the spare has not mapped that client's guard table
+    assert _procs.wait_until_dead(spare)  # sent away for one that has
 
 
 def test_a_spare_that_died_is_replaced():
