@@ -15,6 +15,9 @@ import subprocess
 import sys
 import time
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 import harness
 from harness import _forkserver
 from suites.harness import _procs, _targets
@@ -186,3 +189,66 @@ def test_no_spare_outlives_its_zygote():
         assert len(pids) == 2, (how, result.stdout, result.stderr)  # the zygote, its spare
         for pid in pids:
             assert _procs.wait_until_dead(pid), f"{pid} outlived the test process ({how})"
+
+
+NAMES = ("DEVMEM_T_A", "DEVMEM_T_B")
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), st.sampled_from(NAMES), st.sampled_from(["a", "b", "", "ü"])),
+        st.tuples(st.just("unset"), st.sampled_from(NAMES)),
+        st.tuples(st.just("chdir"), st.sampled_from([0, 1])),
+        st.tuples(st.just("override"), st.sampled_from(NAMES), st.sampled_from(["x", None])),
+        st.tuples(st.just("idle")),  # time for the zygote to fork a spare and rehearse it
+        st.tuples(st.just("kill")),  # the spare, if there is one, killed
+    ),
+    max_size=10,
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(steps=STEPS)
+def test_every_child_sees_its_own_request_whatever_came_before(steps, tmp_path_factory):
+    # Random sequences of requests, each after a change of the test process's environment or
+    # working directory, a per-call override, a pause or a killed spare: whether it runs in a
+    # spare or in a child forked for it, each child sees exactly its own request (the oracle:
+    # this process's environment and directory when it asked, with the call's overrides).
+    directories = [str(tmp_path_factory.mktemp("spare")) for _ in range(2)]
+    saved_env = {name: os.environ.get(name) for name in NAMES}
+    saved_cwd = os.getcwd()
+    try:
+        server = zygote()
+        for step in steps:
+            override: dict[str, str | None] = {}
+            if step[0] == "set":
+                os.environ[step[1]] = step[2]
+            elif step[0] == "unset":
+                os.environ.pop(step[1], None)
+            elif step[0] == "chdir":
+                os.chdir(directories[step[1]])
+            elif step[0] == "override":
+                override = {step[1]: step[2]}
+            elif step[0] == "idle":
+                time.sleep(0.02)
+            else:
+                for pid in _procs.children_of(server):
+                    os.kill(pid, signal.SIGKILL)
+            expected = {name: os.environ.get(name) for name in NAMES} | override
+
+            outcome = run(_targets.env_values, *NAMES, "DEVMEM_DEATH_CHILD", env=override)
+            place = run(_targets.hygiene, env=override).assert_clean().returned
+
+            assert outcome.kind == "exited", (step, outcome)
+            assert outcome.returned == [*expected.values(), "1"], step
+            assert place["cwd"] == os.getcwd(), step
+            assert _targets.set_up_of(place) == _targets.SET_UP, step
+    finally:
+        os.chdir(saved_cwd)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
