@@ -10,10 +10,9 @@ fork-based harness pays), so the verdicts are ratios taken in the same run, unde
 load; and as many raw forks whose child runs the target, after the block. Children back to
 back, with nothing between them, are timed too (forkserver). Beside them, pytest-forked's
 cost per test: N trivial tests run under ``--forked`` and without, in the same run,
-(forked - plain) / N; and
-the pair the harness competes with: N items that each run one death-test child
-(``death.run("os:getpid")``, the ``death`` fixture's defaults) against the N trivial items
-under ``--forked``, wall time of the whole pytest run, in the same run.
+(forked - plain) / N; and the pair the harness competes with: N items that each run one
+death-test child (``death.run("os:getpid")``, the ``death`` fixture's defaults) against the N
+trivial items under ``--forked``, wall time of the whole pytest run, in the same run.
 
 Beside each time, the minor page faults it costs (``getrusage``'s ``ru_minflt``, medians):
 in this process (every page it writes after a fork faults once, the fork having made it
