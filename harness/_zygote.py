@@ -341,7 +341,7 @@ class Zygote:
             else:
                 ready.add(fd)
         for fd in taken:  # first: a spare that took its request may have ended already
-            self._taken(self.handing.pop(fd))
+            self._taken(self.handing[fd])
         for pid, child in list(self.children.items()):
             if child.pidfd in ready or (child.pidfd < 0 and self._ended(pid)):
                 self._reap(pid)
@@ -647,12 +647,15 @@ class Zygote:
     def _taken(self, handing: _Handing) -> None:
         """The spare of ``handing`` said it took its request ("taken"), or died before it did
         (end of file): the client is told it forked, or the request gets a child forked for
-        it (the spare ran none of it)."""
+        it (a spare runs nothing of a request it has not said it took)."""
         spare, client = handing.spare, handing.client
         try:
             said = spare.sock.recv(64, socket.MSG_DONTWAIT)
+        except BlockingIOError:  # nothing yet after all: wait on
+            return
         except OSError:
             said = b""
+        del self.handing[spare.sock.fileno()]
         self._unwatch(spare.sock.fileno())
         spare.sock.close()
         request_fd, stdout_fd, stderr_fd, status_fd = handing.fds
@@ -755,8 +758,8 @@ class Zygote:
             _leave_quietly(0)  # sent away
         try:
             sock.send(b"taken")  # the zygote tells the client it forked
-        except OSError:
-            pass  # the zygote is gone: its death signal comes
+        except OSError:  # unsaid, the zygote forks a child for the request: run none of it
+            _leave_quietly(0)
         sock.close()
         request_fd, stdout_fd, stderr_fd, status_fd = fds
         try:  # the client's guard table, as the zygote had mapped it when it forked the spare

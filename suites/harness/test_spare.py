@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harness
-from harness import _forkserver
+from harness import _child, _forkserver
+from harness._fd import anonymous_fd
+from harness._zygote import Zygote
 from suites.harness import _procs, _targets
 
 
@@ -159,6 +162,37 @@ def test_a_spare_holds_only_the_descriptors_of_a_child_forked_for_its_request(mo
             "/memfd:devmem-death (deleted)",
             *sorted(target for target in opened if target.startswith("pipe:")),
         ], outcome.returned
+
+
+def test_a_spare_that_cannot_say_it_took_a_request_runs_none_of_it(tmp_path):
+    # The zygote forks a child for a request its spare did not say it took: were the spare to
+    # run it too, the target would run twice. Here the zygote's end is closed before the spare
+    # answers (its "taken" fails): the spare must leave without running anything.
+    spare = Zygote.__new__(Zygote)  # only what _serve_as_spare reads
+    spare.child, spare.clients = _child, {}
+    request = json.dumps({"target": "suites.harness._targets:give_back", "args": []})
+    request_fd, status_fd = anonymous_fd(), anonymous_fd()
+    os.write(request_fd, request.encode() + b"\n{}")
+    read_end, write_end = os.pipe()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    message = json.dumps({"client": 0, "serial": 0, "seal_offset": 0}).encode()
+    socket.send_fds(ours, [message], [request_fd, write_end, write_end, status_fd])
+    ours.close()  # before the fork: the spare's "taken" meets a closed end
+    pid = os.fork()
+    if pid == 0:
+        try:
+            spare._serve_as_spare(theirs.fileno())
+        finally:
+            os._exit(3)
+    theirs.close()
+    os.close(write_end)
+    try:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # it left, as one sent away
+        assert _child.read_all(status_fd) == b""  # not even a "started" record
+    finally:
+        for fd in (request_fd, status_fd, read_end):
+            os.close(fd)
 
 
 SERVE_AND_LEAVE = """
