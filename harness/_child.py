@@ -20,6 +20,11 @@ Order of operations in :func:`run_child` (each step relies on the ones before it
    module is imported, so module-level reads see them), with ``DEVMEM_DEATH_CHILD=1``;
 5. a ``started`` record; import and call the target; one final record; ``os._exit``.
 
+A forkserver child inherits steps 1 (but its group and death), 3 and 4 from its zygote, which
+did them before the fork (``run_child(set_up_by_parent=True)``, see :func:`set_up_ahead`); a
+spare (a child the zygote forked ahead of its request, see ``_zygote.py``) took its group and
+its death signal when it was forked, and does step 0 first once it has taken a request.
+
 Status channel: a file of records, one JSON object per line; the ``event`` key names it:
 
 - ``{"event": "started", "pid": int}``: the child is set up and about to import the target.

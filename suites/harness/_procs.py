@@ -76,9 +76,11 @@ def deadline_s(style: str, seconds: float) -> float:
 
 
 def children_of(pid: int) -> list[int]:
-    """Pids of the live children of process ``pid`` (its main thread's), in no set order."""
+    """Pids of the children of process ``pid`` (its main thread's) that are alive (neither
+    zombies nor gone), in no set order."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as children:
-            return [int(found) for found in children.read().split()]
+            found = [int(child) for child in children.read().split()]
     except FileNotFoundError:
         return []
+    return [child for child in found if (_stat(child) or ("X",))[0] not in ("Z", "X")]

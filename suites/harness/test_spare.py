@@ -26,9 +26,7 @@ from harness._fd import anonymous_fd
 from harness._zygote import Zygote
 from suites.harness import _procs, _targets
 
-
-def run(target, *args, **kwargs) -> harness.Outcome:
-    return harness.run_child(target, *args, style="forkserver", timeout=30.0, **kwargs)
+run = harness.DeathRunner(style="forkserver", timeout=30.0).run
 
 
 def spare_of(zygote: int, within_s: float = 5.0) -> int:
@@ -37,7 +35,7 @@ def spare_of(zygote: int, within_s: float = 5.0) -> int:
     deadline = time.monotonic() + within_s
     seen = None
     while True:
-        live = [pid for pid in _procs.children_of(zygote) if not _procs.wait_until_dead(pid, 0)]
+        live = _procs.children_of(zygote)
         if len(live) == 1 and live[0] == seen:
             return seen
         seen = live[0] if len(live) == 1 else None
