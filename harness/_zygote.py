@@ -697,7 +697,7 @@ class Zygote:
         finally:
             os.close(fd)
         if self.spare is not None:  # the setting compared with itself: no variable changed
-            _environ_change(self.spare, b"\n" + self.spare.setting)
+            _environ_change(self.spare, self.spare.suffix)
         json.dumps({"client": 0, "serial": 0, "seal_offset": 0, "environ": {}}).encode()
         json.dumps({"event": "forked", "id": 0, "pid": 0}).encode()
         _Child(-1, None, 0, ())

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import harness
 from harness import _child, _forkserver
 from harness._fd import anonymous_fd
-from harness._zygote import Zygote
+from harness._zygote import Zygote, _environ_change, _Spare
 from suites.harness import _procs, _targets
 
 run = harness.DeathRunner(style="forkserver", timeout=30.0).run
@@ -160,6 +160,42 @@ def test_a_spare_holds_only_the_descriptors_of_a_child_forked_for_its_request(mo
             "/memfd:devmem-death (deleted)",
             *sorted(target for target in opened if target.startswith("pipe:")),
         ], outcome.returned
+
+
+ENVIRONS = st.dictionaries(st.sampled_from("ABCD"), st.sampled_from(["", "1", "2", "é"]))
+SETTINGS = st.fixed_dictionaries(
+    {"environ": ENVIRONS, "cwd": st.sampled_from(["/", "/tmp"]), "sys_path": st.just(["/x"])}
+)
+
+
+@given(before=SETTINGS, after=SETTINGS)
+def test_a_setting_fits_a_spare_when_only_its_variables_differ(before, after):
+    # The oracle: the variables' change, applied to the spare's environment, gives the
+    # request's; anything else that differs means no fit (a child forked for the request).
+    encoded = json.dumps(before).encode()
+    spare = _Spare(0, -1, None, encoded, json.loads(encoded), frozenset())
+    request = b'{"target": "m:f"}\n' + json.dumps(after).encode()
+
+    change = _environ_change(spare, request)
+
+    if before["cwd"] != after["cwd"]:
+        assert change is None
+        return
+    assert change is not None
+    variables, decoded, setting = change
+    environ = dict(before["environ"])
+    for name, value in variables.items():
+        if value is None:
+            environ.pop(name)
+        else:
+            environ[name] = value
+    assert environ == after["environ"]
+    assert set(variables) == set(before["environ"]) ^ set(after["environ"]) | {
+        name
+        for name in before["environ"].keys() & after["environ"].keys()
+        if before["environ"][name] != after["environ"][name]
+    }  # only the names that changed
+    assert (decoded, setting) == (after, json.dumps(after).encode())
 
 
 def test_a_spare_that_cannot_say_it_took_a_request_runs_none_of_it(tmp_path):
