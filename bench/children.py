@@ -51,7 +51,6 @@ Exits 1 on a missed target only under ``--check``. Not a test.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import resource
@@ -61,8 +60,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import _common  # bench/_common.py, beside this script
 
@@ -194,7 +194,9 @@ def time_children(
     return children, raws, with_target, cpu
 
 
-def report_only_child(request: dict, *, status_fd: int, seal: object, status_identity, **_):
+def report_only_child(
+    request: dict, *, status_fd: int, seal: object, status_identity: tuple[int, int] | None, **_
+):
     """A fork child that does only what its parent needs to read a clean outcome: its pid into
     its seal, a ``started`` and a ``returned`` record, ``os._exit(0)``. No group, no death
     signal, no signal or descriptor set-up, no target: with it in place of
@@ -209,17 +211,17 @@ def report_only_child(request: dict, *, status_fd: int, seal: object, status_ide
     os._exit(0)
 
 
-@contextlib.contextmanager
-def report_only_children() -> Iterator[None]:
-    """Fork-style children run :func:`report_only_child` within the block."""
-    from harness import _child
-
-    real = _child.run_child
-    _child.run_child = report_only_child
-    try:
-        yield
-    finally:
-        _child.run_child = real
+def _summary(counted: list, raws: list) -> dict[str, float | None]:
+    """The figures of one cell, from :func:`time_children`'s two lists of ``(seconds, faults
+    in this process, faults in the child)``: ``ms`` (median), ``over_raw`` (paired ratio over
+    the raw forks), ``faults_parent`` and ``faults_child`` (medians)."""
+    times = [seconds for seconds, _, _ in counted]
+    return {
+        "ms": statistics.median(times) * 1000,
+        "over_raw": _common.paired_ratio(times, [seconds for seconds, _, _ in raws]),
+        "faults_parent": statistics.median(own for _, own, _ in counted),
+        "faults_child": statistics.median(child for _, _, child in counted),
+    }
 
 
 def time_back_to_back(style: str, repeat: int) -> tuple[list[float], list[float]]:
@@ -366,6 +368,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
     import numpy  # noqa: F401  (a test process of this project has it: fork children inherit it)
 
     import harness
+    from harness import _child
 
     assert pkgutil.resolve_name  # imported for the fork style's sake
     harness.set_forkserver_preload(["numpy", "pkgutil"])
@@ -377,19 +380,18 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         for name, (target, args) in (("trivial", TRIVIAL), ("numpy", NUMPY)):
             counted, raw, with_target, cpu = time_children(style, target, args, runs)
             raws += raw
-            times = [seconds for seconds, _, _ in counted]
             row = children[style]
-            row[f"{name}_ms"] = statistics.median(times) * 1000
-            row[f"{name}_over_raw"] = _common.paired_ratio(times, [r[0] for r in raw])
-            row[f"{name}_over_raw_target"] = _common.paired_ratio(times, with_target)
-            row[f"{name}_faults_parent"] = statistics.median(own for _, own, _ in counted)
-            row[f"{name}_faults_child"] = (  # a forkserver child is reaped by its zygote
-                None if style == "forkserver" else statistics.median(c for _, _, c in counted)
+            summary = _summary(counted, raw)
+            if style == "forkserver":  # its child is reaped by its zygote: not counted here
+                summary["faults_child"] = None
+            row.update((f"{name}_{key}", value) for key, value in summary.items())
+            row[f"{name}_over_raw_target"] = _common.paired_ratio(
+                [seconds for seconds, _, _ in counted], with_target
             )
             if cpu is not None:
                 row[f"{name}_cpu_ms"] = cpu
-    with report_only_children():
-        floor_children, floor_raws_fork, _, _ = time_children("fork", *TRIVIAL, repeat)
+    with mock.patch.object(_child, "run_child", report_only_child):
+        parent_side, parent_side_raws, _, _ = time_children("fork", *TRIVIAL, repeat)
     back_to_back, back_to_back_raws = time_back_to_back("forkserver", repeat)
     floor, floor_raws, floor_cpu = time_floor_server(repeat)
     forked = time_pytest_forked(forked_tests, forked_repeat)
@@ -413,14 +415,7 @@ def measure(repeat: int, forked_tests: int, forked_repeat: int) -> dict:
         "raw_fork_faults_parent": statistics.median(own for _, own, _ in raws),
         "raw_fork_faults_child": statistics.median(child for _, _, child in raws),
         "children": children,
-        "fork_parent_side": {
-            "ms": statistics.median(seconds for seconds, _, _ in floor_children) * 1000,
-            "over_raw": _common.paired_ratio(
-                [seconds for seconds, _, _ in floor_children], [r[0] for r in floor_raws_fork]
-            ),
-            "faults_parent": statistics.median(own for _, own, _ in floor_children),
-            "faults_child": statistics.median(child for _, _, child in floor_children),
-        },
+        "fork_parent_side": _summary(parent_side, parent_side_raws),
         "forkserver_back_to_back": {
             "ms": statistics.median(back_to_back) * 1000,
             "over_raw": statistics.median(back_to_back) / statistics.median(back_to_back_raws),
