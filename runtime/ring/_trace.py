@@ -103,6 +103,9 @@ def check_trace(result: RunResult) -> list[str]:
         - writes ordered: a task that overwrites elements started only after the previous
           writer of each had ended (concurrent overlapping writers leave whichever finishes
           last; see :func:`ground_truth_overwrites`);
+        - reads not overwritten: a task that overwrites elements started only after every
+          task that read them since their previous write had ended (write-after-read: else
+          the reader may see the new bytes; brute force, per element, in program order);
         - heap safety: a task's heap slice was granted (its ``alloc`` event) only after every
           task that touches an older slice on the same ring bytes had finished with it;
         - the run's ``completed`` count equals the tasks that ended.
@@ -147,9 +150,50 @@ def check_trace(result: RunResult) -> list[str]:
                     f" ({plan.tasks[w].name}) was still writing: overlapping writers ran"
                     " concurrently (write-after-write not ordered)"
                 )
+    problems += _write_after_read(plan, starts, ends, len(trace))
     problems += _heap_reuse(result, touches, starts, ends, allocs)
     if len(problems) > _MAX_REPORTED:
         problems = [*problems[:_MAX_REPORTED], f"... and {len(problems) - _MAX_REPORTED} more"]
+    return problems
+
+
+def _write_after_read(plan: Plan, starts, ends, n_events: int) -> list[str]:
+    """Writers that started before a reader of the bytes they overwrite had ended.
+
+    Per element, in program order: the latest end (an event index; a reader that never ended
+    counts as ending after everything) among the tasks that read it since its last write, and
+    which task that is. A writer that starts before that end overwrote bytes a reader still
+    needed; then the element's readers are cleared. A task's own reads do not count against
+    its own writes (it reads, then writes)."""
+    never = n_events + 1
+    sizes = {name: n for name, n in plan.externals.items()}
+    sizes[HEAP] = max((t.end for t in plan.tasks), default=0) // 4
+    latest = {name: np.full(n, -1, dtype=np.int64) for name, n in sizes.items()}
+    reader = {name: np.full(n, -1, dtype=np.int64) for name, n in sizes.items()}
+    problems = []
+    for task in plan.tasks:
+        when = starts.get(task.id) if task.kind == "kernel" else ends.get(task.id)
+        written = [(r.buffer, _elements(r)) for r in task.writes]
+        if when:
+            late: set[int] = set()
+            for buffer, idx in written:
+                hit = latest[buffer][idx] > when[0]
+                late.update(int(r) for r in np.unique(reader[buffer][idx][hit]))
+            problems += [
+                f"task {task.id} ({task.name}) overwrote bytes that task {r}"
+                f" ({plan.tasks[r].name}) was still reading: a writer ran before an earlier"
+                " reader ended (write-after-read not ordered)"
+                for r in sorted(late)
+            ]
+        end = ends[task.id][0] if task.id in ends else never
+        for region in task.reads:
+            idx = _elements(region)
+            mine = latest[region.buffer][idx] < end
+            latest[region.buffer][idx[mine]] = end
+            reader[region.buffer][idx[mine]] = task.id
+        for buffer, idx in written:
+            latest[buffer][idx] = -1
+            reader[buffer][idx] = -1
     return problems
 
 

@@ -35,7 +35,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .._checks import integer
-from ._strided import ByteSet, covers, intersects
+from ._strided import ByteSet, covers, intersects, values_in
 
 __all__ = [
     "FaninExceeded",
@@ -180,71 +180,198 @@ class Producer:
 
 @dataclass(eq=False)
 class _Entry:
+    """One recorded access: ``region`` written (or read, in the readers' index) by task
+    ``producer``. ``lo, hi``: the region's bounding byte range. ``live``: ``None`` while every
+    byte of the region is live, else the live bytes as sorted disjoint ``[lo, hi)`` intervals
+    (the bytes no later write has overwritten)."""
+
     lo: int
     hi: int
     region: Region
     producer: int
+    live: list[tuple[int, int]] | None = None
+
+
+MAX_PIECES = 64
+"""The most pieces a region is indexed (and looked up) by: its runs, or, for a region of more
+runs, blocks of its smallest dimensions (see :func:`_pieces`)."""
+
+
+def _pieces(s: ByteSet) -> list[tuple[int, int]]:
+    """The bounding byte ranges ``[lo, hi)`` a region is indexed by: one per run when it has
+    at most :data:`MAX_PIECES` runs, else one per block of its smallest dimensions, taking as
+    few dimensions into a block as bring the count to :data:`MAX_PIECES` or below. A column
+    tile of a row-major matrix is its rows, not the span from its first row to its last, so
+    it is never a candidate of the other columns' lookups. O(pieces)."""
+    dims = s.dims
+    level, count = len(dims), 1
+    while level and count * dims[level - 1][0] <= MAX_PIECES:
+        level -= 1
+        count *= dims[level][0]
+    span = s.run + sum((n - 1) * stride for n, stride in dims[:level])
+    starts = [s.base]
+    for n, stride in dims[level:]:
+        starts = [x + k * stride for x in starts for k in range(n)]
+    return [(x, x + span) for x in starts]
+
+
+def _runs(s: ByteSet) -> list[tuple[int, int]]:
+    """Every byte of ``s`` as sorted disjoint ``[lo, hi)`` intervals. O(runs log runs)."""
+    out: list[tuple[int, int]] = []
+    for x in sorted(set(s.run_starts())):
+        if out and x <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], x + s.run))
+        else:
+            out.append((x, x + s.run))
+    return out
+
+
+def _subtract(entry: _Entry, w: ByteSet) -> bool:
+    """Remove the bytes of ``w`` from ``entry``'s live bytes; whether any remain.
+
+    Cost: O(1) exact tests when ``w`` covers the entry, else the entry's runs once (its live
+    bytes are then kept as intervals) plus ``w``'s runs inside the live intervals it meets."""
+    if entry.live is None:
+        if covers(w, entry.region._bytes):
+            return False
+        if not intersects(w, entry.region._bytes):
+            return True
+        entry.live = _runs(entry.region._bytes)
+    live = entry.live
+    i = bisect.bisect_right(live, (w.lo, w.lo))
+    if i and live[i - 1][1] > w.lo:
+        i -= 1
+    j = bisect.bisect_left(live, (w.hi, w.hi), i)
+    kept = []
+    for a, b in live[i:j]:
+        cursor = a
+        for x in sorted(set(values_in(w.base, w.dims, a - w.run + 1, b - 1))):
+            if x > cursor:
+                kept.append((cursor, x))
+            cursor = max(cursor, x + w.run)
+            if cursor >= b:
+                break
+        if cursor < b:
+            kept.append((cursor, b))
+    live[i:j] = kept
+    return bool(live)
+
+
+def _classify_live(entry: _Entry, region: Region) -> Overlap:
+    """How ``entry``'s live bytes relate to ``region`` (exact). O(1) exact tests while the
+    whole entry is live, else one per live interval within ``region``'s bounding range."""
+    if entry.live is None:
+        return classify(entry.region, region)
+    q, live = region._bytes, entry.live
+    inside = live[0][0] >= q.lo and live[-1][1] <= q.hi
+    i = bisect.bisect_right(live, (q.lo, q.lo))
+    if i and live[i - 1][1] > q.lo:
+        i -= 1
+    met = False
+    for a, b in live[i : bisect.bisect_left(live, (q.hi, q.hi), i)]:
+        piece = ByteSet(a, b - a, ())
+        if not met and intersects(piece, q):
+            met = True
+            if not inside:
+                break
+        if inside and not covers(q, piece):
+            inside = False
+            if met:
+                break
+    if not met:
+        return Overlap.NO_OVERLAP
+    return Overlap.COVERED if inside else Overlap.PARTIAL
 
 
 class _Bucket:
-    """One buffer's entries, grouped by length class and sorted by first byte within a class.
+    """One buffer's entries, indexed by the pieces they touch (:func:`_pieces`), grouped by
+    length class and sorted by first byte within a class.
 
-    Class ``c`` holds the entries whose bounding range ``[lo, hi)`` is ``2**(c-1)`` to
-    ``2**c - 1`` bytes long, so an entry of class ``c`` that reaches byte ``lo`` starts after
-    ``lo - 2**c``: a lookup bisects each class's window and reads only the entries in it. Cost:
-    O(C log n + k + d) for C classes (at most 64; one or two in practice), k entries that meet
-    the lookup, and d entries of one class stacked over a single byte just before it (the
-    map's overlap depth there; writers supersede the entries they cover, so it stays small).
-    One long entry widens only its own class's window, and only while it is live (the
-    ``max_len`` of one sorted list it replaces grew for good: 11 ms per lookup at 100,000
-    tiles)."""
+    Class ``c`` holds the pieces ``[lo, hi)`` that are ``2**(c-1)`` to ``2**c - 1`` bytes long,
+    so a piece of class ``c`` that reaches byte ``lo`` starts after ``lo - 2**c``: a lookup
+    bisects each class's window for each of its own pieces and reads only the pieces in it.
+    Cost: O(P C log n + k + d) for P pieces of the lookup (at most :data:`MAX_PIECES`), C
+    classes (at most 64; one or two in practice), n pieces in the bucket, k entries that meet
+    the lookup, and d pieces of one class stacked over a single byte just before a lookup
+    piece (the map's overlap depth there; writers supersede the bytes they overwrite, so it
+    stays small). A strided entry is indexed by its rows (its runs), not by the bounding range
+    from its first row to its last: column tiles of one matrix are never each other's
+    candidates (their bounding ranges all overlap: 1.6 s per lookup at 100,000 entries)."""
 
-    __slots__ = ("classes",)
+    __slots__ = ("classes", "count")
 
     def __init__(self) -> None:
-        # class -> (first bytes, entries), both sorted by first byte
-        self.classes: dict[int, tuple[list[int], list[_Entry]]] = {}
+        # class -> (first bytes, last bytes + 1, entries), sorted by first byte
+        self.classes: dict[int, tuple[list[int], list[int], list[_Entry]]] = {}
+        self.count = 0
 
     def add(self, entry: _Entry) -> None:
-        los, entries = self.classes.setdefault((entry.hi - entry.lo).bit_length(), ([], []))
-        i = bisect.bisect_right(los, entry.lo)
-        los.insert(i, entry.lo)
-        entries.insert(i, entry)
+        for lo, hi in _pieces(entry.region._bytes):
+            los, his, entries = self.classes.setdefault((hi - lo).bit_length(), ([], [], []))
+            i = bisect.bisect_right(los, lo)
+            los.insert(i, lo)
+            his.insert(i, hi)
+            entries.insert(i, entry)
+        self.count += 1
 
     def candidates(self, lo: int, hi: int) -> list[_Entry]:
-        """The entries whose bounding range ``[e.lo, e.hi)`` meets ``[lo, hi)``."""
+        """The entries with a piece ``[p.lo, p.hi)`` that meets ``[lo, hi)`` (repeats
+        possible)."""
         found = []
-        for c, (los, entries) in self.classes.items():
+        for c, (los, his, entries) in self.classes.items():
             first = bisect.bisect_left(los, lo - (1 << c) + 1)
             last = bisect.bisect_left(los, hi, first)
-            found += [e for e in entries[first:last] if e.hi > lo]
+            found += [entries[i] for i in range(first, last) if his[i] > lo]
         return found
 
+    def lookup(self, s: ByteSet) -> list[_Entry]:
+        """The entries with a piece that meets one of ``s``'s pieces, each once."""
+        pieces = _pieces(s)
+        if len(pieces) == 1:
+            found = self.candidates(*pieces[0])
+            return found if len(found) < 2 else list({id(e): e for e in found}.values())
+        unique: dict[int, _Entry] = {}
+        for lo, hi in pieces:
+            for e in self.candidates(lo, hi):
+                unique[id(e)] = e
+        return list(unique.values())
+
     def remove(self, entry: _Entry) -> None:
-        c = (entry.hi - entry.lo).bit_length()
-        los, entries = self.classes[c]
-        i = bisect.bisect_left(los, entry.lo)
-        while entries[i] is not entry:  # entries with the same first byte: find this one
-            i += 1
-        del los[i], entries[i]
-        if not los:
-            del self.classes[c]
+        for lo, hi in _pieces(entry.region._bytes):
+            c = (hi - lo).bit_length()
+            los, his, entries = self.classes[c]
+            i = bisect.bisect_left(los, lo)
+            while entries[i] is not entry:  # pieces with the same first byte: find this one
+                i += 1
+            del los[i], his[i], entries[i]
+            if not los:
+                del self.classes[c]
+        self.count -= 1
 
     def keep_only(self, keep) -> int:
-        removed = 0
+        removed = set()
         for c in list(self.classes):
-            entries = self.classes[c][1]
-            kept = [e for e in entries if keep(e)]
-            removed += len(entries) - len(kept)
+            los, his, entries = self.classes[c]
+            kept = [i for i, e in enumerate(entries) if keep(e) or removed.add(id(e))]
             if kept:
-                self.classes[c] = ([e.lo for e in kept], kept)
+                self.classes[c] = (
+                    [los[i] for i in kept],
+                    [his[i] for i in kept],
+                    [entries[i] for i in kept],
+                )
             else:
                 del self.classes[c]
-        return removed
+        self.count -= len(removed)
+        return len(removed)
 
 
 class TensorMap:
     """Live producers' regions, bucketed by buffer; exact multi-producer lookup.
+
+    It also keeps the regions tasks read (recorded by :func:`gather_fanin`), so that a writer
+    is ordered after the readers of the bytes it overwrites (write-after-read). A write
+    through :func:`gather_fanin` (or ``lookup(..., inout=True)``) supersedes: the bytes it
+    overwrites are no longer any older entry's, and an entry left with none is dropped.
 
     Not thread-safe: the orchestration that owns it is single-threaded (every simulated core
     replays the same orchestration, so each would hold an identical map).
@@ -252,14 +379,24 @@ class TensorMap:
 
     def __init__(self) -> None:
         self._buckets: dict[Hashable, _Bucket] = {}
+        self._readers: dict[Hashable, _Bucket] = {}
         self._count = 0
 
     def __len__(self) -> int:
-        """Live entries, over all buffers."""
+        """Live write entries, over all buffers (the readers kept are :attr:`reader_count`)."""
         return self._count
 
+    @property
+    def reader_count(self) -> int:
+        """Live read entries, over all buffers: the reads no later write has overwritten."""
+        return sum(b.count for b in self._readers.values())
+
     def insert(self, region: Region, producer: int) -> None:
-        """Record that task ``producer`` wrote ``region``.
+        """Record that task ``producer`` wrote ``region``. O(P log n) for the region's P
+        pieces (:data:`MAX_PIECES` at most) among n.
+
+        It does not supersede older entries: :func:`gather_fanin` (called first, for the same
+        task) does.
 
         Raises:
             TypeError: ``region`` is not a :class:`Region`, or ``producer`` is not an integer.
@@ -272,23 +409,23 @@ class TensorMap:
         self._buckets.setdefault(region.buffer, _Bucket()).add(_Entry(lo, hi, region, producer))
         self._count += 1
 
-    def _matches(self, region: Region) -> list[tuple[_Entry, Overlap]]:
+    def _matches(self, region: Region, readers: bool = False) -> list[tuple[_Entry, Overlap]]:
         if not isinstance(region, Region):
             raise TypeError(f"region must be a Region, got {type(region).__name__}")
-        bucket = self._buckets.get(region.buffer)
+        bucket = (self._readers if readers else self._buckets).get(region.buffer)
         if bucket is None:
             return []
-        lo, hi = region.byte_range
         found = []
-        for entry in bucket.candidates(lo, hi):
-            overlap = classify(entry.region, region)
+        for entry in bucket.lookup(region._bytes):
+            overlap = _classify_live(entry, region)
             if overlap is not Overlap.NO_OVERLAP:
                 found.append((entry, overlap))
         return found
 
     def lookup(self, region: Region, *, inout: bool = False) -> list[Producer]:
-        """Every live producer whose region overlaps ``region``: deduplicated, newest (highest
-        task id) first, none of them :attr:`Overlap.NO_OVERLAP`.
+        """Every live producer whose live bytes overlap ``region``: deduplicated, newest
+        (highest task id) first, none of them :attr:`Overlap.NO_OVERLAP`. O(P C log n + k)
+        (see ``_Bucket``).
 
         Args:
             region: the consumer's region.
@@ -304,24 +441,49 @@ class TensorMap:
             self._remove([entry for entry, overlap in found if overlap is Overlap.COVERED])
         return _by_producer(found)
 
-    def _remove(self, entries: Sequence[_Entry]) -> None:
+    def _remove(self, entries: Sequence[_Entry], readers: bool = False) -> None:
+        buckets = self._readers if readers else self._buckets
         for entry in entries:
-            self._buckets[entry.region.buffer].remove(entry)
-        self._count -= len(entries)
+            buckets[entry.region.buffer].remove(entry)
+        if not readers:
+            self._count -= len(entries)
+
+    def _supersede(self, region: Region) -> None:
+        """``region`` is overwritten: its bytes leave every older write and read entry."""
+        for readers in (False, True):
+            dead = [
+                entry
+                for entry, _ in self._matches(region, readers)
+                if not _subtract(entry, region._bytes)
+            ]
+            self._remove(dead, readers)
+
+    def _record_read(self, region: Region, reader: int, written: Sequence[Region]) -> None:
+        """Task ``reader`` read ``region`` (less the bytes it writes itself)."""
+        lo, hi = region.byte_range
+        entry = _Entry(lo, hi, region, reader)
+        for w in written:
+            if w.buffer == region.buffer and not _subtract(entry, w._bytes):
+                return
+        self._readers.setdefault(region.buffer, _Bucket()).add(entry)
 
     def retire_below(self, task_id: int) -> int:
-        """Drop every entry whose producer's id is below ``task_id`` (retired tasks).
+        """Drop every entry (written or read) whose task's id is below ``task_id`` (retired
+        tasks).
 
         Returns:
-            The number of entries dropped.
+            The number of write entries dropped.
         """
         task_id = integer(task_id, "task_id", 0)
         removed = 0
-        for buffer in list(self._buckets):
-            bucket = self._buckets[buffer]
-            removed += bucket.keep_only(lambda e: e.producer >= task_id)
-            if not bucket.classes:
-                del self._buckets[buffer]
+        for buckets in (self._buckets, self._readers):
+            for buffer in list(buckets):
+                bucket = buckets[buffer]
+                dropped = bucket.keep_only(lambda e: e.producer >= task_id)
+                if buckets is self._buckets:
+                    removed += dropped
+                if not bucket.classes:
+                    del buckets[buffer]
         self._count -= removed
         return removed
 
@@ -351,40 +513,48 @@ def gather_fanin(
     writes: Iterable[Region] = (),
     max_fanin: int | None = None,
 ) -> tuple[int, ...]:
-    """A task's fan-in: every producer of the bytes it reads or overwrites, newest first,
-    deduplicated.
+    """A task's fan-in: every task it must follow, by the bytes it reads and overwrites,
+    newest first, deduplicated; then the task's accesses are recorded.
 
-    Looks up ``inputs`` (read only), ``inouts`` (read then written) and ``writes`` (written
-    without being read). A write depends on the live producers it overlaps, as a read does
-    (write-after-write: the older write must land first, or a slow old writer would leave stale
-    bytes behind the new one), and supersedes the entries it covers: they are removed, see
-    :meth:`TensorMap.lookup`, so fan-in does not grow with every past writer. It does not insert
-    the task's own writes: call :meth:`TensorMap.insert` for those afterwards.
+    Per byte, as a byte-level model would: a byte the task reads depends on its last writer
+    (read-after-write); a byte it overwrites depends on its last writer (write-after-write: a
+    slow old write must not land after the new one) and on every task that read it since
+    (write-after-read: a reader must not see the new bytes). Only live bytes count: a producer
+    whose bytes the reader touches were all overwritten since is not in the fan-in (the
+    overwriters are, and they follow it). Then the bytes the task overwrites leave every older
+    entry (an entry left with none is dropped), and its ``inputs`` are recorded as reads. It
+    does not insert the task's own writes: call :meth:`TensorMap.insert` for those afterwards.
 
     Args:
         tmap: the map.
-        task: the consumer's id (for the error message).
-        inputs, inouts, writes: the consumer's regions.
-        max_fanin: the most producers allowed, >= 1; ``None`` (default) for no cap.
+        task: the consumer's id (for the error message, and the reads it records).
+        inputs: regions it reads. inouts: regions it reads then writes. writes: regions it
+            writes without reading.
+        max_fanin: the most tasks allowed in the fan-in (producers and, for a writer, earlier
+            readers), >= 1; ``None`` (default) for no cap.
+
+    Cost: each region a lookup (see :meth:`TensorMap.lookup`), plus, for a write that leaves
+    part of an older entry, that entry's runs.
 
     Raises:
-        FaninExceeded: more than ``max_fanin`` distinct producers; the map is left unchanged.
+        FaninExceeded: more than ``max_fanin`` distinct tasks; the map is left unchanged.
         TypeError, ValueError: a bad region or ``max_fanin``.
     """
     if max_fanin is not None:
         max_fanin = integer(max_fanin, "max_fanin")
-    written = [*inouts, *writes]
-    found = [match for region in inputs for match in tmap._matches(region)]
-    covered = []
+    inputs, written = list(inputs), [*inouts, *writes]
+    found = [match for region in (*inputs, *inouts) for match in tmap._matches(region)]
     for region in written:
-        matches = tmap._matches(region)
-        found += matches
-        covered += [entry for entry, overlap in matches if overlap is Overlap.COVERED]
-    producers = tuple(p.task for p in _by_producer(found))
+        found += tmap._matches(region)
+        found += tmap._matches(region, readers=True)
+    producers = tuple(p.task for p in _by_producer(found) if p.task != task)
     if max_fanin is not None and len(producers) > max_fanin:
         raise FaninExceeded(
             f"task {task} depends on {len(producers)} producers, more than"
             f" max_fanin={max_fanin} (the seed's runtime silently kept 16)"
         )
-    tmap._remove(list({id(e): e for e in covered}.values()))
+    for region in written:
+        tmap._supersede(region)
+    for region in inputs:
+        tmap._record_read(region, task, written)
     return producers
