@@ -42,11 +42,25 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..checkpoint import POLICY_NAMES, CheckpointPlan, checkpoint_plan
-from ._model import DEFAULT_PRESET, PRESETS, ModelConfig
+from ._model import (
+    DEFAULT_PRESET,
+    PRESETS,
+    ModelConfig,
+    layer_gradient_bytes,
+    layer_weight_bytes,
+)
 from ._plan import PipelinePlan, plan_pipeline, preset
 from ._report import model_summary, plan_report, policy_table, render_plan
 from ._scheduler import Action, Scheduler, SchedulerState
-from ._statefile import INT32_MAX, StateFile, StateFileError, StateHeader
+from ._statefile import (
+    HEADER_BYTES,
+    INT32_MAX,
+    LOCK_FD_ENV,
+    Layout,
+    StateFile,
+    StateFileError,
+    StateHeader,
+)
 
 __all__ = ["main", "restart_argv"]
 
@@ -221,8 +235,10 @@ def _warn(message: str) -> None:
 
 def _config(args: argparse.Namespace) -> ModelConfig:
     h = args.headroom  # cast to float32 only inside (0, 1): no overflow warning
-    if h is not None and not (0 < h < 1 and 0 < np.float32(h) < 1):
-        _warn(f"--headroom {args.headroom:g} is not in (0, 1); using 0.1")
+    if h is not None and not 0 < h < 1:
+        _warn(f"--headroom {h!r} is not in (0, 1); using 0.1")
+    elif h is not None and not 0 < np.float32(h) < 1:  # the header holds a float32
+        _warn(f"--headroom {h!r} is {np.float32(h)!r} in float32, not in (0, 1); using 0.1")
     return preset(
         args.model, n_layers=args.layers, compile_budget=args.budget, headroom_pct=args.headroom
     )
@@ -253,9 +269,9 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open(path: str, *, readonly: bool = False) -> StateFile:
+def _open(path: str, *, readonly: bool = False, inherited_fd: int | None = None) -> StateFile:
     try:
-        return StateFile.open(path, readonly=readonly)
+        return StateFile.open(path, readonly=readonly, inherited_fd=inherited_fd)
     except StateFileError as exc:
         raise RunError(str(exc)) from None
     except OSError as exc:
@@ -270,6 +286,8 @@ def _create(path: str, config: ModelConfig, *, force: bool, sparse: bool, **head
             f"state file {path} exists: pass --resume to continue the run it holds, or --force"
             " to replace it"
         ) from None
+    except StateFileError as exc:  # in use, or not a state file: --force refuses it
+        raise RunError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
@@ -392,6 +410,22 @@ def _check_resume(header: StateHeader, config: ModelConfig, ckpt: CheckpointPlan
         )
 
 
+def _dry_run_ranges(config: ModelConfig) -> list[tuple[int, int]]:
+    """The byte ranges ``(offset, length)`` of a state file for ``config`` that a dry run
+    writes, whole 4096-byte pages: the header page, the journal, and the page of each layer's
+    first weight float and of its first gradient float (what :func:`_simulate` writes)."""
+    layout = Layout.for_dims(config.dims)
+    ranges = [(0, HEADER_BYTES), (layout.journal, layout.total_size - layout.journal)]
+    for start, per_layer in (
+        (layout.layer_weights, layer_weight_bytes(config.dims)),
+        (layout.layer_grads, layer_gradient_bytes(config.dims)),
+    ):
+        for layer in range(config.dims.n_layers):
+            offset = start + layer * per_layer
+            ranges.append((offset - offset % 4096, 4096))
+    return ranges
+
+
 def _float32(value: float) -> bytes:
     return np.float32(value).tobytes()
 
@@ -425,13 +459,30 @@ def _simulate(
     return writes
 
 
+def _remove(state: StateFile) -> str | None:
+    """Remove the state file the run created, under its lock, if its path still names it;
+    a failure is one warning line. Returns the path if the file is still there, else None."""
+    try:
+        if state.remove():
+            return None
+    except OSError as exc:
+        _warn(f"cannot remove state file {state.path}: {exc.strerror or exc}; it is kept")
+        return state.path
+    _warn(
+        f"not removing {state.path}: it no longer names the state file this run created"
+        " (it was removed or replaced since)"
+    )
+    return None
+
+
 def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not args.dry_run:
         raise UsageError("train: live ANE training is not implemented; pass --dry-run")
     plan, ckpt = _plans(args)
     config = plan.config
     if args.resume:
-        state = _open(args.state)
+        inherited = os.environ.pop(LOCK_FD_ENV, "")  # from the process image before exec()
+        state = _open(args.state, inherited_fd=int(inherited) if inherited.isdigit() else None)
         header = state.header
         try:
             _check_resume(header, config, ckpt, args.steps)
@@ -449,11 +500,24 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"[pipeline] resumed: {scheduler.describe()}", file=sys.stderr, flush=True)
     else:
         scheduler = Scheduler(config, args.steps, learning_rate=args.lr)
+        # a dry run writes a few floats per layer: only their pages are reserved, the rest of
+        # the file is sparse (LLaMA-7B's file is 103 GiB)
+        reserve = [] if args.sparse else _dry_run_ranges(config)
+        if reserve:
+            total = StateHeader(config, "all", 0, SchedulerState()).to_dict()["total_size"]
+            print(
+                f"[pipeline] dry run: the state file is sparse but for the"
+                f" {sum(n for _, n in reserve):,} bytes it writes, reserved"
+                f" (of {total:,}; --sparse reserves none)",
+                file=sys.stderr,
+                flush=True,
+            )
         state = _create(
             args.state,
             config,
             force=args.force,
-            sparse=args.sparse,
+            sparse=True,
+            reserve=reserve,
             checkpoint_policy=ckpt.policy,
             checkpoint_interval=ckpt.interval or 0,
             scheduler=scheduler.state,
@@ -484,7 +548,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
                         action_counts=tuple(counts),
                     )
                 )
-                state.close()
+                # the lock stays held: the new process image adopts the descriptor
+                os.environ[LOCK_FD_ENV] = str(state.handover())
                 sys.stdout.flush()
                 sys.stderr.flush()
                 command = restart_argv(argv)
@@ -496,9 +561,9 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 writes,
             )
             header = state.header
-    deleted = header.delete_when_done and not args.keep_state
-    if deleted:
-        os.unlink(args.state)
+        kept = args.state
+        if header.delete_when_done and not args.keep_state:
+            kept = _remove(state)
     counts = list(header.action_counts)
     counts[Action.STEP_DONE] += 1
     summary = {
@@ -509,7 +574,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "actions": {a.name: n for a, n in zip(Action, counts, strict=True)},
         "groups": [[g.start, g.end, g.total_kernels] for g in plan.groups],
         "checkpoint": {"policy": ckpt.policy, "n_checkpointed": ckpt.n_checkpointed},
-        "state_file": None if deleted else args.state,
+        "state_file": kept,
         "pid": os.getpid(),
     }
     print(json.dumps(summary, allow_nan=False), flush=True)

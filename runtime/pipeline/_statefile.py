@@ -20,11 +20,24 @@ generation ``g`` to ``g + 1``:
 3. the new header goes to the slot the current one is *not* in, stamped ``g + 1``, and is flushed:
    this write is the commit point.
 
+Between steps 1 and 2 a copy of the journal's head and CRC, the *seal*, goes to bytes 3584 of
+the header page and is flushed: a journal that does not match a seal of its generation was
+damaged after its change began, not torn before it.
+
 Opening picks the valid slot with the highest generation; if the journal is valid and stamped
 with that generation, a change was under way when the writer died, and opening read-write copies
 the original bytes back (idempotent, so a crash during recovery is harmless). A kill at any
 point thus leaves either the state before the change or the state after it, never a mix; a
-torn slot falls back to the other one, whose journal undoes what it must. Creation goes through
+torn slot falls back to the other one, whose journal undoes what it must. What no journal can
+undo is refused: a journal or seal stamped after the chosen slot's generation (a newer slot
+existed and is damaged: the tensors are past it), and a sealed change whose journal is damaged.
+
+**One writer.** A read-write :class:`StateFile` holds an exclusive ``flock`` on the file, taken
+without waiting (:class:`StateFileBusy` names the holder's pid), from creation or opening to
+:meth:`StateFile.close`; :meth:`StateFile.handover` keeps it across an ``exec()`` restart (the
+descriptor is inherited, its number passed in :data:`LOCK_FD_ENV`). ``create(overwrite=True)``
+replaces only a state file, under its lock. :meth:`StateFile.remove` removes the name only
+while it still names the file. Creation goes through
 a temporary file in the same directory, ``fsync`` and ``os.replace`` (or ``os.link``, which
 refuses an existing file), with the space reserved first (``posix_fallocate``) unless the caller
 asks for a sparse file. The writer holds an exclusive ``flock`` on its temporary file, so the next
@@ -57,7 +70,7 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Sequence
-from stat import S_ISREG
+from stat import S_ISBLK, S_ISCHR, S_ISDIR, S_ISFIFO, S_ISLNK, S_ISREG, S_ISSOCK
 
 import numpy as np
 
@@ -79,10 +92,12 @@ __all__ = [
     "HEADER_BYTES",
     "INT32_MAX",
     "KILL_POINTS",
+    "LOCK_FD_ENV",
     "SENTINEL",
     "SLOT_OFFSETS",
     "VERSION",
     "StateFile",
+    "StateFileBusy",
     "StateFileError",
     "StateHeader",
     "check_header_fields",
@@ -126,6 +141,17 @@ _FLAG_DELETE_WHEN_DONE = 1
 _JOURNAL_MAGIC = 0x4C4E524A  # "JRNL"
 _JOURNAL = struct.Struct("<IQII")  # magic, generation, records, payload bytes; then the CRC
 _RECORD = struct.Struct("<QQ")  # offset, length; then the bytes, padded to 8
+_SEAL_OFFSET = 3584
+"""Where the journal's *seal* lives: a copy of the journal's head and CRC, written and flushed
+after the journal and before the first tensor write, so a journal that does not match its seal
+is known to be damaged, not torn (a sector of its own, after both slots)."""
+_SEAL_MAGIC = 0x4C414553  # "SEAL"
+_SEAL = struct.Struct(f"<I{_JOURNAL.size + 4}s")  # magic, the journal's head and CRC; then a CRC
+assert SLOT_OFFSETS[1] + _SLOT.size + _CRC.size <= _SEAL_OFFSET
+assert _SEAL_OFFSET + _SEAL.size + _CRC.size <= HEADER_BYTES
+LOCK_FD_ENV = "DEVMEM_PIPELINE_LOCK_FD"
+"""The environment variable through which a run hands its state file's locked descriptor to
+the process image its ``exec()`` restart starts (see :meth:`StateFile.handover`)."""
 
 _REGIONS = {
     "layer_weights": ("layer_weights", layer_weight_bytes),
@@ -138,6 +164,24 @@ _REGIONS = {
 
 class StateFileError(ValueError):
     """A state file that cannot be used: too small, not ours, truncated or corrupt."""
+
+
+class StateFileBusy(StateFileError):
+    """Another process holds the state file's lock: a run, or a ``state create --force``.
+
+    Attributes:
+        path: the state file's path.
+        pid: the lock holder's process id, or ``None`` where the system does not say
+            (``/proc/locks`` unreadable).
+    """
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        self.path, self.pid = path, pid
+        holder = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"state file {path} is in use by {holder}, which holds its lock (a train run or a"
+            " state create --force): wait for it to end"
+        )
 
 
 def journal_bytes(dims: ModelDims) -> int:
@@ -496,10 +540,12 @@ def _is_temporary_of(entry: str, name: str) -> bool:
     return len(middle) == 8 and set(middle) <= _TEMP_LETTERS
 
 
-def _remove_dead_temporaries(directory: str, name: str) -> None:
+def _remove_dead_temporaries(directory: str, name: str, own: os.stat_result | None = None) -> None:
     """Remove the temporary files that killed writers of state file ``name`` left in
-    ``directory``: those whose ``flock`` can be taken (a live writer holds its own), each said
-    in one line on stderr. Never raises: a temporary that cannot be checked is left alone."""
+    ``directory``: those whose ``flock`` can be taken (a live writer holds its own), and those
+    that are a second name of ``own`` (the state file whose lock the caller holds: a writer
+    killed between ``os.link`` and the unlink of its temporary left it), each said in one line
+    on stderr. Never raises: a temporary that cannot be checked is left alone."""
     try:
         entries = os.listdir(directory)
     except OSError:
@@ -512,11 +558,15 @@ def _remove_dead_temporaries(directory: str, name: str) -> None:
             fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
+        second_name = False
         try:
             stat = os.fstat(fd)
             if not S_ISREG(stat.st_mode):  # only ever a regular file of ours
                 continue
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # our own lock covers a second name of our file: its flock would be refused
+            second_name = own is not None and os.path.samestat(stat, own)
+            if not second_name:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # the name still holds the inode locked here (not a newer writer's file)
             if not os.path.samestat(stat, os.stat(candidate, follow_symlinks=False)):
                 continue
@@ -525,12 +575,14 @@ def _remove_dead_temporaries(directory: str, name: str) -> None:
             continue
         finally:
             os.close(fd)
-        print(
-            f"devmem: removed {candidate} ({stat.st_size:,} bytes), a temporary state file"
-            " left by a killed writer",
-            file=sys.stderr,
-            flush=True,
-        )
+        if second_name:
+            what = (
+                f"a second name of state file {name} left by a writer killed while placing it"
+                " (its space stays with the state file)"
+            )
+        else:
+            what = f"({stat.st_size:,} bytes), a temporary state file left by a killed writer"
+        print(f"devmem: removed {candidate} {what}", file=sys.stderr, flush=True)
 
 
 def _locked_temporary(directory: str, name: str) -> tuple[int, str]:
@@ -553,6 +605,104 @@ def _locked_temporary(directory: str, name: str) -> tuple[int, str]:
             os.unlink(tmp)
             raise
         os.close(fd)  # removed (and perhaps replaced) by a cleaner: try another name
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The pid that holds an ``flock`` on ``fd``'s file, from ``/proc/locks`` (Linux); ``None``
+    where it cannot be read or lists no holder."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 4276 00:1b:3 0 EOF"; a waiter has "->"
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == key:
+            return int(fields[4])
+    return None
+
+
+def _lock(fd: int, path: str) -> None:
+    """Take the exclusive ``flock`` of a state file on ``fd``, without waiting (taking it again
+    on the descriptor that holds it succeeds).
+
+    Raises:
+        StateFileBusy: another open file description holds it (the message names its pid).
+        OSError: no lock can be taken at all (e.g. ``ENOLCK``).
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StateFileBusy(path, _lock_holder(fd)) from None
+
+
+def _describe(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, for a refusal."""
+    for test, what in (
+        (S_ISDIR, "a directory"),
+        (S_ISFIFO, "a FIFO (named pipe)"),
+        (S_ISCHR, "a character device"),
+        (S_ISBLK, "a block device"),
+        (S_ISSOCK, "a socket"),
+        (S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _claim_existing(path: str) -> tuple[int, os.stat_result] | None:
+    """For ``create(overwrite=True)``: the file at ``path`` opened and locked, with its status,
+    if it is a state file (a regular file that starts with the ``ANEP`` sentinel), so that no
+    run holds it while it is replaced; ``None`` if ``path`` does not exist.
+
+    Raises:
+        StateFileError: ``path`` is anything else (a directory, FIFO, device, socket, symbolic
+            link, or a regular file without the sentinel): the message says what it is.
+        StateFileBusy: a run (or another ``--force``) holds its lock.
+    """
+    while True:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        refusal = f"refusing to replace {path}: --force replaces only a pipeline state file, and"
+        if not S_ISREG(st.st_mode):
+            raise StateFileError(f"{refusal} it is {_describe(st.st_mode)}")
+        try:  # the name may change between lstat and open: then look again
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            continue
+        try:
+            if os.path.samestat(os.fstat(fd), st):
+                prefix = os.pread(fd, _PREFIX.size, 0)
+                if len(prefix) < _PREFIX.size or _PREFIX.unpack(prefix)[0] != SENTINEL:
+                    raise StateFileError(
+                        f"{refusal} it is a regular file of {st.st_size:,} bytes without the"
+                        " state file's sentinel ('ANEP')"
+                    )
+                _lock(fd, path)
+                if os.path.samestat(st, os.lstat(path)):
+                    return fd, st
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _adopt(fd: int, path: str) -> bool:
+    """``fd`` (handed over an ``exec()``) is open read-write on the file ``path`` names."""
+    try:
+        access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        return access == os.O_RDWR and os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
 
 
 class StateFile:
@@ -596,28 +746,39 @@ class StateFile:
         scheduler: SchedulerState | None = None,
         overwrite: bool = False,
         sparse: bool = False,
+        reserve: Sequence[tuple[int, int]] = (),
         delete_when_done: bool = False,
     ) -> StateFile:
-        """Create ``path`` as a state file for ``config`` (generation 0), atomically.
+        """Create ``path`` as a state file for ``config`` (generation 0), atomically, and hold
+        its lock (an exclusive ``flock``) until :meth:`close`.
 
         The file is built as a temporary file in the same directory (space reserved with
         ``posix_fallocate`` unless ``sparse``), flushed, and moved into place: an existing
-        ``path`` is never truncated, and a failure or a kill leaves it as it was. A failure
-        removes the temporary ``.NAME.XXXXXXXX.tmp`` file; a kill leaves it behind, under an
-        ``flock`` that dies with the writer, and the next creation of ``path`` removes it
-        (saying so on stderr, with its size); a temporary whose writer lives is left alone.
+        ``path`` is never truncated, and a failure or a kill leaves it as it was. The lock is
+        taken on the temporary file and so holds the state file from the moment it has its
+        name. A failure removes the temporary ``.NAME.XXXXXXXX.tmp`` file; a kill leaves it
+        behind, under an ``flock`` that dies with the writer, and the next creation or
+        read-write open of ``path`` removes it (saying so on stderr, with its size); a
+        temporary whose writer lives is left alone.
 
         Args:
-            overwrite: replace an existing ``path`` (``os.replace``); else refuse it.
+            overwrite: replace an existing ``path`` (``os.replace``), only if it is a state
+                file (a regular file with the sentinel) whose lock is free, and under that
+                lock; else refuse it.
             sparse: do not reserve the space: creation is instant and takes no disk, but a
                 write that finds the disk full kills the process with ``SIGBUS``.
+            reserve: with ``sparse``, the byte ranges ``(offset, length)`` to reserve anyway
+                (what the caller will write: a write there cannot find the disk full).
             delete_when_done: recorded in the header for the run that owns the file.
 
         Raises:
             ValueError: a value does not fit the header (see :func:`check_header_fields`).
             FileExistsError: ``path`` exists and not ``overwrite``.
+            StateFileBusy: ``overwrite`` and another process holds the existing file's lock.
+            StateFileError: ``overwrite`` and ``path`` is not a state file (the message says
+                what it is).
             OSError: the file cannot be created, its space reserved (the message names the path
-                and the bytes needed), or mapped.
+                and the bytes needed), locked or mapped.
         """
         path = os.fspath(path)
         scheduler = scheduler or SchedulerState()
@@ -638,22 +799,43 @@ class StateFile:
         )
         if not overwrite and os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, f"state file {path} exists", path)
+        existing = _claim_existing(path) if overwrite else None
+        try:
+            return cls._create_locked(path, header, sparse, reserve, existing)
+        finally:
+            if existing is not None:  # replaced, or left as it was: no longer ours to guard
+                os.close(existing[0])
+
+    @classmethod
+    def _create_locked(
+        cls,
+        path: str,
+        header: StateHeader,
+        sparse: bool,
+        reserve: Sequence[tuple[int, int]],
+        existing: tuple[int, os.stat_result] | None,
+    ) -> StateFile:
+        """:meth:`create`'s work once the file it replaces (``existing``) is locked."""
+        layout = header.layout
+        assert layout is not None
+        overwrite = existing is not None
         directory = os.path.dirname(path) or "."
         name = os.path.basename(path)
-        _remove_dead_temporaries(directory, name)
+        _remove_dead_temporaries(directory, name, existing[1] if existing else None)
         fd, tmp = _locked_temporary(directory, name)
         placed = False
         try:
             os.fchmod(fd, 0o644)
+            todo = [(0, layout.total_size)] if not sparse else list(reserve)
             try:
-                if sparse:
-                    os.ftruncate(fd, layout.total_size)
-                else:  # reserves every block now, so no write into the mapping can fail
-                    os.posix_fallocate(fd, 0, layout.total_size)
+                os.ftruncate(fd, layout.total_size)
+                for offset, length in todo:  # no write into the mapping there can then fail
+                    os.posix_fallocate(fd, offset, length)
             except OSError as exc:
+                size = sum(length for _, length in todo) if todo else layout.total_size
                 raise OSError(
                     exc.errno,
-                    f"cannot {'size' if sparse else 'reserve'} {layout.total_size:,} bytes for"
+                    f"cannot {'reserve' if todo else 'size'} {size:,} bytes for"
                     f" state file {path}: {exc.strerror or exc}",
                     path,
                 ) from None
@@ -672,8 +854,7 @@ class StateFile:
                     os.replace(tmp, path)
                 else:
                     os.unlink(tmp)
-            placed = True
-            fcntl.flock(fd, fcntl.LOCK_UN)  # the temporary's name is gone: nothing to guard
+            placed = True  # the temporary's lock is now the state file's
             _fsync_dir(directory)
             mapping = mmap.mmap(fd, layout.total_size)
         except BaseException:
@@ -684,20 +865,37 @@ class StateFile:
         return cls(path, fd, mapping, header, 0)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, readonly: bool = False) -> StateFile:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        inherited_fd: int | None = None,
+    ) -> StateFile:
         """Open an existing state file (after an ``exec()`` restart or a crash).
 
-        A read-write open undoes a change that a killed writer left half-done (see the module
-        docstring); ``readonly`` opens with ``O_RDONLY`` and changes nothing.
+        A read-write open takes the file's lock (an exclusive ``flock``, held until
+        :meth:`close`), undoes a change that a killed writer left half-done (see the module
+        docstring), and removes what killed writers of the file left beside it (their
+        temporaries, a second name of the file itself), saying so on stderr. ``readonly``
+        opens with ``O_RDONLY``, takes no lock, reads the header and journal with ``pread``
+        (never through the mapping) and changes nothing.
+
+        Args:
+            inherited_fd: a descriptor that :meth:`handover` passed over an ``exec()``: used
+                (with the lock it holds) if it is open read-write on the file ``path`` names,
+                else left alone.
 
         Raises:
+            StateFileBusy: read-write, and another process holds the lock (its pid said).
             StateFileError: the file is smaller than the header, its sentinel or version is
-                wrong, both header slots are corrupt, it is truncated, or its journal is
-                corrupt; the message says which, with the values.
-            OSError: it cannot be opened or mapped (e.g. ``FileNotFoundError``).
+                wrong, both header slots are corrupt, it is truncated, its journal is corrupt,
+                or a change was interrupted that cannot be undone (a damaged newest header
+                slot or journal); the message says which, with the values.
+            OSError: it cannot be opened, locked or mapped (e.g. ``FileNotFoundError``).
         """
         path = os.fspath(path)
-        fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY) if readonly else cls._open_locked(path, inherited_fd)
         try:
             size = os.fstat(fd).st_size
             if size < HEADER_BYTES:
@@ -735,7 +933,32 @@ class StateFile:
             mapping.close()
             os.close(fd)
             raise
+        if not readonly:
+            _remove_dead_temporaries(
+                os.path.dirname(path) or ".", os.path.basename(path), os.fstat(fd)
+            )
         return state
+
+    @staticmethod
+    def _open_locked(path: str, inherited_fd: int | None) -> int:
+        """A read-write descriptor of ``path`` that holds its lock: ``inherited_fd`` if it is
+        one of this file, else a new one. Raises as :meth:`open`."""
+        if inherited_fd is not None and _adopt(inherited_fd, path):
+            fd = inherited_fd
+            os.set_inheritable(fd, False)  # a later restart hands it over again
+        else:
+            fd = os.open(path, os.O_RDWR)
+        while True:
+            try:
+                _lock(fd, path)
+                # a --force that held the lock may have replaced the name meanwhile
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            fd = os.open(path, os.O_RDWR)
 
     def __enter__(self) -> StateFile:
         return self
@@ -750,22 +973,27 @@ class StateFile:
 
     # -- the journal -------------------------------------------------------------------------
 
-    def _journal_records(self) -> list[tuple[int, bytes]] | None:
-        """The journal's records if it is valid and stamped with the header's generation."""
+    def _read_journal(self) -> tuple[bytes, int | None, list[tuple[int, bytes]]]:
+        """The journal's head (magic, generation, count, payload size and CRC, as read), and
+        if it is whole (magic, bounds and CRC right) its generation and records; else
+        ``(head, None, [])``. Read with ``pread``: never through the mapping, so a read-only
+        open of a sparse file on a full disk cannot die of ``SIGBUS``.
+
+        Raises:
+            StateFileError: a whole journal whose records overrun it or leave the tensors.
+        """
         layout = self.header.layout
         assert layout is not None
-        mapping = self._mapping()
         start = layout.journal
-        magic, generation, count, payload = _JOURNAL.unpack_from(mapping, start)
-        if magic != _JOURNAL_MAGIC or generation != self.header.generation:
-            return None
-        body_start = start + _JOURNAL.size + _CRC.size
-        if body_start + payload > layout.total_size:
-            return None
-        (stored,) = _CRC.unpack_from(mapping, start + _JOURNAL.size)
-        body = mapping[body_start : body_start + payload]
-        if zlib.crc32(body, zlib.crc32(mapping[start : start + _JOURNAL.size])) != stored:
-            return None  # torn: the change had not started
+        head = os.pread(self._fd, _JOURNAL.size + _CRC.size, start)
+        magic, generation, count, payload = _JOURNAL.unpack_from(head)
+        body_start = start + len(head)
+        if magic != _JOURNAL_MAGIC or body_start + payload > layout.total_size:
+            return head, None, []
+        body = os.pread(self._fd, payload, body_start)
+        (stored,) = _CRC.unpack_from(head, _JOURNAL.size)
+        if len(body) != payload or zlib.crc32(body, zlib.crc32(head[: _JOURNAL.size])) != stored:
+            return head, None, []  # torn (the change had not started) or damaged: see the seal
         records, at = [], 0
         for _ in range(count):
             if at + _RECORD.size > payload:
@@ -779,11 +1007,48 @@ class StateFile:
                 )
             records.append((offset, bytes(body[at : at + length])))
             at += -(-length // 8) * 8
-        return records
+        return head, generation, records
+
+    def _read_seal(self) -> tuple[bytes, int | None]:
+        """The seal's copy of a journal head, and that journal's generation if the seal is
+        whole (else ``None``); read with ``pread``."""
+        raw = os.pread(self._fd, _SEAL.size + _CRC.size, _SEAL_OFFSET)
+        magic, head = _SEAL.unpack_from(raw)
+        (stored,) = _CRC.unpack_from(raw, _SEAL.size)
+        if magic != _SEAL_MAGIC or zlib.crc32(raw[: _SEAL.size]) != stored:
+            return head, None
+        return head, _JOURNAL.unpack_from(head)[1]
 
     def _recover(self) -> int:
-        records = self._journal_records()
-        if not records:
+        """Undo the change a killed writer left half-done, if the journal holds one (read-write
+        only); return the bytes restored (read-only: that it would restore).
+
+        The journal undoes the change from the header's generation ``g``; it counts only if
+        whole and stamped ``g``. A seal stamped ``g`` says that change's tensor writes may have
+        begun: the journal must then match it. A journal or seal stamped after ``g`` says the
+        header of a newer generation existed and is damaged: the tensors are past ``g``.
+
+        Raises:
+            StateFileError: either of those two cases, which no journal can undo.
+        """
+        generation = self.header.generation
+        head, journaled, records = self._read_journal()
+        seal, sealed = self._read_seal()
+        newer = max((g for g in (journaled, sealed) if g is not None), default=-1)
+        if newer > generation:
+            raise StateFileError(
+                f"state file {self.path} cannot be resumed: its newest readable header is"
+                f" generation {generation}, but its journal is of the change from generation"
+                f" {newer}: a newer header slot is damaged, and the tensors are past generation"
+                f" {generation}"
+            )
+        if sealed == generation and (journaled != generation or seal != head):
+            raise StateFileError(
+                f"state file {self.path} cannot be resumed: the journal of the change from"
+                f" generation {generation} is damaged (it does not match its seal), and the"
+                " change had begun: its original bytes cannot be restored"
+            )
+        if journaled != generation:
             return 0
         restored = sum(len(data) for _, data in records)
         if self.readonly:
@@ -792,6 +1057,11 @@ class StateFile:
         for offset, data in records:
             mapping[offset : offset + len(data)] = data
         self._flush_ranges([(offset, len(data)) for offset, data in records])
+        if sealed == generation:  # undone: the next commit's journal starts afresh
+            mapping[_SEAL_OFFSET : _SEAL_OFFSET + _SEAL.size + _CRC.size] = bytes(
+                _SEAL.size + _CRC.size
+            )
+            mapping.flush(0, HEADER_BYTES)
         return restored
 
     def _flush_ranges(self, ranges: Sequence[tuple[int, int]]) -> None:
@@ -868,6 +1138,11 @@ class StateFile:
             mapping[start + half : start + len(blob)] = blob[half:]
             mapping.flush(*_page_span(start, len(blob)))
             _kill_point(generation, "journaled")
+            seal = _SEAL.pack(_SEAL_MAGIC, blob[: _JOURNAL.size + _CRC.size])
+            mapping[_SEAL_OFFSET : _SEAL_OFFSET + len(seal) + _CRC.size] = seal + _CRC.pack(
+                zlib.crc32(seal)
+            )
+            mapping.flush(0, HEADER_BYTES)
             for i, (offset, data) in enumerate(writes):
                 mapping[offset : offset + len(data)] = data
                 if i == 0:
@@ -943,8 +1218,62 @@ class StateFile:
             offset=layout.global_,
         )
 
+    def remove(self) -> bool:
+        """Remove the file's name, if it still names this very file (the same inode, with the
+        sentinel): a run removes only the file it created, never one put at its path since.
+        Call it before :meth:`close`, under the lock (a read-write file holds it), so that no
+        cooperating process can replace the file in between.
+
+        Returns:
+            True if the name was removed; False if it names another file or nothing (then
+            nothing is removed).
+
+        Raises:
+            ValueError: the file is closed or read-only.
+            OSError: the name could not be removed (e.g. ``PermissionError``).
+        """
+        self._mapping()
+        if self.readonly:
+            raise ValueError(f"state file {self.path} is open read-only")
+        try:
+            named = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        prefix = os.pread(self._fd, _PREFIX.size, 0)
+        if not os.path.samestat(named, os.fstat(self._fd)) or prefix != _PREFIX.pack(
+            SENTINEL, VERSION
+        ):
+            return False
+        os.unlink(self.path)
+        return True
+
+    def handover(self) -> int:
+        """Flush and unmap the file and return its descriptor, still open and holding the
+        lock, made inheritable: for an ``exec()`` restart, whose new process image passes it
+        to :meth:`open` as ``inherited_fd``. The lock is thus held across the restart, with
+        no instant in which another process could take it. The object is closed after.
+
+        Raises:
+            ValueError: the file is closed or read-only, or an accessor's array is alive.
+        """
+        mapping = self._mapping()
+        if self.readonly:
+            raise ValueError(f"state file {self.path} is open read-only: it holds no lock")
+        mapping.flush()
+        try:
+            mapping.close()
+        except BufferError:
+            raise ValueError(
+                f"state file {self.path}: cannot hand over while arrays from layer_weights()"
+                " and the other accessors are alive; drop them first"
+            ) from None
+        self._map = None
+        os.set_inheritable(self._fd, True)
+        return self._fd
+
     def close(self) -> None:
-        """Flush and unmap the file and close it (it stays on disk). Idempotent.
+        """Flush and unmap the file and close it (it stays on disk), which releases its lock.
+        Idempotent.
 
         Raises:
             ValueError: an array returned by an accessor is still alive (it points into the

@@ -313,10 +313,17 @@ def test_no_space_is_an_error_naming_path_and_bytes_with_nothing_left(
 
     monkeypatch.setattr(os, "posix_fallocate", full)
     path = tmp_path / "run.state"
-    assert main([*TRAIN[:-1], "--state", str(path)]) == 1
+    assert main(["state", "create", str(path), *SMALL]) == 1
     size = state_file_bytes(PRESETS["stories110m"].with_overrides(n_layers=1))
     assert (
         f"cannot create state file {path}: cannot reserve {size:,} bytes for state file {path}:"
+        " No space left on device" in capsys.readouterr().err
+    )
+    assert _names(tmp_path) == []
+    # a dry run reserves the pages it writes: the header, the 8 KiB journal, two floats' pages
+    assert main([*TRAIN[:-1], "--state", str(path)]) == 1
+    assert (
+        f"cannot create state file {path}: cannot reserve 20,480 bytes for state file {path}:"
         " No space left on device" in capsys.readouterr().err
     )
     assert _names(tmp_path) == []
