@@ -126,7 +126,22 @@ MULTIHOST_SKIP = (
 )
 
 
+def _initializes_cuda(item: pytest.Item) -> bool:
+    """Whether ``item`` runs on the ``cuda`` backend (its test process may build a CUDA
+    allocator: ``make_alloc``, ``alloc``, or its own)."""
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("backend") == "cuda"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Every cuda item runs whole in a fork child of the test process (the harness's
+    # own_process marker), so that no pytest process or xdist worker ever creates a CUDA
+    # context: the fork-style tests it runs afterwards still fork (docs/gpus.md). Where cuda
+    # cannot run, its items skip in the backend fixture, in the test process.
+    cuda_items = [item for item in items if _initializes_cuda(item)]
+    if cuda_items and _unavailable("cuda") is None:
+        for item in cuda_items:
+            item.add_marker(pytest.mark.own_process)
     for option, marker, reason in (
         ("interop", "interop", INTEROP_SKIP),
         ("multihost", "multihost", MULTIHOST_SKIP),

@@ -102,6 +102,24 @@ def run_child(
       HarnessWarning: ``env`` sets a start-up variable and the style is fork or forkserver.
     """
     __tracebackhide__ = True
+    outcome = run_unobserved(target, *args, env=env, config=config, style=style, timeout=timeout)
+    for observer in list(_observers):
+        observer(outcome)
+    return outcome
+
+
+def run_unobserved(
+    target: Callable[..., Any] | str,
+    *args: Any,
+    env: Mapping[str, str | None] | None = None,
+    config: Config | None = None,
+    style: str = "auto",
+    timeout: float | None = 60.0,
+) -> Outcome:
+    """:func:`run_child` without telling the observers (the plugin's count of death-test
+    children): for a child that is not a death test, such as a test item run in a process
+    of its own (``harness._own_process``). Same arguments, result and errors."""
+    __tracebackhide__ = True
     request = make_request(target, args, env=env, config=config, timeout=timeout)
     chosen = choose_style(
         style,
@@ -115,10 +133,7 @@ def run_child(
         duration_s = time.monotonic() - (ending.started_at or started)
         status = decode_status(capture.status())
         seal = decode_seal(capture.seal())
-        outcome = _outcome(request, chosen, ending, status, seal, capture, duration_s)
-    for observer in list(_observers):
-        observer(outcome)
-    return outcome
+        return _outcome(request, chosen, ending, status, seal, capture, duration_s)
 
 
 def _outcome(

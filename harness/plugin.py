@@ -3,7 +3,8 @@
 Declares ``--death-style``, ``--death-timeout``, ``--gpus``, the ini options ``death_style``,
 ``death_timeout`` and ``death_preload`` and the ``death`` marker; pins each xdist worker to one
 GPU when ``--gpus`` is given; provides the ``death`` fixture; expands :func:`harness.matrix`
-into one item per config; and prints one summary line of the children run (by style, median
+into one item per config; runs a test marked ``own_process`` whole in a fork child
+(``harness._own_process``); and prints one summary line of the children run (by style, median
 and slowest duration).
 
 The ``death`` fixture's defaults, most specific first: the test's ``@pytest.mark.death(...)``
@@ -29,6 +30,8 @@ from harness._config import MATRIX_ATTR
 from harness._errors import HarnessError
 from harness._forkserver import ZygoteFailure, connection, forkserver_preload
 from harness._gpus import VISIBLE, gpu_for_worker, resolve_gpus
+from harness._own_process import MARKER as OWN_PROCESS_MARKER
+from harness._own_process import run_in_own_process
 from harness._report import format_summary
 from harness._repro import set_request_dir
 from harness._request import check_timeout
@@ -233,6 +236,7 @@ def _remote_args_from_rootdir(config: pytest.Config) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
+    config.addinivalue_line("markers", OWN_PROCESS_MARKER)
     _pin_gpu(config)
     _remote_args_from_rootdir(config)
     config.stash[_defaults_key] = _session_defaults(config)
@@ -283,6 +287,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             connection()
         except ZygoteFailure:
             pass  # the first child that needs it says why, as a harness error
+
+
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A test marked ``own_process`` runs, whole, in a fork child (``harness._own_process``).
+    Under pytest-forked, whose hook runs first, every test is in a fork child already."""
+    if item.get_closest_marker("own_process") is None:
+        return None
+    run_in_own_process(item, nextitem)
+    return True
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,0 +1,36 @@
+"""The fake-GPU lane's ``cupy``: the suites' fake CuPy (``suites/allocator/_fake_cupy.py``),
+installed in place of this package at import.
+
+``ci/check.sh --fake-cuda`` puts ``ci/fake_gpu`` first on ``PYTHONPATH`` (so every process of
+the run, death-test children and the zygote included, imports this) and ``ci/fake_gpu/bin``
+first on ``PATH`` (a stand-in ``nvidia-smi`` that lists one GPU). Importing it initializes
+nothing, as with CuPy: the first runtime call does. The fake is loaded by file path, so the
+repository root need not be importable.
+
+Environment (read at import):
+    DEVMEM_FAKE_GPU_BYTES: the fake device's size in bytes (default 16 GiB; host memory is
+        used only for what is allocated).
+"""
+
+import importlib.util
+import os
+import sys
+
+_FAKE = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir, "suites",
+    "allocator", "_fake_cupy.py",
+)  # fmt: skip
+
+
+def _install() -> None:
+    spec = importlib.util.spec_from_file_location("_devmem_fake_cupy", os.path.normpath(_FAKE))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    size = os.environ.get("DEVMEM_FAKE_GPU_BYTES", "") or str(16 << 30)
+    if not size.isdigit() or int(size) < 1:
+        raise ImportError(f"DEVMEM_FAKE_GPU_BYTES={size!r}: expected a decimal byte count >= 1")
+    module.install(total_bytes=int(size))  # replaces sys.modules["cupy"]: the import gets it
+
+
+_install()
+assert sys.modules[__name__]._fake is not None
