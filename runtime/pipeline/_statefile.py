@@ -986,6 +986,8 @@ class StateFile:
         assert layout is not None
         start = layout.journal
         head = os.pread(self._fd, _JOURNAL.size + _CRC.size, start)
+        if len(head) < _JOURNAL.size + _CRC.size:  # cut short since it was checked
+            return head, None, []
         magic, generation, count, payload = _JOURNAL.unpack_from(head)
         body_start = start + len(head)
         if magic != _JOURNAL_MAGIC or body_start + payload > layout.total_size:
@@ -1013,6 +1015,8 @@ class StateFile:
         """The seal's copy of a journal head, and that journal's generation if the seal is
         whole (else ``None``); read with ``pread``."""
         raw = os.pread(self._fd, _SEAL.size + _CRC.size, _SEAL_OFFSET)
+        if len(raw) < _SEAL.size + _CRC.size:  # cut short since it was checked
+            return raw, None
         magic, head = _SEAL.unpack_from(raw)
         (stored,) = _CRC.unpack_from(raw, _SEAL.size)
         if magic != _SEAL_MAGIC or zlib.crc32(raw[: _SEAL.size]) != stored:
