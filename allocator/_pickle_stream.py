@@ -20,7 +20,9 @@ Anything else (protocol 0 or 1, a global, a persistent id, an out-of-band buffer
 or malformed stream, a ``device_traces`` that is not the top-level dict's list of lists) makes
 :func:`stream` raise :class:`NotStreamable`, before any event is handed over when pass 1 can
 tell, else after; the caller then drops what it counted and reads the file the ordinary way,
-which gives the error message a user should see.
+which gives the error message a user should see. A file that ends before its pickle does (cut
+short, or a length field that claims more than is left) is :class:`NotStreamable` with
+``truncated`` set: no reader can read it, so the caller says so rather than read it again.
 """
 
 from __future__ import annotations
@@ -101,11 +103,19 @@ class NotStreamable(Exception):
 
     Attributes:
         handed: whether elements may have been handed to ``on_event`` before this was found.
+        truncated: the file ends before the pickle does (cut short, or a length field claims
+            more bytes than are left): no reader can read it.
     """
 
     def __init__(self, reason: str, handed: bool = False) -> None:
         super().__init__(reason)
         self.handed = handed
+        self.truncated = reason == TRUNCATED
+
+
+TRUNCATED = "pickle data was truncated"
+"""The reason of a :class:`NotStreamable` for a file that ends before its pickle does (the words
+of pickle's own error)."""
 
 
 class _FromCallback(Exception):
@@ -155,7 +165,7 @@ def _data(reader: _Reader, buf: bytes, pos: int, width: int) -> tuple[bytes, byt
         buf, pos = reader.fill(pos, n + _SLACK)
         end = pos + n
         if end > len(buf):
-            raise NotStreamable("the pickle is truncated")
+            raise NotStreamable(TRUNCATED)
     return buf[pos:end], buf, end
 
 
@@ -184,9 +194,19 @@ def _fetched(f: BinaryIO) -> set[int]:
             truncated pickle.
     """
     reader = _Reader(f)
-    buf, pos = reader.buf, 0
+    buf = reader.buf
     if len(buf) < 2 or buf[0] != 0x80 or buf[1] < 2:
         raise NotStreamable("not a pickle of protocol 2 or later")
+    try:
+        return _fetched_from(reader)
+    except (IndexError, struct.error):  # a fixed argument cut by the end of the file
+        raise NotStreamable(TRUNCATED) from None
+
+
+def _fetched_from(reader: _Reader) -> set[int]:
+    """:func:`_fetched`'s loop; the fixed arguments near the end of the file are read without a
+    check (an ``IndexError`` or ``struct.error`` past it)."""
+    buf, pos = reader.buf, 0
     fetched: set[int] = set()
     add = fetched.add
     steps = _steps(buf[1])
@@ -196,7 +216,7 @@ def _fetched(f: BinaryIO) -> set[int]:
             buf, pos = reader.fill(pos)
             limit = len(buf) - _SLACK
             if pos >= len(buf):
-                raise NotStreamable("the pickle is truncated")
+                raise NotStreamable(TRUNCATED)
         op = buf[pos]
         if op == 0x6A:  # LONG_BINGET, in runs (a list of shared frames)
             add(_U32(buf, pos + 1)[0])

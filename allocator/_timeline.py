@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import reprlib
 from collections import defaultdict
 
 __all__ = [
@@ -34,13 +36,16 @@ __all__ = [
     "Site",
     "Timeline",
     "TraceScan",
+    "check_devmem",
     "check_one",
     "check_snapshot",
     "device_of",
     "format_bytes",
+    "memory_viz_shows",
     "overview",
     "overview_of",
     "scan_device",
+    "shown_value",
     "site_of",
     "sites",
     "timeline",
@@ -90,10 +95,44 @@ def _need(ok: bool, where: str, field: str, value: object, expected: str) -> Non
         elif value is None:
             found = "None"
         else:
-            shown = repr(value)
+            shown = shown_value(value)
             shown = shown if len(shown) <= 40 else shown[:37] + "..."
             found = f"{type(value).__name__} {shown}"
         raise ValueError(f"{where}{field} is {found}, expected {expected}")
+
+
+class _BoundedRepr(reprlib.Repr):
+    """:mod:`reprlib` with every count small, and ints of more than 64 bits by their size (the
+    digits of a huge int cost time, and more than 4,300 of them are a ``ValueError``)."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 64:
+            return f"<an int of {x.bit_length()} bits>"
+        return repr(x)
+
+    def repr_instance(self, x: object, level: int) -> str:
+        if isinstance(x, (bytes, bytearray)):
+            return repr(x[: self.maxstring]) + ("..." if len(x) > self.maxstring else "")
+        if x is None or isinstance(x, (bool, float)):
+            return repr(x)
+        return f"<{type(x).__name__}>"
+
+
+_REPR = _BoundedRepr()
+_REPR.maxlevel = 3
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 4
+
+
+def shown_value(value: object) -> str:
+    """``repr(value)`` bounded, as an error message shows a value from a file: at most 3 levels
+    deep and 4 items a level (:mod:`reprlib`), so a structure nested 1,000 deep or one that
+    shares itself a billion times over ("billion laughs") costs microseconds, not a
+    ``RecursionError`` or minutes. About 60 characters a string; never raises."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a value no repr of ours expects: say what it is
+        return f"<{type(value).__name__}>"
 
 
 def _is_int(value: object) -> bool:
@@ -110,6 +149,7 @@ def _check_frames(frames: object, where: str) -> None:
                 _need(isinstance(frame[field], kind), at, f".{field}", frame[field], "a str")
         if "line" in frame:
             _need(_is_int(frame["line"]), at, ".line", frame["line"], "an int")
+            _need(-_LIMIT < frame["line"] < _LIMIT, at, ".line", frame["line"], _BOUNDED)
 
 
 def check_snapshot(snapshot: object) -> dict:
@@ -139,6 +179,7 @@ def check_snapshot(snapshot: object) -> dict:
             if field in segment or field == "total_size":
                 value = segment.get(field, _MISSING)
                 _need(_is_int(value), where, f".{field}", value, "an int")
+                _need(-_LIMIT < value < _LIMIT, where, f".{field}", value, _BOUNDED)
         blocks = segment.get("blocks", _MISSING)
         _need(isinstance(blocks, list), where, ".blocks", blocks, "a list of blocks")
         for j, block in enumerate(blocks):
@@ -146,7 +187,10 @@ def check_snapshot(snapshot: object) -> dict:
             _need(isinstance(block, dict), at, "", block, "a dict")
             size, state = block.get("size", _MISSING), block.get("state", _MISSING)
             _need(_is_int(size), at, ".size", size, "an int")
+            _need(-_LIMIT < size < _LIMIT, at, ".size", size, _BOUNDED)
             _need(isinstance(state, str), at, ".state", state, "a str")
+            requested = block.get("requested_size", 0)
+            _need(_is_size(requested), at, ".requested_size", requested, "an int >= 0")
             if "frames" in block:
                 _check_frames(block["frames"], at)
         if "frames" in segment:
@@ -159,13 +203,60 @@ def check_snapshot(snapshot: object) -> dict:
         _need(isinstance(trace, list), where, "", trace, "a list of events")
         for i, event in enumerate(trace):
             check_one(event, i, where, seen)
-    devmem = snapshot.get("devmem", {})
+    check_devmem(snapshot.get("devmem", {}))
+    return snapshot
+
+
+# devmem's fields that the readers show or count, by the type each must have when present
+_DEVMEM_FIELDS = (("backend", str), ("clock", str), ("max_entries", int), ("reconciled", int))
+_NOTE_FIELDS = (("action", str), ("trace_index", int), ("reason", str))
+_NOTE_INTS = ("depth", "reclaimed", "size")
+
+
+def check_devmem(devmem: object) -> None:
+    """Check ``snapshot["devmem"]`` (ours; PyTorch's snapshots have none): a dict whose
+    ``backend`` and ``clock`` are str, ``max_entries`` (or None) and ``reconciled`` ints, and
+    ``annotations`` a list of dicts whose ``action`` and ``reason`` are str and ``trace_index``,
+    ``depth``, ``reclaimed`` and ``size`` ints >= 0, where present: the fields
+    :func:`~allocator.memory.summary` and :func:`~allocator.memory.plot` print, count or place.
+
+    Raises:
+        ValueError: the first field that is wrong, by its path (``devmem.annotations[3].depth``).
+    """
     _need(isinstance(devmem, dict), "", "devmem", devmem, "a dict")
+    for field, kind in _DEVMEM_FIELDS:
+        value = devmem.get(field)
+        if value is not None:
+            _need(
+                _is_size(value) if kind is int else type(value) is kind,
+                "devmem",
+                f".{field}",
+                value,
+                "an int >= 0" if kind is int else "a str",
+            )
     notes = devmem.get("annotations", [])
     _need(isinstance(notes, list), "devmem", ".annotations", notes, "a list")
     for i, note in enumerate(notes):
-        _need(isinstance(note, dict), f"devmem.annotations[{i}]", "", note, "a dict")
-    return snapshot
+        where = f"devmem.annotations[{i}]"
+        _need(type(note) is dict, where, "", note, "a dict")
+        for field, kind in _NOTE_FIELDS:
+            if field in note:
+                value = note[field]
+                good = _is_size(value) if kind is int else type(value) is kind
+                _need(good, where, f".{field}", value, "an int >= 0" if kind is int else "a str")
+        for field in _NOTE_INTS:
+            if field in note:
+                _need(_is_size(note[field]), where, f".{field}", note[field], "an int >= 0")
+
+
+_BOUNDED = "an int of at most 64 bits"
+_LIMIT = 1 << 64
+"""Every int a snapshot holds (an address, a size, a time, a stream's handle) fits in 64 bits:
+a larger one is refused (its digits alone could take seconds to print)."""
+
+
+def _is_size(value: object) -> bool:
+    return type(value) is int and 0 <= value < _LIMIT
 
 
 _ACTION_SET = frozenset(ACTIONS)
@@ -191,14 +282,17 @@ def check_one(event: object, index: int, where: str, seen: dict[tuple, object]) 
         _check_event(event, f"{where}[{index}]")
     get = event.get
     action = get("action")
+    size, address, time_us = get("size"), get("addr"), get("time_us", 0)
     if (
         type(action) is not str
         or action not in _ACTION_SET
-        or type(get("size")) is not int
-        or (action != "oom" and type(get("addr")) is not int)
+        or type(size) is not int
+        or not -_LIMIT < size < _LIMIT
+        or (action != "oom" and (type(address) is not int or not -_LIMIT < address < _LIMIT))
         or type(get("stream", 0)) is not int
         or type(get("device_free", 0)) is not int
-        or type(get("time_us", 0)) not in (int, float)
+        or type(time_us) not in (int, float)
+        or not -_LIMIT < time_us < _LIMIT  # a float's inf and nan too
         or type(get("compile_context", "")) is not str
         or type(get("user_metadata", "")) is not str
     ):
@@ -221,15 +315,18 @@ def _check_event(event: object, where: str) -> None:
     _need(action in ACTIONS, where, ".action", action, f"one of {', '.join(ACTIONS)}")
     size = event.get("size", _MISSING)
     _need(_is_int(size), where, ".size", size, "an int")
+    _need(-_LIMIT < size < _LIMIT, where, ".size", size, _BOUNDED)
     if action not in _NO_ADDRESS:
         address = event.get("addr", _MISSING)
         _need(_is_int(address), where, ".addr", address, "an int")
+        _need(-_LIMIT < address < _LIMIT, where, ".addr", address, _BOUNDED)
     for field in ("stream", "device_free"):
         if field in event:
             _need(_is_int(event[field]), where, f".{field}", event[field], "an int")
     if "time_us" in event:
         value = event["time_us"]
         _need(_is_int(value) or type(value) is float, where, ".time_us", value, "a number")
+        _need(-_LIMIT < value < _LIMIT, where, ".time_us", value, "a finite number of 64 bits")
     if "frames" in event:
         _check_frames(event["frames"], where)
     for field in ("compile_context", "user_metadata"):
@@ -254,25 +351,120 @@ def _frame_text(frame: dict, short: bool, files: dict | None = None) -> str:
     return f"{shown}:{frame.get('line', '?')} in {frame.get('name', '?')}"
 
 
+MEMORY_VIZ_OMIT_FUNCTIONS = (
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "_start",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+)
+"""A frame whose function name contains one of these is hidden by memory_viz
+(``frameFilter`` in PyTorch's ``torch/utils/viz/MemoryViz.js``, ``_frame_filter`` in
+``torch/cuda/_memory_viz.py``; the same lists in both, unchanged from PyTorch 2.1 to 2.13)."""
+
+MEMORY_VIZ_OMIT_FILENAMES = (
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "Objects/methodobject.c",
+    "pycore_ceval.h",
+    "ceval.c",
+    "cpython/abstract.h",
+)
+"""A frame whose file name contains one of these is hidden by memory_viz (as above)."""
+
+ALLOCATOR_FUNCTIONS = (
+    "CachingAllocator",
+    "at::detail::empty",
+    "at::native::empty",
+    "at::empty",
+    "at::_ops::empty",
+    "at::_ops::new_empty",
+    "wrap_kernel_functor_unboxed",
+    "create_out",
+    "set_output_raw_strided",
+)
+"""Frames memory_viz shows but that name no allocation site: the caching allocator, the empty
+tensor factories every op allocates through, and the dispatcher's wrappers around them."""
+
+ALLOCATOR_FILENAMES = ("torch/cuda/memory.py",)
+"""Python files of the allocator's own API (``torch.cuda.caching_allocator_alloc``): their frame
+is the allocator's, the one below it the site."""
+
+_NODE = re.compile(r"torch::autograd::(?:generated::)?(\w+)::apply\(")
+_OP = re.compile(r"at::_ops::(\w+)::(?:call|redispatch)\b")
+
+
+def memory_viz_shows(frame: dict) -> bool:
+    """Whether memory_viz shows ``frame`` (its ``frameFilter``, ported): not when its ``name``
+    contains one of :data:`MEMORY_VIZ_OMIT_FUNCTIONS` or its ``filename`` one of
+    :data:`MEMORY_VIZ_OMIT_FILENAMES` (a missing field is an empty string)."""
+    name, filename = frame.get("name", ""), frame.get("filename", "")
+    return not any(part in name for part in MEMORY_VIZ_OMIT_FUNCTIONS) and not any(
+        part in filename for part in MEMORY_VIZ_OMIT_FILENAMES
+    )
+
+
+def _allocators(frame: dict) -> bool:
+    name, filename = frame.get("name", ""), frame.get("filename", "")
+    return any(part in name for part in ALLOCATOR_FUNCTIONS) or any(
+        filename.endswith(part) for part in ALLOCATOR_FILENAMES
+    )
+
+
 def site_of(frames: list[dict], short: bool = False, files: dict | None = None) -> str:
-    """The allocation site of ``frames`` (innermost first): the first Python frame, with its
-    caller when it is a comprehension or a lambda (``<listcomp>``). :data:`NO_STACK` if none.
+    """The allocation site of ``frames`` (innermost first), among the frames memory_viz shows
+    (:func:`memory_viz_shows`) that are not the allocator's own (:data:`ALLOCATOR_FUNCTIONS`,
+    :data:`ALLOCATOR_FILENAMES`):
+
+    - the first Python frame, with its caller's name when it is a comprehension or a lambda
+      (``model.py:7 in <listcomp> < build``);
+    - with no Python frame (a C++ stack: PyTorch's ``stacks="all"`` on its autograd thread), the
+      operator and the autograd node that allocated (``at::_ops::mm < MmBackward0``: the
+      first ``at::_ops::<op>::call`` or ``redispatch`` frame that is not an empty-tensor
+      factory, and the first ``torch::autograd::...::<Node>::apply`` frame), either alone when
+      the other is missing;
+    - else the first such frame, its name without its argument list;
+    - :data:`NO_STACK` when there is no frame, and the first frame when every one is hidden.
 
     Args:
         frames: PyTorch frame dicts.
         short: file names without their directories (for a picture's legend).
         files: a cache of each file name as shown (relative paths cost a ``getcwd``).
     """
+    if not frames:
+        return NO_STACK
     chosen = []  # the first two Python frames (the caller names a comprehension's site)
+    native = None  # the first C++ frame shown
+    op = node = None
     for frame in frames:
+        if not memory_viz_shows(frame) or _allocators(frame):
+            continue
         if str(frame.get("filename", "")).endswith(".py"):
             chosen.append(frame)
             if len(chosen) == 2:
                 break
+        elif not chosen:
+            native = native or frame
+            name = str(frame.get("name", ""))
+            if op is None and "at::_ops::" in name:
+                found = _OP.search(name)
+                op = found and found.group(1)
+            if node is None and "::apply(" in name:
+                found = _NODE.search(name)
+                node = found and found.group(1)
     if not chosen:
-        chosen = list(frames[:2])
-    if not chosen:
-        return NO_STACK
+        if op or node:
+            return " < ".join(part for part in (op and f"at::_ops::{op}", node) if part)
+        frame = native or frames[0]
+        name = str(frame.get("name", "?"))
+        return _frame_text({**frame, "name": name.split("(", 1)[0] or name}, short, files)
     text = _frame_text(chosen[0], short, files)
     if str(chosen[0].get("name", "")).startswith("<") and len(chosen) > 1:
         text += f" < {chosen[1].get('name', '?')}"
@@ -373,17 +565,18 @@ def _trace(snapshot: dict, device: int) -> list[dict]:
 
 
 def _end_levels(snapshot: dict, device: int) -> tuple[int, int]:
-    """``(live, reserved)`` bytes at the end, from the snapshot's segments."""
+    """``(live, reserved)`` bytes at the end, from the snapshot's segments: the requested bytes
+    of the ``active_allocated`` blocks (``requested_size``, else ``size``), as memory_viz counts
+    them and as the trace's events carry them (PyTorch rounds a block's ``size`` up to 512
+    bytes, its events say what was asked), and the segments' ``total_size``."""
     live = reserved = 0
     for segment in snapshot.get("segments", []):
         if segment.get("device", 0) != device:
             continue
         reserved += segment.get("total_size", 0)
-        live += sum(
-            block.get("size", 0)
-            for block in segment.get("blocks", [])
-            if block.get("state") == "active_allocated"
-        )
+        for block in segment.get("blocks", []):
+            if block.get("state") == "active_allocated":
+                live += block.get("requested_size", block.get("size", 0))
     return live, reserved
 
 
@@ -577,7 +770,8 @@ def _markers(snapshot: dict, scan: TraceScan, device: int) -> list[Marker]:
             label = f"cap evict {format_bytes(note.get('size', 0))}"
         else:
             continue
-        markers.append(Marker(index, kind, label))
+        # an index past the trace (a file's, or a ring's that dropped events) marks its end
+        markers.append(Marker(min(index, scan.events), kind, label))
     return sorted(markers, key=lambda marker: marker.index)
 
 

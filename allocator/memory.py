@@ -26,6 +26,7 @@ says so and exits with status 1. Nothing else here needs it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import pickle
 import sys
@@ -43,6 +44,7 @@ from ._timeline import (
     overview,
     overview_of,
     scan_device,
+    shown_value,
     timeline,
     timeline_of,
 )
@@ -62,6 +64,7 @@ class _SnapshotUnpickler(pickle.Unpickler):
     function: what a malicious pickle calls to run code) and every persistent id is refused."""
 
     def find_class(self, module: str, name: str):
+        module, name = module[:60], name[:60]  # a name from the file: shown bounded
         raise pickle.UnpicklingError(
             f"it names the global {module}.{name}; a snapshot holds only dicts, lists, tuples,"
             " strings, numbers, booleans and None, so nothing is ever imported or called"
@@ -76,7 +79,12 @@ def _loaded(path: str | os.PathLike, data: object) -> dict:
     if isinstance(data, list):
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or "segments" not in data:  # a wrong type: check_snapshot
-        got = f"keys {sorted(map(str, data))}" if isinstance(data, dict) else type(data).__name__
+        got = (
+            f"keys {sorted(_key_text(key) for key in itertools.islice(data, 8))}"
+            + (" ..." if len(data) > 8 else "")
+            if isinstance(data, dict)
+            else type(data).__name__
+        )
         raise ValueError(
             f"{path}: not a memory snapshot: expected a dict with 'segments' and 'device_traces'"
             f" (the format of torch.cuda.memory._snapshot()), got {got}"
@@ -85,6 +93,11 @@ def _loaded(path: str | os.PathLike, data: object) -> dict:
         return check_snapshot(data)
     except ValueError as exc:
         raise ValueError(f"{path}: not a memory snapshot: {exc}") from None
+
+
+def _key_text(key: object) -> str:
+    """A key of a file's top-level dict, as an error message shows it (bounded)."""
+    return (key if type(key) is str else shown_value(key))[:60]
 
 
 def load(path: str | os.PathLike) -> dict:
@@ -101,11 +114,38 @@ def load(path: str | os.PathLike) -> dict:
     """
     with open(path, "rb") as f:
         try:
-            data = _SnapshotUnpickler(f).load()
+            data = _SnapshotUnpickler(_NoMoreThanTheFile(f)).load()
         except Exception as exc:  # a pickle can fail in many ways; all mean "not a snapshot"
             reason = str(exc) or type(exc).__name__  # a MemoryError says nothing
             raise ValueError(f"{path}: not a pickled memory snapshot ({reason})") from None
     return _loaded(path, data)
+
+
+class _NoMoreThanTheFile:
+    """The file ``f`` as the unpickler reads it, never asked for more than it holds: a length
+    field that claims GiBs in a file of KiBs is "pickle data was truncated", not GiBs set
+    aside before the read (``BufferedReader.read(n)`` allocates ``n`` bytes first) or a
+    ``MemoryError``."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+        self._left = os.fstat(f.fileno()).st_size - f.tell()
+
+    def _bounded(self, n: int | None) -> int:
+        return self._left if n is None or n < 0 or n > self._left else n
+
+    def read(self, n: int | None = -1) -> bytes:
+        data = self._f.read(self._bounded(n))
+        self._left -= len(data)
+        return data
+
+    def readline(self, limit: int | None = -1) -> bytes:
+        line = self._f.readline(self._bounded(limit))
+        self._left -= len(line)
+        return line
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._f.peek(n)[: self._left]
 
 
 _NOT_STREAMED = object()
@@ -148,7 +188,9 @@ def _read_streamed(
     with open(path, "rb") as f:
         try:
             data = _pickle_stream.stream(f, count)
-        except _pickle_stream.NotStreamable:
+        except _pickle_stream.NotStreamable as exc:
+            if exc.truncated:  # no unpickler reads it (nor sets aside what a length claims)
+                raise ValueError(f"{path}: not a pickled memory snapshot ({exc})") from None
             data = _NOT_STREAMED  # load() reads it whole, or says what is wrong with it
         except ValueError as exc:  # an event is not what a snapshot holds
             raise ValueError(f"{path}: not a memory snapshot: {exc}") from None

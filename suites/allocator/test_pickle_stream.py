@@ -189,7 +189,7 @@ class _Thing:  # a global: a pickle of it calls something to build it
 
 
 _NOT_PROTOCOL_2 = "^not a pickle of protocol 2 or later$"
-_TRUNCATED = "^the pickle is truncated$"
+_TRUNCATED = "^pickle data was truncated$"
 
 
 @pytest.mark.parametrize(
@@ -331,7 +331,7 @@ def test_a_length_beyond_the_file_is_one_error_not_a_memory_error(tmp_path, caps
     assert memory.main(["summary", str(path)]) == 1
     assert capsys.readouterr().err == (
         f"python -m allocator.memory summary: error: {path}: not a pickled memory snapshot"
-        " (MemoryError)\n"
+        " (pickle data was truncated)\n"
     )
 
 
