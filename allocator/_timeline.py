@@ -172,9 +172,12 @@ def check_snapshot(snapshot: object) -> dict:
     _need(isinstance(snapshot, dict), "", "the snapshot", snapshot, "a dict")
     segments = snapshot.get("segments", _MISSING)
     _need(isinstance(segments, list), "", "segments", segments, "a list of segments")
+    owners: dict[int, str] = {}  # id of a segment, a block list, a trace -> where it was
+    seen: dict[tuple | int, object] = {}  # frame lists checked already (see check_one)
     for i, segment in enumerate(segments):
         where = f"segments[{i}]"
         _need(isinstance(segment, dict), where, "", segment, "a dict")
+        _own(segment, where, owners)
         for field in ("device", "address", "total_size", "stream"):
             if field in segment or field == "total_size":
                 value = segment.get(field, _MISSING)
@@ -182,6 +185,7 @@ def check_snapshot(snapshot: object) -> dict:
                 _need(-_LIMIT < value < _LIMIT, where, f".{field}", value, _BOUNDED)
         blocks = segment.get("blocks", _MISSING)
         _need(isinstance(blocks, list), where, ".blocks", blocks, "a list of blocks")
+        _own(blocks, f"{where}.blocks", owners)
         for j, block in enumerate(blocks):
             at = f"{where}.blocks[{j}]"
             _need(isinstance(block, dict), at, "", block, "a dict")
@@ -192,19 +196,38 @@ def check_snapshot(snapshot: object) -> dict:
             requested = block.get("requested_size", 0)
             _need(_is_size(requested), at, ".requested_size", requested, "an int >= 0")
             if "frames" in block:
-                _check_frames(block["frames"], at)
+                _frames_once(block["frames"], at, seen)
         if "frames" in segment:
-            _check_frames(segment["frames"], where)
+            _frames_once(segment["frames"], where, seen)
     traces = snapshot.get("device_traces", [])
     _need(isinstance(traces, list), "", "device_traces", traces, "a list of lists of events")
-    seen: dict[tuple, object] = {}  # frame lists checked already, by their frames' ids
     for device, trace in enumerate(traces):
         where = f"device_traces[{device}]"
         _need(isinstance(trace, list), where, "", trace, "a list of events")
+        _own(trace, where, owners)
         for i, event in enumerate(trace):
             check_one(event, i, where, seen)
     check_devmem(snapshot.get("devmem", {}))
     return snapshot
+
+
+def _own(value: object, where: str, owners: dict[int, str]) -> None:
+    """Refuse a segment, a block list or a trace that the file shares (a pickle may write one
+    object once and refer to it again, a few bytes each time): read as written, a file of KiBs
+    would be GiBs of segments or events. A snapshot never shares them."""
+    first = owners.setdefault(id(value), where)
+    if first != where:
+        raise ValueError(
+            f"{where} is {first} again; a snapshot shares no segment, block list or trace"
+            " (read in full, a file that does is many times larger than it is)"
+        )
+
+
+def _frames_once(frames: object, where: str, seen: dict[tuple | int, object]) -> None:
+    """:func:`_check_frames`, but once per list object (``seen`` holds it: its id stays its own)."""
+    if seen.get(id(frames)) is not frames:
+        _check_frames(frames, where)
+        seen[id(frames)] = frames
 
 
 # devmem's fields that the readers show or count, by the type each must have when present
@@ -269,7 +292,7 @@ their ids stay theirs); when a reader that drops events as it goes meets more di
 lists than this, the cache is emptied and starts again."""
 
 
-def check_one(event: object, index: int, where: str, seen: dict[tuple, object]) -> None:
+def check_one(event: object, index: int, where: str, seen: dict[tuple | int, object]) -> None:
     """Check one trace event, ``where[index]`` in the message, fast: the fields are read once
     and a frame list whose frames were all checked before (the same dicts: a pickle shares
     equal ones) is not checked again (``seen``: a cache, keyed by the frames' ids); any doubt
@@ -301,12 +324,13 @@ def check_one(event: object, index: int, where: str, seen: dict[tuple, object]) 
     if frames is not _NONE:
         if type(frames) is not list:
             _check_event(event, f"{where}[{index}]")
-        key = tuple(map(id, frames))
-        if key not in seen:
-            _check_frames(frames, f"{where}[{index}]")
+        if seen.get(id(frames)) is not frames:  # not this very list again (a pickle shares it)
+            key = tuple(map(id, frames))
+            if key not in seen:
+                _check_frames(frames, f"{where}[{index}]")
             if len(seen) >= _CACHE_LIMIT:
                 seen.clear()
-            seen[key] = frames  # held: its frames' ids cannot be reused while cached
+            seen[key] = seen[id(frames)] = frames  # held: no id in a key can be reused
 
 
 def _check_event(event: object, where: str) -> None:
@@ -596,7 +620,8 @@ class TraceScan:
 
     def __init__(self, short: bool, series: bool) -> None:
         self.short, self.series = short, series
-        self.names: dict[tuple, tuple[str, object]] = {}  # frames' ids -> (site, the frames)
+        # frames' ids (or a frame list's own id) -> (site, the frames or that list)
+        self.names: dict[tuple | int, tuple[str, object]] = {}
         self.files: dict[str, str] = {}
         self.site_at: dict[int, str] = {}  # address -> the site of the block live there
         self.live: dict[str | None, int] = defaultdict(int)  # None: live before the trace
@@ -618,15 +643,17 @@ class TraceScan:
         site = None
         if action == "alloc":
             frames = event.get("frames", ())
-            key = tuple(map(id, frames))
-            named = self.names.get(key)
-            if named is None:
-                if len(self.names) >= _CACHE_LIMIT:
-                    self.names.clear()
-                site = site_of(frames, self.short, self.files)
-                self.names[key] = (site, frames)  # held: the ids cannot be reused while cached
-            else:
-                site = named[0]
+            named = self.names.get(id(frames))  # this very list again: a pickle shares it
+            if named is None or named[1] is not frames:
+                key = tuple(map(id, frames))
+                named = self.names.get(key)
+                if named is None:
+                    if len(self.names) >= _CACHE_LIMIT:
+                        self.names.clear()
+                    named = (site_of(frames, self.short, self.files), frames)
+                    self.names[key] = named  # held: the ids cannot be reused while cached
+                self.names[id(frames)] = (named[0], frames)
+            site = named[0]
             self.site_at[event.get("addr")] = site
             self.allocs[site] += 1
             if size > self.largest[site]:

@@ -164,7 +164,7 @@ def _read_streamed(
     :func:`~allocator._timeline.device_of`."""
     scans: dict[int, TraceScan] = {}
     counts: dict[int, int] = {}
-    seen: dict[tuple, object] = {}
+    seen: dict[tuple | int, object] = {}
     chosen = device  # series: the one device scanned (not given: the first with an event)
     late = False  # series, no device: an earlier device's events came after the chosen one's
     short = series  # site names: with directories in a summary, without in a picture
