@@ -238,7 +238,7 @@ def _config(args: argparse.Namespace) -> ModelConfig:
     if h is not None and not 0 < h < 1:
         _warn(f"--headroom {h!r} is not in (0, 1); using 0.1")
     elif h is not None and not 0 < np.float32(h) < 1:  # the header holds a float32
-        _warn(f"--headroom {h!r} is {np.float32(h)!r} in float32, not in (0, 1); using 0.1")
+        _warn(f"--headroom {h!r} is {float(np.float32(h))!r} in float32, not in (0, 1); using 0.1")
     return preset(
         args.model, n_layers=args.layers, compile_budget=args.budget, headroom_pct=args.headroom
     )

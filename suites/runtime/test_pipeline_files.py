@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -27,6 +28,7 @@ from runtime.pipeline import (
     ModelDims,
     SchedulerState,
     StateFile,
+    _cli,
     check_header_fields,
     interpreter_options,
     main,
@@ -564,3 +566,126 @@ def test_an_exec_restart_runs_under_the_same_interpreter_options(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.splitlines()[-1])["restarts"] == 2
     assert run.stderr.count("import time: self [us] | cumulative | imported package") == 3
+
+
+# -- issue 37 item 7: read-only paths read with pread, never through the mapping --------------
+
+
+def _show_with_the_tail_unmappable(path: str) -> None:
+    """A death-test child: ``state show path`` where every page of the mapping past the
+    header page raises SIGBUS when read (the file is cut to its header once mapped), as a
+    sparse file's never-written pages do on a full tmpfs."""
+    import mmap
+
+    real = mmap.mmap
+
+    def mapping(fd, *args, **kwargs):
+        mapped = real(fd, *args, **kwargs)
+        os.truncate(path, 4096)
+        return mapped
+
+    mmap.mmap = mapping
+    raise SystemExit(main(["state", "show", path]))
+
+
+def test_state_show_reads_nothing_through_the_mapping(death, users_file):
+    path, _ = users_file
+    outcome = death.run(
+        _show_with_the_tail_unmappable, str(path), env=pinned_env("cpu"), style="fork"
+    )
+    outcome.assert_exited(0)  # main at 7cf9cfa read the journal through it: SIGBUS
+    assert f"{path}: state file version 2 (sentinel 0x414E4550), generation 0" in outcome.stdout
+
+
+_FULL_TMPFS = """
+set -e
+mount -t tmpfs -o size=1m none "$1"
+"$2" -m runtime.pipeline state create "$1/s" --layers 1 --sparse
+dd if=/dev/zero of="$1/fill" bs=4k 2>/dev/null || true
+"$2" -m runtime.pipeline state show "$1/s"
+"""
+
+
+def test_state_show_of_a_sparse_file_on_a_full_tmpfs(tmp_path):
+    """The real case, where a user namespace may mount a 1 MiB tmpfs: the disk is full, the
+    sparse file's journal page was never written; main at 7cf9cfa died of SIGBUS here."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("unshare -rm (a user namespace to mount a tmpfs in) is not available here")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVMEM_")}
+    run = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _FULL_TMPFS, "sh", str(tmp_path), sys.executable],
+        capture_output=True, text=True, env={**env, "DEVMEM_BACKEND": "cpu"}, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "state file version 2 (sentinel 0x414E4550), generation 0" in run.stdout
+
+
+# -- issue 37 item 8: the headroom warning prints the value given ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "warning"),
+    [
+        ("0.9999999999", "--headroom 0.9999999999 is 1.0 in float32, not in (0, 1); using 0.1"),
+        ("1e-50", "--headroom 1e-50 is 0.0 in float32, not in (0, 1); using 0.1"),
+        ("1.0000001", "--headroom 1.0000001 is not in (0, 1); using 0.1"),
+        ("-0.5", "--headroom -0.5 is not in (0, 1); using 0.1"),
+    ],
+)
+def test_the_headroom_warning_prints_the_value_given(capsys, value, warning):
+    assert main(["plan", f"--headroom={value}", "--json"]) == 0
+    err = capsys.readouterr().err  # main at 7cf9cfa: "--headroom 1 is not in (0, 1)"
+    assert err == f"python -m runtime.pipeline: warning: {warning}\n"
+
+
+# -- issue 37 item 9: a dry run reserves only the pages it writes ------------------------------
+
+
+def _dry_run_on_a_small_disk(argv: list) -> None:
+    """A death-test child: ``argv`` on a disk that refuses to reserve more than 64 MiB in all
+    (``posix_fallocate`` fails with ENOSPC past that)."""
+    real, reserved = os.posix_fallocate, []
+
+    def fallocate(fd, offset, length):
+        if sum(reserved) + length > 64 << 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        reserved.append(length)
+        return real(fd, offset, length)
+
+    os.posix_fallocate = fallocate
+    raise SystemExit(main(argv))
+
+
+def test_a_dry_run_of_llama7b_needs_no_103_gib(death, tmp_path):
+    path = tmp_path / "llama.state"
+    argv = ["train", "--model", "llama7b", "--steps", "1", "--dry-run", "--state", str(path)]
+    env = {**pinned_env("cpu"), "DEVMEM_PIPELINE_KILL_AT": "1:committed"}  # before a restart
+    outcome = death.run(_dry_run_on_a_small_disk, argv, env=env, style="fork")
+    outcome.assert_died(signal="SIGKILL")  # main at 7cf9cfa: exit 1, cannot reserve 103 GiB
+    size = state_file_bytes(PRESETS["llama7b"])
+    assert os.stat(path).st_size == size == 110_566_125_568
+    assert os.stat(path).st_blocks * 512 < 1 << 20
+    assert (
+        "[pipeline] dry run: the state file is sparse but for the 274,432 bytes it writes,"
+        f" reserved (of {size:,}; --sparse reserves none)\n"
+    ) in outcome.stderr
+
+
+def test_a_dry_run_writes_only_pages_it_reserved(death):
+    """Two layers, two steps, every commit: the file's allocated blocks after the run are the
+    ones reserved at its creation (a write elsewhere would allocate, and could SIGBUS)."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(dir=base) as scratch:
+        path = os.path.join(scratch, "s")
+        argv = ["train", "--layers", "2", "--budget", "1000", "--steps", "2", "--dry-run"]
+        outcome = death.run(
+            _targets.train, [*argv, "--keep-state", "--state", path], env=pinned_env("cpu"),
+            style="fork",
+        )  # fmt: skip
+        outcome.assert_exited(0)
+        config = PRESETS["stories110m"].with_overrides(n_layers=2, compile_budget=1000)
+        reserved = sum(length for _, length in _cli._dry_run_ranges(config))
+        assert reserved == 4096 + 8192 + 4 * 4096
+        assert os.stat(path).st_blocks * 512 == reserved
+        with StateFile.open(path, readonly=True) as state:
+            assert state.header.scheduler.step == 2
