@@ -53,11 +53,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         " skip with the reason",
     )
     group.addoption(
+        "--sim-latency-us",
+        type=int,
+        default=SIM_LATENCY_US,
+        metavar="US",
+        help="the simulated kernel latency of the allocators make_alloc builds on sim (default"
+        f" {SIM_LATENCY_US}: the race check on, so a missing stream wait aborts the test; 0: every"
+        " kernel completes at once and no race can be seen). A test passes sim_latency_us="
+        " itself where it needs another",
+    )
+    group.addoption(
         "--stress-scale",
         type=int,
         default=1,
         help="multiply stress sizes (buffer counts, arena counts) by this factor (default 1)",
     )
+
+
+SIM_LATENCY_US = 10
+"""The suites' default ``sim_latency_us`` on ``sim`` (``--sim-latency-us``): with a latency the
+simulator's race check sees a read of another stream's unwaited write, which on a GPU reads
+stale data once in a while (the first H200 run's zero3 gather)."""
 
 
 def _backends(config: pytest.Config) -> list[str]:
@@ -85,6 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # initialized CUDA) through its own check, which the harness consults before each fork.
     harness.add_fork_safety_check(fork_unsafe_reason)
     _backends(config)
+    if config.getoption("sim_latency_us") < 0:
+        raise pytest.UsageError(
+            f"--sim-latency-us must be >= 0, got {config.getoption('sim_latency_us')}"
+        )
     if config.getoption("stress_scale") < 1:
         raise pytest.UsageError(
             f"--stress-scale must be >= 1, got {config.getoption('stress_scale')}"
@@ -251,15 +271,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 def make_alloc(backend: str, request: pytest.FixtureRequest):
     """A factory of fresh allocators on the backend under test, checked for leaks.
 
-    ``make_alloc(**overrides)`` builds ``Allocator(AllocatorConfig(backend=..., **overrides))``.
+    ``make_alloc(**overrides)`` builds ``Allocator(AllocatorConfig(backend=..., **overrides))``;
+    on ``sim`` with ``sim_latency_us`` from ``--sim-latency-us`` (default
+    :data:`SIM_LATENCY_US`, so the race check runs) unless ``overrides`` names it.
     After a passing test every allocator it built must have no live buffers and no open arena
     (mark a test ``no_leak_check`` to opt out).
     """
     made: list[Allocator] = []
     request.node.stash[_made] = made  # memory_history watches those built before it, too
+    base = AllocatorConfig(backend=backend)
+    if backend == "sim":
+        base = dataclasses.replace(base, sim_latency_us=request.config.getoption("sim_latency_us"))
 
     def make(**overrides) -> Allocator:
-        alloc = Allocator(dataclasses.replace(AllocatorConfig(backend=backend), **overrides))
+        alloc = Allocator(dataclasses.replace(base, **overrides))
         made.append(alloc)
         history = request.node.stash.get(_memory_history, None)
         if history is not None:
@@ -283,6 +308,25 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
         )
         assert stats.arena_depth == 0, f"leak check: {stats.arena_depth} arenas left open"
         alloc.empty_cache()  # hand cached device blocks back now, not at garbage collection
+
+
+@pytest.fixture(autouse=True)
+def _leaves_the_process_fork_safe(request: pytest.FixtureRequest):
+    """Fail a test that made the test process unsafe to fork (it initialized CUDA there): every
+    fork-style death test after it in this process (xdist worker) would be refused. A cuda
+    item runs in its own process (``own_process``, see pytest_collection_modifyitems); a test
+    that builds a cuda allocator another way must take the ``backend`` fixture, or the
+    ``own_process`` marker, itself."""
+    before = fork_unsafe_reason()
+    yield
+    after = fork_unsafe_reason()
+    if after != before and request.node.get_closest_marker("own_process") is None:
+        pytest.fail(
+            f"this test made the pytest process unsafe to fork ({after}): the fork-style death"
+            " tests after it in this process would be refused. Run it in a process of its own"
+            " (@pytest.mark.own_process, or the backend fixture, whose cuda items are)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

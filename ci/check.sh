@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # ci/check.sh: build, lint and test devmem-harness. This is what CI and users run.
 #
-# Usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--multihost] [--no-build]
-#                    [--no-test] [--no-lint] [-h]
+# Usage: ci/check.sh [--ci-all] [--cuda] [--fake-cuda] [--nightly] [--interop] [--multihost]
+#                    [--no-build] [--no-test] [--no-lint] [-h]
 set -euo pipefail
 
 usage() {
     cat <<'USAGE'
-usage: ci/check.sh [--ci-all] [--cuda] [--nightly] [--interop] [--multihost] [--no-build] [--no-test] [--no-lint] [-h]
+usage: ci/check.sh [--ci-all] [--cuda] [--fake-cuda] [--nightly] [--interop] [--multihost] [--no-build] [--no-test] [--no-lint] [-h]
 
 With no option: build (create .venv if absent, install the project with its test and plot
 extras), lint (ruff; .github/workflows/*.yml against GitHub's schema), and test (every suite on
@@ -20,6 +20,12 @@ It ends with "check passed." and the command that runs the suites alone: .venv/b
   --cuda      also run every suite on the cuda backend, one GPU per xdist worker; fails at
               once when no GPU is visible. Installs the `cuda` extra (cupy-cuda12x) unless
               CuPy already imports; CUDA_EXTRA=cuda13 picks cupy-cuda13x
+  --fake-cuda also run every suite on the cuda backend of a fake GPU, on a machine without
+              one (.ci/run does): the suites' fake CuPy (suites/allocator/_fake_cupy.py) is
+              `cupy` and a stand-in nvidia-smi lists one GPU (ci/fake_gpu/). The fake fails
+              CUDA calls in a process forked after CUDA was initialized, runs its streams on
+              the simulator's happens-before clocks (an unordered read of another stream's
+              write aborts) and moves cudaMemGetInfo at every call (docs/gpus.md)
   --interop   also run the tests marked interop with PyTorch as the client or the oracle
               (_memory_viz's readers on our snapshots, checkpoint_sequential): installs
               torch==2.13.0 (a CPU build) into .venv unless it is there; without --interop
@@ -52,11 +58,12 @@ environment:
 USAGE
 }
 
-ci_all=0 cuda=0 nightly=0 interop=0 multihost=0 build=1 test=1 lint=1
+ci_all=0 cuda=0 fake_cuda=0 nightly=0 interop=0 multihost=0 build=1 test=1 lint=1
 for arg in "$@"; do
     case "$arg" in
         --ci-all) ci_all=1 ;;
         --cuda) cuda=1 ;;
+        --fake-cuda) fake_cuda=1 ;;
         --nightly) nightly=1 ;;
         --interop) interop=1 ;;
         --multihost) multihost=1 ;;
@@ -67,6 +74,11 @@ for arg in "$@"; do
         *) echo "ci/check.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
     esac
 done
+
+if [ "$cuda" = 1 ] && [ "$fake_cuda" = 1 ]; then
+    echo "ci/check.sh: --cuda and --fake-cuda exclude each other (a real GPU, or the fake one)" >&2
+    exit 2
+fi
 
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -217,6 +229,13 @@ if [ "$test" = 1 ]; then
     # no -q beside -n: xdist's quiet status is "bringing up nodes..." twice
     run "$py" -m pytest -n 2 suites/harness "${not_interop[@]}" "${extra[@]}"
     run "$py" -m pytest -q --forked suites/harness "${not_interop[@]}" "${extra[@]}"
+
+    if [ "$fake_cuda" = 1 ]; then
+        step "test: every suite on the cuda backend of a fake GPU (ci/fake_gpu: fake CuPy, stand-in nvidia-smi)"
+        PYTHONPATH="$root/ci/fake_gpu${PYTHONPATH:+:$PYTHONPATH}" PATH="$root/ci/fake_gpu/bin:$PATH" \
+            run "$py" -m pytest -n auto --backend cuda --strict-backends --gpus auto \
+            "${not_interop[@]}" "${extra[@]}"
+    fi
 
     hostile=cpu,sim
     if [ "$cuda" = 1 ] && [ "$nightly" = 0 ]; then

@@ -338,6 +338,9 @@ def install(
     def zeros(shape, dtype=np.float32):
         return np.zeros(shape, dtype=dtype).view(FakeArray)
 
+    def empty(shape, dtype=np.float32):  # CuPy's pool: host memory here, no device block
+        return np.empty(shape, dtype=dtype).view(FakeArray)
+
     def set_device(device: int) -> None:
         fake.init()
         fake.current = device
@@ -397,8 +400,13 @@ def install(
         def done(self) -> bool:
             fake.init()
             done = not fake.in_flight.get(self)
-            if done and fake.clocks is not None:
-                fake.clocks.synchronize_stream(self.clock)
+            if fake.clocks is not None:
+                # complete too when the host knows its kernels completed: another stream that
+                # waited for them was synchronized (real CUDA's query says so then)
+                done = done or fake.clocks.known_done(self.clock)
+                if done:
+                    fake.in_flight.pop(self, None)
+                    fake.clocks.synchronize_stream(self.clock)
             return done
 
         def synchronize(self) -> None:
@@ -450,6 +458,7 @@ def install(
         getDeviceCount=get_device_count,
         getDevice=get_device,
         setDevice=set_device,
+        getDeviceProperties=lambda device: {"name": b"Fake GPU (suites/allocator/_fake_cupy.py)"},
     )
     cuda = types.SimpleNamespace(
         runtime=runtime,
@@ -473,6 +482,7 @@ def install(
         copyto=copyto,
         sum=total,
         zeros=zeros,
+        empty=empty,
         ElementwiseKernel=ElementwiseKernel,
         _fake=fake,
     )

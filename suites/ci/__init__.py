@@ -1,0 +1,20 @@
+
+
+
+def path_without_a_driver(tmp_path) -> str:
+    """A ``PATH`` for a subprocess on which ``nvidia-smi`` is not found, whatever this machine
+    has: ``/usr/bin`` and ``/bin`` (where a GPU machine's driver puts it) mirrored into
+    ``tmp_path / "no-driver"`` by symlinks, less ``nvidia-smi``; and this interpreter's own
+    directory first (a venv's)."""
+    import os
+    import sys
+
+    mirror = tmp_path / "no-driver"
+    mirror.mkdir()
+    for directory in ("/usr/bin", "/bin"):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            if name != "nvidia-smi" and not (mirror / name).exists():
+                (mirror / name).symlink_to(os.path.join(directory, name))
+    return os.pathsep.join([os.path.dirname(sys.executable), str(mirror)])

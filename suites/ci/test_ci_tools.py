@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from suites.ci import path_without_a_driver
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "ci" / "check.sh"
 
@@ -37,7 +39,7 @@ def test_help_exits_0():
 
 
 def test_cuda_without_a_gpu_fails_at_once_with_a_clear_message(tmp_path):
-    path = f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin"  # no nvidia-smi anywhere on it
+    path = path_without_a_driver(tmp_path)  # no nvidia-smi anywhere on it, even on a GPU box
     result = _check_sh("--cuda", "--no-build", "--no-lint", "--no-test", path=path)
     assert result.returncode == 1
     assert "ci/check.sh --cuda: no GPU is visible: nvidia-smi is not on PATH" in result.stderr

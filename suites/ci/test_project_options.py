@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from suites.ci import path_without_a_driver
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = "suites/allocator/test_stats.py"
 """A quick module that runs on every backend."""
@@ -51,8 +53,8 @@ def test_a_bad_backend_is_one_line_naming_where_it_came_from(args, env, line):
 
 def test_an_unavailable_backend_is_one_summary_line(tmp_path):
     # Issue 14: one line per backend and reason, not one per test. No nvidia-smi on PATH, so
-    # cuda is unavailable here whatever the machine has.
-    path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    # cuda is unavailable here whatever the machine has (a GPU box has it in /usr/bin).
+    path = path_without_a_driver(tmp_path)
     result = _pytest(
         "-q", "--backend", "cpu,cuda", SMALL, "suites/allocator/test_config.py", PATH=path
     )

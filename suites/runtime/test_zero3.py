@@ -106,7 +106,9 @@ def test_the_gathered_view_reads_every_ranks_shard(make_alloc):
     shards = [z3.shard("w", rank).tolist() for rank in range(3)]
     values = param.values().tolist()
     assert shards == [values[0:3], values[3:6], [*values[6:7], 0.0, 0.0]]
-    view = z3.allgather("w")
+    # the consumer waits for the parameter's all-gather (wait_allgather) before it reads: the
+    # first H200 run read zeros here without the wait, and sim's race check aborts without it
+    view = z3.wait(z3.allgather("w"), "w")
     assert alloc.to_numpy(view).tolist() == values
     assert alloc.to_numpy(z3.gathered("w")).tolist() == [x for shard in shards for x in shard]
     assert z3.allgather("w").storage is view.storage  # gathered already: the same base

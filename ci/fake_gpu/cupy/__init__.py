@@ -7,9 +7,7 @@ first on ``PATH`` (a stand-in ``nvidia-smi`` that lists one GPU). Importing it i
 nothing, as with CuPy: the first runtime call does. The fake is loaded by file path, so the
 repository root need not be importable.
 
-Environment (read at import):
-    DEVMEM_FAKE_GPU_BYTES: the fake device's size in bytes (default 16 GiB; host memory is
-        used only for what is allocated).
+The fake device has 16 GiB (host memory is used only for what is allocated).
 """
 
 import importlib.util
@@ -26,10 +24,7 @@ def _install() -> None:
     spec = importlib.util.spec_from_file_location("_devmem_fake_cupy", os.path.normpath(_FAKE))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    size = os.environ.get("DEVMEM_FAKE_GPU_BYTES", "") or str(16 << 30)
-    if not size.isdigit() or int(size) < 1:
-        raise ImportError(f"DEVMEM_FAKE_GPU_BYTES={size!r}: expected a decimal byte count >= 1")
-    module.install(total_bytes=int(size))  # replaces sys.modules["cupy"]: the import gets it
+    module.install(total_bytes=16 << 30)  # replaces sys.modules["cupy"]: the import gets it
 
 
 _install()
