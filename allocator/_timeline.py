@@ -632,6 +632,8 @@ class TraceScan:
         self.events = 0
         self.delta_live = self.delta_reserved = 0  # the levels, relative to the start
         self.top = self.top_at = 0  # the highest relative level, first reached after event top_at
+        # memory_viz's level: a block is live until its free_completed (not free_requested)
+        self.viz_live = self.viz_top = self.viz_top_at = 0
         self.levels, self.reserves, self.times, self.owners = [0], [0], [], []
         self.time_us: int | float = 0  # the last time seen (series): an event without one has it
 
@@ -664,6 +666,11 @@ class TraceScan:
             self.delta_live = level = self.delta_live + size
             if level > self.top:
                 self.top, self.top_at = level, i
+            self.viz_live = level = self.viz_live + size
+            if level > self.viz_top:
+                self.viz_top, self.viz_top_at = level, i
+        elif action == "free_completed":
+            self.viz_live -= size
         elif action == "free_requested":
             site = self.site_at.pop(event.get("addr"), None)
             self.live[site] -= size
@@ -738,6 +745,10 @@ class Overview:
         markers: as :attr:`Timeline.markers`.
         backend: as :attr:`Timeline.backend`.
         sites: as :func:`sites` (``short=False``).
+        viz_peak: ``(bytes, index)`` of the highest level as memory_viz counts it, a freed block
+            live until its ``free_completed`` (not its ``free_requested``): higher than
+            ``peak`` when a block freed while another stream used it (``record_stream``)
+            awaited that stream while others were allocated.
     """
 
     events: int
@@ -748,6 +759,7 @@ class Overview:
     markers: list[Marker]
     backend: str
     sites: list[Site]
+    viz_peak: tuple[int, int] = (0, 0)
 
 
 def overview(snapshot: dict, device: int | None = None) -> Overview:
@@ -769,6 +781,7 @@ def overview_of(snapshot: dict, device: int, scan: TraceScan) -> Overview:
     end_live, end_reserved = _end_levels(snapshot, device)
     before = end_live - scan.delta_live
     peak = (before + scan.top, scan.top_at) if scan.top > 0 else (before, 0)
+    viz = (before + scan.viz_top, scan.viz_top_at) if scan.viz_top > 0 else (before, 0)
     backend = (snapshot.get("devmem") or {}).get("backend", "torch")
     return Overview(
         scan.events,
@@ -779,6 +792,7 @@ def overview_of(snapshot: dict, device: int, scan: TraceScan) -> Overview:
         _markers(snapshot, scan, device),
         backend,
         scan.sites(before),
+        viz,
     )
 
 

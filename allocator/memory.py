@@ -256,6 +256,16 @@ def summary(snapshot: dict | str | os.PathLike, *, top: int = 10, device: int | 
         f" {format_bytes(line.reserved)}",
         f"arena exits {notes['arena_exit']}, releases {notes['release']}, cap evictions"
         f" {notes['cap_evict']}, OOMs {notes['oom']}",
+    ]
+    if line.viz_peak[0] > peak:
+        viz, viz_at = line.viz_peak
+        lines.insert(
+            2,
+            f"memory_viz's peak: {format_bytes(viz)} after event {viz_at} (it counts a freed"
+            " block as live until its free_completed: blocks that awaited another stream's"
+            " work)",
+        )
+    lines += [
         "",
         "top allocation sites by peak live bytes:",
         f"{'peak live':>12} {'allocs':>8} {'largest':>12} {'live at end':>12}  site",
