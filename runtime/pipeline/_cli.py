@@ -10,23 +10,30 @@ Commands::
           [--lr LR] [--keep-state] [--resume | --force] [--sparse]
 
 ``train`` drives the scheduler and commits every action to the state file (tensors and header
-together, crash-safe: ``docs/pipeline-state.md``). At each ``EXEC_RESTART`` it ``os.execv``\\ s
-itself with the interpreter's options, its full argument list and ``--resume`` (the seed's
-restart kept only ``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default
-Stories110M); the new process (or one started by hand with ``--resume`` after a crash) checks
-that the file was written for the same model, compile config, policy and step count, undoes a
-change a kill left half-done, and goes on. Without ``--resume`` it creates the file and refuses
-an existing one unless ``--force``; it removes the file at the end only if its run created it
-and ``--keep-state`` was not given. Progress goes to stderr; the run ends with one JSON object
+together, crash-safe: ``docs/pipeline-state.md``), holding the file's lock (an exclusive
+``flock``) for the whole run: a second writer of the file is refused at once, naming the
+holder's pid. At each ``EXEC_RESTART`` it ``os.execv``\\ s itself with the interpreter's
+options, its full argument list and ``--resume`` (the seed's restart kept only
+``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default Stories110M), handing the
+locked descriptor to the new process image (its number in ``DEVMEM_PIPELINE_LOCK_FD``); the new
+process (or one started by hand with ``--resume`` after a crash) checks that the file was
+written for the same model, compile config, policy and step count, undoes a change a kill left
+half-done, and goes on. Without ``--resume`` it creates the file (sparse, but for the pages a
+dry run writes, unless ``--sparse``: none reserved) and refuses an existing one unless
+``--force``, which replaces only a state file; it removes the file at the end only if its run
+created it, ``--keep-state`` was not given and the path still names that file (a failure to
+remove it is one warning line). Progress goes to stderr; the run ends with one JSON object
 on stdout: ``model``, ``preset``, ``restarts``, ``steps_done``, ``actions`` (a count per
-action), ``groups``, ``checkpoint``, ``state_file`` (``null`` once removed), ``pid``.
+action), ``groups``, ``checkpoint``, ``state_file`` (``null`` once removed, or when its path
+names another file by then), ``pid``.
 
 Every integer option is checked against its header field (``--budget``, ``--steps``,
 ``--interval``: 1 .. 2**31-1; ``--layers``: 1 .. 1,000,000) and every number must be finite,
 before anything touches the disk.
 
-Exit status: 0 on success, 1 for an unusable, existing or uncreatable state file or a resume
-that does not match it, 2 for bad arguments.
+Exit status: 0 on success, 1 for an unusable, existing or uncreatable state file, one another
+process holds, a ``--force`` of something that is not a state file, or a resume that does not
+match the file, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -170,13 +177,15 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--force",
         action="store_true",
-        help="replace an existing state file (atomically; default: refuse it)",
+        help="replace an existing state file (atomically; only a state file no run holds;"
+        " default: refuse it)",
     )
     group.add_argument(
         "--sparse",
         action="store_true",
         help="do not reserve the file's space: instant and takes no disk, but a full disk"
-        " then kills the run with SIGBUS",
+        " then kills the run with SIGBUS (train, a dry run, reserves only the pages it writes"
+        " without it)",
     )
 
     parser = argparse.ArgumentParser(
