@@ -146,6 +146,11 @@ MULTIHOST_SKIP = (
 )
 
 
+CUDA_PRELOAD = ("cupy", "allocator.device.cuda")
+"""What the forkserver's zygote imports besides the ``death_preload`` ini list where the cuda
+backend runs: nothing of it initializes CUDA or starts a thread at import."""
+
+
 def _initializes_cuda(item: pytest.Item) -> bool:
     """Whether ``item`` runs on the ``cuda`` backend (its test process may build a CUDA
     allocator: ``make_alloc``, ``alloc``, or its own)."""
@@ -162,6 +167,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if cuda_items and _unavailable("cuda") is None:
         for item in cuda_items:
             item.add_marker(pytest.mark.own_process)
+        # the forkserver's zygote imports CuPy (which creates no context at import), so that
+        # a cuda death-test child pays for its context, not for the import (about 0.5 s on
+        # the first H200 run)
+        preload = list(harness.forkserver_preload())
+        harness.set_forkserver_preload(
+            preload + [name for name in CUDA_PRELOAD if name not in preload]
+        )
     for option, marker, reason in (
         ("interop", "interop", INTEROP_SKIP),
         ("multihost", "multihost", MULTIHOST_SKIP),

@@ -19,7 +19,7 @@ lives in :mod:`harness.plugin`; this package itself never imports pytest (nor ``
 
 from harness._config import Config, matrix
 from harness._errors import DeathTestFailure, HarnessError, HarnessWarning
-from harness._forkserver import set_forkserver_preload
+from harness._forkserver import forkserver_preload, set_forkserver_preload
 from harness._gpus import list_gpus
 from harness._outcome import Outcome
 from harness._protocol import Raised
@@ -43,6 +43,7 @@ __all__ = [
     "Raised",
     "add_fork_safety_check",
     "fork_unsafe_reason",
+    "forkserver_preload",
     "in_death_child",
     "list_gpus",
     "mark_fork_unsafe",

@@ -344,3 +344,15 @@ def events_logic() -> dict:
     report["wrong_device"] = [list(entry) for entry in fake.wrong_device[:5]]
     report["violations"] = len(fake.violations)
     return report
+
+
+def what_the_zygote_imported() -> dict:
+    """In a forkserver child, before anything of it touches CuPy: whether the zygote had
+    imported CuPy (the project's conftest preloads it where cuda runs), and whether CUDA is
+    initialized in this process (it must not be: importing CuPy creates no context)."""
+    return {
+        "cupy": "cupy" in sys.modules,
+        "fork_unsafe": fork_unsafe_reason(),
+        "cupy_initialized_cuda": getattr(sys.modules.get("cupy"), "_fake", None) is not None
+        and sys.modules["cupy"]._fake.initialized_in is not None,
+    }

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import harness
 from allocator import fork_unsafe_reason
 from allocator.device import backend_unavailable_reason
 from allocator.device.cuda import kernel_probe_reason
@@ -210,3 +211,13 @@ def test_events_over_fake_cupy(death):
         "wrong_device": [],
         "violations": 0,
     }
+
+
+@pytest.mark.backends("cuda")
+def test_a_cuda_death_child_finds_cupy_imported_by_the_zygote(death, backend):
+    # Where cuda runs (a GPU, or the fake-GPU lane) the conftest adds CuPy to the zygote's
+    # preload list: a forkserver child then pays for its CUDA context, not for the import.
+    assert {"cupy", "allocator.device.cuda"} <= set(harness.forkserver_preload())
+    outcome = death.run(_cuda_probes.what_the_zygote_imported, style="forkserver")
+    report = outcome.assert_clean().returned
+    assert report == {"cupy": True, "fork_unsafe": None, "cupy_initialized_cuda": False}
