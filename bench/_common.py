@@ -107,7 +107,7 @@ def finish(args: argparse.Namespace, results: dict, table: str, verdicts: dict[s
     write_atomically(args.out, json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     words = "; ".join(f"{label} {'met' if met else 'MISSED'}" for label, met in verdicts.items())
-    print(f"verdict: {words}")
+    print(f"verdict: {words or 'no target measured here (' + results.get('skipped', '?') + ')'}")
     missed = [label for label, met in verdicts.items() if not met]
     if missed and args.check:
         print(f"{Path(sys.argv[0]).name} --check: missed {', '.join(missed)}", file=sys.stderr)

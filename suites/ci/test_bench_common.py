@@ -122,6 +122,12 @@ def test_every_benchmark_runs_as_the_readme_says(script, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1].startswith("verdict: "), result.stdout[-2000:]
     results = json.loads(out.read_text())
+    if results.get("skipped"):  # a benchmark of a backend that cannot run here says why
+        assert results["verdicts"] == {}
+        assert result.stdout.splitlines()[-1] == (
+            f"verdict: no target measured here ({results['skipped']})"
+        )
+        return
     assert results["verdicts"] and all(
         isinstance(met, bool) for met in results["verdicts"].values()
     )
