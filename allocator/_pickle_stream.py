@@ -315,6 +315,7 @@ def _build(f: BinaryIO, keep: set[int], on_event: OnEvent) -> object:
                 entry = streamed.get(id(target))
                 if entry is not None and entry[0] is target:
                     device = entry[1]
+                    value = None  # the last list built: the events' only holders are theirs
                     try:
                         for item in items:
                             on_event(device, item)
@@ -344,6 +345,7 @@ def _build(f: BinaryIO, keep: set[int], on_event: OnEvent) -> object:
                     target = stack[-1]
                     entry = streamed.get(id(target))
                     if entry is not None and entry[0] is target:
+                        value = None  # as for APPENDS
                         try:
                             on_event(entry[1], target.pop())
                         except Exception as exc:

@@ -26,6 +26,7 @@ import os
 import re
 import reprlib
 from collections import defaultdict
+from sys import getrefcount
 
 __all__ = [
     "ACTIONS",
@@ -286,6 +287,15 @@ _ACTION_SET = frozenset(ACTIONS)
 _NONE: tuple = ()
 
 
+_OWN_REFS = 3
+"""``sys.getrefcount`` of a frame list that only its event holds, seen from a reader's function
+(the event, the function's name for it, the call's argument). One with more references is
+shared (a pickle wrote it once and referred to it again, a few bytes per event): the readers
+then key it by its own id as well, so a list of 20,000 frames shared by 20,000 events costs one
+pass over its frames, not one per event. A list that only its event holds is never held by its
+id (holding it would keep every event's frames alive); an interpreter that counts fewer
+references only loses the shortcut."""
+
 _CACHE_LIMIT = 1 << 16
 """Entries kept in a cache of frame lists by their frames' ids (each entry holds its frames, so
 their ids stay theirs); when a reader that drops events as it goes meets more distinct frame
@@ -328,9 +338,11 @@ def check_one(event: object, index: int, where: str, seen: dict[tuple | int, obj
             key = tuple(map(id, frames))
             if key not in seen:
                 _check_frames(frames, f"{where}[{index}]")
-            if len(seen) >= _CACHE_LIMIT:
-                seen.clear()
-            seen[key] = seen[id(frames)] = frames  # held: no id in a key can be reused
+                if len(seen) >= _CACHE_LIMIT:
+                    seen.clear()
+                seen[key] = frames  # held: no id in the key can be reused while cached
+            if getrefcount(frames) > _OWN_REFS:  # shared: alive anyway, held by its own id too
+                seen[id(frames)] = frames
 
 
 def _check_event(event: object, where: str) -> None:
@@ -654,7 +666,8 @@ class TraceScan:
                         self.names.clear()
                     named = (site_of(frames, self.short, self.files), frames)
                     self.names[key] = named  # held: the ids cannot be reused while cached
-                self.names[id(frames)] = (named[0], frames)
+                if getrefcount(frames) > _OWN_REFS:  # shared (see check_one)
+                    self.names[id(frames)] = (named[0], frames)
             site = named[0]
             self.site_at[event.get("addr")] = site
             self.allocs[site] += 1

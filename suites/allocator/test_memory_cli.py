@@ -461,6 +461,9 @@ def test_summary_of_the_snapshot_written_by_hand():
             "backend torch: 9 events\n"
             "peak live 1.06 KiB after event 3; at the end: live 525 B, cached 5.49 KiB, reserved"
             " 6.00 KiB\n"
+            # its frees are requested and never completed: memory_viz counts them live
+            "memory_viz's peak: 1.55 KiB after event 5 (it counts a freed block as live until"
+            " its free_completed: blocks that awaited another stream's work)\n"
             "arena exits 1, releases 2, cap evictions 2, OOMs 2\n"
             "\n" + SUMMARY_HEAD + "      1000 B        2       1000 B        500 B"
             "  /src/app/model.py:5 in load\n"
