@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
 
 from .._checks import integer
 from ._strided import ByteSet, covers, intersects, values_in
@@ -190,29 +193,45 @@ class _Entry:
     region: Region
     producer: int
     live: list[tuple[int, int]] | None = None
+    serial: int = field(default_factory=lambda: next(_serials))
 
 
-MAX_PIECES = 64
+_serials = itertools.count()
+"""Entries' serial numbers: the index's sort key after the first byte (never a tie)."""
+SERIAL_BITS = 48
+"""An index key is ``first byte << SERIAL_BITS | serial`` (a plain int compares fastest)."""
+
+MAX_PIECES = 256
 """The most pieces a region is indexed (and looked up) by: its runs, or, for a region of more
 runs, blocks of its smallest dimensions (see :func:`_pieces`)."""
 
 
 def _pieces(s: ByteSet) -> list[tuple[int, int]]:
-    """The bounding byte ranges ``[lo, hi)`` a region is indexed by: one per run when it has
-    at most :data:`MAX_PIECES` runs, else one per block of its smallest dimensions, taking as
-    few dimensions into a block as bring the count to :data:`MAX_PIECES` or below. A column
-    tile of a row-major matrix is its rows, not the span from its first row to its last, so
-    it is never a candidate of the other columns' lookups. O(pieces)."""
+    """The bounding byte ranges ``[lo, hi)`` a region is indexed (and looked up) by: one per
+    run when it has at most :data:`MAX_PIECES` runs, else one per block of runs, a block
+    being its smallest dimensions whole and a slice of consecutive indices of the next one,
+    as few dimensions and as long slices as bring the count to :data:`MAX_PIECES` or below.
+    A column tile of a row-major matrix is its rows, not the span from its first row to its
+    last, so it is never a candidate of the other columns' lookups. O(pieces)."""
     dims = s.dims
     level, count = len(dims), 1
     while level and count * dims[level - 1][0] <= MAX_PIECES:
         level -= 1
         count *= dims[level][0]
-    span = s.run + sum((n - 1) * stride for n, stride in dims[:level])
     starts = [s.base]
     for n, stride in dims[level:]:
         starts = [x + k * stride for x in starts for k in range(n)]
-    return [(x, x + span) for x in starts]
+    if not level:  # runs may coincide (strides that revisit bytes): each piece once
+        return [(x, x + s.run) for x in sorted(set(starts))]
+    inner = s.run + sum((n - 1) * stride for n, stride in dims[: level - 1])
+    n, stride = dims[level - 1]  # split into slices of ``chunk`` consecutive indices
+    chunk = -(-n // (MAX_PIECES // count))
+    blocks = [(k * stride, (min(chunk, n - k) - 1) * stride + inner) for k in range(0, n, chunk)]
+    ends: dict[int, int] = {}  # blocks may start at one byte (strides that revisit bytes)
+    for x in starts:
+        for off, span in blocks:
+            ends[x + off] = max(ends.get(x + off, 0), x + off + span)
+    return sorted(ends.items())
 
 
 def _runs(s: ByteSet) -> list[tuple[int, int]]:
@@ -289,39 +308,47 @@ class _Bucket:
 
     Class ``c`` holds the pieces ``[lo, hi)`` that are ``2**(c-1)`` to ``2**c - 1`` bytes long,
     so a piece of class ``c`` that reaches byte ``lo`` starts after ``lo - 2**c``: a lookup
-    bisects each class's window for each of its own pieces and reads only the pieces in it.
-    Cost: O(P C log n + k + d) for P pieces of the lookup (at most :data:`MAX_PIECES`), C
-    classes (at most 64; one or two in practice), n pieces in the bucket, k entries that meet
-    the lookup, and d pieces of one class stacked over a single byte just before a lookup
-    piece (the map's overlap depth there; writers supersede the bytes they overwrite, so it
-    stays small). A strided entry is indexed by its rows (its runs), not by the bounding range
-    from its first row to its last: column tiles of one matrix are never each other's
-    candidates (their bounding ranges all overlap: 1.6 s per lookup at 100,000 entries)."""
+    takes each class's window for each of its own pieces and reads only the pieces in it.
+    Each class is a ``sortedcontainers.SortedList`` of keys ``lo << SERIAL_BITS | serial``: O(log n)
+    to add or remove a piece wherever it falls (a plain sorted list moved every later piece:
+    minutes to index 2,000 column tiles of a 200-row matrix). Cost of a lookup:
+    O(P C log n + k + d) for P pieces of the lookup (at most :data:`MAX_PIECES`), C classes
+    (at most 64; one or two in practice), n pieces in the bucket, k entries that meet the
+    lookup, and d pieces of one class stacked over a single byte just before a lookup piece
+    (the map's overlap depth there; writers supersede the bytes they overwrite, so it stays
+    small). A strided entry is indexed by its rows (its runs), not by the bounding range from
+    its first row to its last: column tiles of one matrix are not each other's candidates
+    (their bounding ranges all overlap: 1.6 s per lookup at 100,000 entries)."""
 
     __slots__ = ("classes", "count")
 
     def __init__(self) -> None:
-        # class -> (first bytes, last bytes + 1, entries), sorted by first byte
-        self.classes: dict[int, tuple[list[int], list[int], list[_Entry]]] = {}
+        # class -> (sorted keys ``lo << SERIAL_BITS | serial``, key -> (hi, entry))
+        self.classes: dict[int, tuple[SortedList, dict[int, tuple[int, _Entry]]]] = {}
         self.count = 0
 
     def add(self, entry: _Entry) -> None:
+        serial = entry.serial
         for lo, hi in _pieces(entry.region._bytes):
-            los, his, entries = self.classes.setdefault((hi - lo).bit_length(), ([], [], []))
-            i = bisect.bisect_right(los, lo)
-            los.insert(i, lo)
-            his.insert(i, hi)
-            entries.insert(i, entry)
+            c = (hi - lo).bit_length()
+            pieces = self.classes.get(c)
+            if pieces is None:
+                pieces = self.classes[c] = (SortedList(), {})
+            key = lo << SERIAL_BITS | serial
+            pieces[0].add(key)
+            pieces[1][key] = (hi, entry)
         self.count += 1
 
     def candidates(self, lo: int, hi: int) -> list[_Entry]:
         """The entries with a piece ``[p.lo, p.hi)`` that meets ``[lo, hi)`` (repeats
         possible)."""
         found = []
-        for c, (los, his, entries) in self.classes.items():
-            first = bisect.bisect_left(los, lo - (1 << c) + 1)
-            last = bisect.bisect_left(los, hi, first)
-            found += [entries[i] for i in range(first, last) if his[i] > lo]
+        for c, (keys, pieces) in self.classes.items():
+            first = (lo - (1 << c) + 1) << SERIAL_BITS
+            for key in keys.irange(first, hi << SERIAL_BITS, inclusive=(True, False)):
+                end, entry = pieces[key]
+                if end > lo:
+                    found.append(entry)
         return found
 
     def lookup(self, s: ByteSet) -> list[_Entry]:
@@ -337,32 +364,34 @@ class _Bucket:
         return list(unique.values())
 
     def remove(self, entry: _Entry) -> None:
+        serial = entry.serial
         for lo, hi in _pieces(entry.region._bytes):
             c = (hi - lo).bit_length()
-            los, his, entries = self.classes[c]
-            i = bisect.bisect_left(los, lo)
-            while entries[i] is not entry:  # pieces with the same first byte: find this one
-                i += 1
-            del los[i], his[i], entries[i]
-            if not los:
+            keys, pieces = self.classes[c]
+            key = lo << SERIAL_BITS | serial
+            keys.remove(key)
+            del pieces[key]
+            if not pieces:
                 del self.classes[c]
         self.count -= 1
 
     def keep_only(self, keep) -> int:
-        removed = set()
+        """Drop the entries for which ``keep(entry)`` is false; returns how many."""
+        dropped: set[int] = set()
         for c in list(self.classes):
-            los, his, entries = self.classes[c]
-            kept = [i for i, e in enumerate(entries) if keep(e) or removed.add(id(e))]
+            pieces = self.classes[c][1]
+            kept = {}
+            for key, (hi, entry) in pieces.items():
+                if keep(entry):
+                    kept[key] = (hi, entry)
+                else:
+                    dropped.add(entry.serial)
             if kept:
-                self.classes[c] = (
-                    [los[i] for i in kept],
-                    [his[i] for i in kept],
-                    [entries[i] for i in kept],
-                )
+                self.classes[c] = (SortedList(kept), kept)
             else:
                 del self.classes[c]
-        self.count -= len(removed)
-        return len(removed)
+        self.count -= len(dropped)
+        return len(dropped)
 
 
 class TensorMap:

@@ -234,13 +234,16 @@ class ByteModel:
         return before - len(self.writes)
 
 
-def test_gather_fanin_matches_a_byte_level_model(stress_scale):
+@pytest.mark.parametrize("max_pieces", [256, 2], ids=["runs", "blocks"])
+def test_gather_fanin_matches_a_byte_level_model(stress_scale, monkeypatch, max_pieces):
     """Tasks that read, read-and-write and write random strided regions (1-4 dimensions,
     1- to 8-byte elements, two buffers), through the ring's protocol (:func:`gather_fanin`,
     then :meth:`TensorMap.insert` of the task's writes), with a fan-in cap now and then,
     lookups and retirements in between: every fan-in, lookup, count and refusal as the byte
     model's. Before: a producer whose bytes were all overwritten stayed in the fan-in, and no
-    reader was ever in it."""
+    reader was ever in it. With ``MAX_PIECES`` 2, regions are indexed by blocks of runs.
+    """
+    monkeypatch.setattr(_map, "MAX_PIECES", max_pieces)
     region = regions(("a", "b"), 3, 24)
     ops = st.lists(
         st.one_of(
@@ -257,7 +260,7 @@ def test_gather_fanin_matches_a_byte_level_model(stress_scale):
         max_size=25,
     )
 
-    @_settings(stress_scale, 150)
+    @_settings(stress_scale, 100)
     @given(ops)
     def check(ops):
         tmap, model = TensorMap(), ByteModel()
@@ -394,6 +397,62 @@ def test_lookup_examines_only_nearby_entries(monkeypatch):
     monkeypatch.setattr(_map, "classify", lambda e, q: looked.append(e) or real(e, q))
     assert [p.task for p in tmap.lookup(Region.contiguous("x", 8 * 5000 + 3, 2))] == [5000]
     assert len(looked) <= 2
+
+
+@pytest.mark.parametrize(
+    ("layout", "n"),
+    [
+        ("column tiles of a 4-row matrix", 10_000),
+        ("16x16 tiles of a square matrix", 4_096),
+        ("column tiles of a 200-row matrix", 500),
+    ],
+)
+def test_a_strided_lookup_examines_only_the_entries_it_touches(monkeypatch, layout, n):
+    """Before: entries were indexed by their bounding byte range, which for a column tile
+    spans the matrix from its first row to its last, so every column tile was a candidate of
+    every column lookup (1.6 s per lookup at 100,000 entries). Entries are indexed by the
+    rows they touch: a lookup tests the tile it meets and, at most, a few of its neighbours'
+    pieces."""
+    if layout.startswith("column"):
+        rows = int(layout.split("-")[0].split()[-1])
+        tiles = [Region("m", c * 2, (rows, 2), (2 * n, 1), 4) for c in range(n)]
+    else:
+        side = int(n**0.5)  # side x side tiles of 16 x 16
+        cols = 16 * side
+        tiles = [
+            Region("m", (r * cols + c) * 16, (16, 16), (cols, 1), 4)
+            for r in range(side)
+            for c in range(side)
+        ]
+    tmap = TensorMap()
+    for i, tile in enumerate(tiles):
+        tmap.insert(tile, producer=i)
+    looked = []
+    real = _map.classify
+    monkeypatch.setattr(_map, "classify", lambda e, q: looked.append(e) or real(e, q))
+    probe = n // 2 + 1
+    assert tmap.lookup(tiles[probe]) == [Producer(probe, Overlap.COVERED)]
+    assert len(looked) <= 3, len(looked)
+    looked.clear()
+    assert gather_fanin(tmap, n, writes=[tiles[probe]]) == (probe,)
+    assert len(looked) <= 3, len(looked)
+
+
+def test_a_region_of_many_runs_is_indexed_by_at_most_max_pieces_blocks():
+    """A column of 1,000 rows is indexed by 250 blocks of 4 rows, not 1,000 runs; a lookup
+    still finds exactly what it meets."""
+    column = Region("m", 5, (1000,), (64,), 4)
+    pieces = _map._pieces(column._bytes)
+    assert _map.MAX_PIECES == 256 and len(pieces) == 250
+    assert pieces[0] == (20, 20 + 3 * 256 + 4)
+    tmap = TensorMap()
+    tmap.insert(column, producer=1)
+    tmap.insert(Region("m", 6, (1000,), (64,), 4), producer=2)
+    assert tmap.lookup(Region("m", 64 * 500, (64,), (1,), 4)) == [
+        Producer(2, Overlap.PARTIAL),
+        Producer(1, Overlap.PARTIAL),
+    ]
+    assert tmap.lookup(Region("m", 64 * 500 + 7, (57,), (1,), 4)) == []
 
 
 # -- fan-in ------------------------------------------------------------------------------------
