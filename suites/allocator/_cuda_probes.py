@@ -356,3 +356,63 @@ def what_the_zygote_imported() -> dict:
         "cupy_initialized_cuda": getattr(sys.modules.get("cupy"), "_fake", None) is not None
         and sys.modules["cupy"]._fake.initialized_in is not None,
     }
+
+
+def fake_fork_after_init() -> dict:
+    """The fake's CUDA in a forked child: a process forked before the first runtime call may
+    use it; one forked after cannot (``cudaErrorInitializationError``), as with real CUDA."""
+    import os
+
+    fake = _fake_cupy.install()
+    runtime = sys.modules["cupy"].cuda.runtime
+
+    def in_a_fork() -> str:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                runtime.free(runtime.malloc(64))
+                verdict = "ok"
+            except Exception as exc:  # the fake's CUDARuntimeError
+                verdict = f"{type(exc).__name__}: {exc}"
+            os.write(write, verdict.encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as pipe:
+            return pipe.read()
+
+    before = in_a_fork()
+    runtime.getDeviceCount()  # the first runtime call of this process: "CUDA" is initialized
+    after = in_a_fork()
+    return {
+        "before": before,
+        "after": after,
+        "here": runtime.malloc(64) > 0,
+        "initialized_in_this_process": fake.initialized_in == os.getpid(),
+    }
+
+
+def fake_stream_read(waits: str) -> float:
+    """A buffer written on a side stream, read on the default stream: with ``waits`` "none"
+    the read is unordered (the fake aborts); "wait_stream" and "synchronize" order it."""
+    _fake_cupy.install()
+    alloc = Allocator(AllocatorConfig(backend="cuda"))
+    side = alloc.new_stream("side")
+    with alloc.use_stream(side):
+        written = alloc.full(16, 3.0)
+    if waits == "wait_stream":
+        alloc.default_stream.wait_stream(side)
+    elif waits == "synchronize":
+        side.synchronize()
+    return alloc.sum(written)
+
+
+def fake_memory_info(other_tenants: bool) -> dict:
+    """``memGetInfo`` twice around nothing, and after a 1 MiB ``malloc``."""
+    _fake_cupy.install(total_bytes=64 * MIB, other_tenants=other_tenants)
+    runtime = sys.modules["cupy"].cuda.runtime
+    first, second = runtime.memGetInfo(), runtime.memGetInfo()
+    runtime.malloc(MIB)
+    third = runtime.memGetInfo()
+    return {"free": [first[0], second[0], third[0]], "total": third[1]}

@@ -221,3 +221,37 @@ def test_a_cuda_death_child_finds_cupy_imported_by_the_zygote(death, backend):
     outcome = death.run(_cuda_probes.what_the_zygote_imported, style="forkserver")
     report = outcome.assert_clean().returned
     assert report == {"cupy": True, "fork_unsafe": None, "cupy_initialized_cuda": False}
+
+
+def test_the_fake_fails_cuda_in_a_process_forked_after_initialization(death):
+    report = death.run(_cuda_probes.fake_fork_after_init).assert_clean().returned
+    assert report == {
+        "before": "ok",
+        "after": "CUDARuntimeError: cudaErrorInitializationError: initialization error",
+        "here": True,
+        "initialized_in_this_process": True,
+    }
+
+
+RACE_LINE = (
+    r"fake cuda: stream null reads block #1 \(cudaMalloc 0x[0-9a-f]+\) while stream stream1's"
+    r" write \(until t=\d+\) is not waited for; on a GPU this reads or writes the block unordered"
+)
+
+
+def test_the_fake_aborts_on_a_read_of_another_streams_unwaited_write(death):
+    death.run(_cuda_probes.fake_stream_read, "none").assert_aborted(RACE_LINE)
+
+
+@pytest.mark.parametrize("waits", ["wait_stream", "synchronize"])
+def test_the_fake_lets_an_ordered_read_through(death, waits):
+    assert death.run(_cuda_probes.fake_stream_read, waits).assert_clean().returned == 48.0
+
+
+def test_the_fakes_free_memory_moves_with_other_tenants_and_its_own_blocks(death):
+    busy = death.run(_cuda_probes.fake_memory_info, True).assert_clean().returned
+    quiet = death.run(_cuda_probes.fake_memory_info, False).assert_clean().returned
+    assert busy["total"] == quiet["total"] == 64 * MIB
+    assert busy["free"][0] != busy["free"][1]  # another tenant moved it between two calls
+    assert all(free < 64 * MIB for free in busy["free"])
+    assert quiet["free"] == [64 * MIB, 64 * MIB, 63 * MIB]  # only its own block
