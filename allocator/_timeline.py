@@ -5,18 +5,26 @@ Pure functions over a snapshot dict in PyTorch's format (ours, or one from
 
 Definitions, per device trace, after each event:
 
-- live bytes: allocated and not yet freed (``alloc`` adds, ``free_requested`` subtracts), the
-  allocator's ``live_bytes``;
+- live bytes: allocated and not yet freed (``alloc`` adds, ``free_requested`` subtracts, each
+  by the bytes its event carries: what was requested), the allocator's ``live_bytes``;
+  memory_viz lets a free subtract at its ``free_completed`` instead, which differs only for a
+  block that awaited another stream's work (:attr:`Overview.viz_peak`);
 - reserved bytes: held from the device (``segment_alloc`` and an expandable segment's
   ``segment_map`` add, ``segment_free`` and ``segment_unmap`` subtract);
-  cached bytes are reserved minus live (the reuse cache, blocks awaiting events included);
-- an allocation site: the innermost frame of an ``alloc`` (for a comprehension or a lambda,
-  with the function around it), where the allocator's own frames are already left out.
+  cached bytes are reserved minus live (the reuse cache, blocks awaiting events included, and
+  what PyTorch's allocator rounded each block up by);
+- an allocation site: see :func:`site_of` (as memory_viz shows a stack, less the allocator's
+  own frames; our recorder leaves ours out already).
 
 A trace may start after the allocator held memory (recording started late, or the ring dropped
 its oldest events): the starting levels are worked back from the snapshot's ``segments`` (the
-state at its end), and the bytes live from before the trace count as the site
-:data:`BEFORE_TRACE`.
+state at its end: the requested bytes of its live blocks, as memory_viz counts them), and the
+bytes live from before the trace count as the site :data:`BEFORE_TRACE`.
+
+The checks (:func:`check_snapshot`, :func:`check_one`) treat a file as hostile: a value in an
+error message is shown bounded (:func:`shown_value`), every int fits in 64 bits, and a segment,
+block list or trace that the file shares is refused (read in full it would be many times the
+file); a frame list that it shares is checked and named once.
 """
 
 from __future__ import annotations

@@ -10,14 +10,31 @@
 (the same format). ``plot`` draws the live bytes, stacked by allocation site (the largest sites
 by peak get their own band, labelled by their allocating frame), the cached bytes on top, and
 marks arena exits, releases, cap evictions, OOMs and the snapshots PyTorch took. ``summary``
-prints the levels and the top allocation sites by peak live bytes, as text, reading the file
-one trace event at a time (:mod:`allocator._pickle_stream`: its memory does not grow with the
-trace; ``plot`` reads the file whole). A snapshot is a
-pickle, read here with a restricted unpickler that builds only builtin types (dicts, lists,
-tuples, strings, numbers, booleans, None) and looks up no global, so a malicious file cannot
-run code (PyTorch's own reader, ``torch.cuda._memory_viz``, would run it: open only files you
-trust there). A file that is not a snapshot is one ``error:`` line naming the field that is
-wrong, exit status 1.
+prints the levels and the top allocation sites by peak live bytes, as text.
+
+Both read the file one trace event at a time (:mod:`allocator._pickle_stream`): each event is
+checked, counted and dropped, so neither holds the trace's events. What they hold is the rest
+of the snapshot (the segments, and our ``devmem`` annotations: one small dict per arena exit,
+release or cap eviction, so a release-heavy trace's annotations take about what its file
+does), the sites, and for ``plot`` the levels after each event of the device drawn (a few
+numbers an event). ``docs/memory-history.md`` has the measurements (``bench/memory_reader.py``).
+
+A site is named as memory_viz shows a stack: among the frames its filter shows
+(:func:`~allocator._timeline.memory_viz_shows`), less the allocator's own, the first Python
+frame, else (a C++ stack, as PyTorch's ``stacks="all"`` records on its autograd thread) the
+operator and autograd node (``at::_ops::mm < MmBackward0``). Levels are in the bytes the events
+carry (PyTorch's requested sizes). Live bytes fall at a free's ``free_requested`` (the
+allocator's ``live_bytes``); memory_viz lets them fall at its ``free_completed``, and
+``summary`` prints memory_viz's peak too when a block that awaited another stream's work
+(``record_stream``) makes it higher.
+
+A snapshot is a pickle, read here with a restricted reader that builds only builtin types
+(dicts, lists, tuples, strings, numbers, booleans, None) and looks up no global, so a
+malicious file cannot run code (PyTorch's own reader, ``torch.cuda._memory_viz``, would run it:
+open only files you trust there). A file that is not a snapshot (cut short, corrupt, or made to
+hurt a reader: nested deep, sharing one value a billion billion times over, sharing a segment
+or a trace) is one ``error:`` line naming what is wrong, its values shown bounded
+(:mod:`reprlib`), exit status 1, in milliseconds for a small file.
 
 The picture needs matplotlib (``pip install 'devmem-harness[plot]'``); without it ``plot``
 says so and exits with status 1. Nothing else here needs it.
@@ -218,14 +235,17 @@ def summary(snapshot: dict | str | os.PathLike, *, top: int = 10, device: int | 
     Args:
         snapshot: a snapshot dict (ours, or ``torch.cuda.memory._snapshot()``'s), or the path
             of a pickled one: read as :func:`load` reads it, but one trace event at a time, each
-            dropped once counted, so the memory used does not grow with the trace (what
-            ``python -m allocator.memory summary`` does).
+            dropped once counted, so the trace's events are never held (the segments and our
+            annotations are: see the module docstring); what ``python -m allocator.memory
+            summary`` does.
         top: how many sites to list, >= 1 (the others are counted).
         device: the device to read (default: the first with events).
 
     Returns:
         Lines ending with a newline: event count (and whether the ring dropped some), peak,
-        live, cached and reserved bytes, marker counts, then the sites' table.
+        live, cached and reserved bytes, memory_viz's peak when it is higher (a block that
+        awaited another stream: see the module docstring), marker counts, then the sites'
+        table.
 
     Raises:
         ValueError: ``top`` < 1, ``device`` has no trace, or (a path) the file is not a
