@@ -16,7 +16,8 @@ Pieces (each in its own private module of this package, re-exported here):
   byte reused, checked by brute force over the trace;
 - :func:`run` and the command line :func:`main` (``_run``; ``python -m runtime.ring`` runs
   ``__main__``);
-- :data:`WORKLOADS` (``_workloads``): ``paged_attention``, ``long_span``, ``tiles``.
+- :data:`WORKLOADS` (``_workloads``): ``paged_attention``, ``long_span``, ``tiles``, and
+  :func:`task_count`, the tasks a workload submits, without planning it.
 
 Example::
 
@@ -47,7 +48,7 @@ from ._sim import (
     simulate,
 )
 from ._trace import check_trace, ground_truth_overwrites, ground_truth_producers
-from ._workloads import WORKLOADS, long_span, paged_attention, tiles
+from ._workloads import WORKLOADS, long_span, paged_attention, task_count, tiles
 
 __all__ = [
     "HEAP",
@@ -77,5 +78,6 @@ __all__ = [
     "plan",
     "run",
     "simulate",
+    "task_count",
     "tiles",
 ]

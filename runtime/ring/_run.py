@@ -24,7 +24,7 @@ from ._sim import (
     simulate,
 )
 from ._trace import check_trace
-from ._workloads import WORKLOADS
+from ._workloads import WORKLOADS, task_count
 
 __all__ = ["cli_parser", "format_summary", "main", "run"]
 
@@ -85,6 +85,15 @@ MAX_RING_BYTES = 1 << 32
 """The largest heap ring the command line takes (4 GiB: one allocator storage)."""
 CLI_ALIGN = 64
 """The command line's output alignment (``RingConfig.align``'s default)."""
+MAX_TASKS = 1_000_000
+"""The most tasks the command line runs (the plan holds every task: about a minute of
+planning and simulation at this size, and memory in proportion); larger sizes are refused
+before planning, with the count they would make."""
+_TASKS_FORMULA = {
+    "paged_attention": "batch x q_tiles x (2 + 3 x kv_blocks)",
+    "long_span": "scopes x (span + 2)",
+    "tiles": "k + 2",
+}
 
 
 def _bounded(lo: int, hi: int, *, multiple: int = 1) -> Callable[[str], int]:
@@ -120,6 +129,37 @@ def _lag(text: str) -> tuple[int, float]:
             f"expected a core >= 0 and a factor between 1 and {MAX_LAG:g}, got {text!r}"
         )
     return pair
+
+
+def _attach_dashed_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--lag -1:2`` as ``--lag=-1:2``: argparse takes a value that starts with ``-`` (and is
+    not a plain negative number) for an option and says only "expected one argument"; attached,
+    the option's own check names what was wrong with it. An option left without its value at
+    the end is one error line that says what the value looks like (exit status 2)."""
+    run = parser.get_default("run_parser")
+    takes_value = {
+        flag: action
+        for action in run._actions
+        if action.nargs is None and action.option_strings
+        for flag in action.option_strings
+    }
+    known = {flag for action in run._actions for flag in action.option_strings}
+    out, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token in takes_value and "run" in argv[:i]:
+            if i + 1 == len(argv):
+                action = takes_value[token]
+                what = action.metavar or action.dest.upper()
+                example = " (e.g. 3:16, core 3's kernels 16x slower)" if token == "--lag" else ""
+                run.error(f"argument {token}: expected {what}{example}, got nothing")
+            if argv[i + 1].startswith("-") and argv[i + 1] not in known:
+                out.append(f"{token}={argv[i + 1]}")
+                i += 2
+                continue
+        out.append(token)
+        i += 1
+    return out
 
 
 def cli_parser() -> argparse.ArgumentParser:
@@ -293,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     """The command line (``python -m runtime.ring``). Returns the exit status: 0 when the run
     completed (and its trace checked clean, with ``--check-trace``), 1 on a fatal or a trace
     violation, 2 on bad arguments."""
-    args = cli_parser().parse_args(argv)
+    parser = cli_parser()
+    args = parser.parse_args(_attach_dashed_values(parser, sys.argv[1:] if argv is None else argv))
     parser = args.run_parser  # errors name the subcommand: "python -m runtime.ring run: error"
     params = {}
     for name, (takers, _) in _PARAMS.items():
@@ -306,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         params[name] = value
     if args.workload == "paged_attention" and "batch" not in params:
         parser.error("--workload paged_attention needs --batch")
+    tasks = task_count(args.workload, **params)
+    if tasks > MAX_TASKS:
+        parser.error(
+            f"{args.workload} with {_TASKS_FORMULA[args.workload]} would run {tasks:,} tasks,"
+            f" more than the command line's limit of {MAX_TASKS:,}"
+        )
     lag_cores = [core for core, _ in args.lag]
     for core in lag_cores:
         if core >= args.cores:

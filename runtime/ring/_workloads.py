@@ -18,7 +18,7 @@ from __future__ import annotations
 from .._checks import integer
 from ._program import Orchestrator
 
-__all__ = ["WORKLOADS", "long_span", "paged_attention", "tiles"]
+__all__ = ["WORKLOADS", "long_span", "paged_attention", "task_count", "tiles"]
 
 ROWS = 16
 """Rows of a query tile: the sizes of the softmax state ``m`` and ``l``."""
@@ -121,3 +121,20 @@ def tiles(rt: Orchestrator, *, k: int = 100, tile: int = 64, cost_ns: int = 5000
 
 WORKLOADS = {"paged_attention": paged_attention, "long_span": long_span, "tiles": tiles}
 """Workloads by name (the CLI's ``--workload``)."""
+
+
+def task_count(workload: str, **sizes: int) -> int:
+    """The number of tasks ``workload`` submits with ``sizes`` (its defaults for the rest),
+    without planning it: O(1).
+
+    Raises:
+        ValueError: ``workload`` is not in :data:`WORKLOADS`.
+    """
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload={workload!r}: expected one of {', '.join(WORKLOADS)}")
+    if workload == "paged_attention":
+        q_tiles, kv_blocks = sizes.get("q_tiles", 2), sizes.get("kv_blocks", 2)
+        return sizes["batch"] * q_tiles * (2 + 3 * kv_blocks)
+    if workload == "long_span":
+        return sizes.get("scopes", 8) * (sizes.get("span", 100) + 2)
+    return sizes.get("k", 100) + 2

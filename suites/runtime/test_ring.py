@@ -652,6 +652,26 @@ def test_cli_json_and_a_fatal_exit(capsys):
         (["run", "--workload", "x"], "invalid choice: 'x'"),
         (["run", "--batch", "4", "--backend", "x"], "invalid choice: 'x'"),
         (["go"], "invalid choice: 'go'"),
+        # issue 39, item 5: a value that starts with "-" reaches the option's own check
+        (
+            ["run", "--batch", "4", "--lag", "-1:2"],
+            "argument --lag: expected a core >= 0 and a factor between 1 and 1e+06, got '-1:2'",
+        ),
+        (["run", "--batch", "4", "--lag", "-x"], "argument --lag: expected CORE:FACTOR (e.g. 3"),
+        (["run", "--batch", "4", "--lag"], "argument --lag: expected CORE:FACTOR (e.g. 3:16,"),
+        (["run", "--batch", "-x"], "argument --batch: expected an integer, got '-x'"),
+        (["run", "--batch", "4", "--seed"], "argument --seed: expected SEED, got nothing"),
+        # ... and a size that would plan more tasks than the limit is refused before planning
+        (
+            ["run", "--batch", "65536", "--q-tiles", "1024", "--kv-blocks", "1024"],
+            "error: paged_attention with batch x q_tiles x (2 + 3 x kv_blocks) would run"
+            " 206,292,647,936 tasks, more than the command line's limit of 1,000,000",
+        ),
+        (["run", "--workload", "tiles", "--k", "1048576"], "would run 1,048,578 tasks, more"),
+        (
+            ["run", "--workload", "long_span", "--scopes", "65536", "--span", "100"],
+            "long_span with scopes x (span + 2) would run 6,684,672 tasks",
+        ),
     ],
 )
 def test_cli_rejects_bad_arguments(capsys, argv, match):
@@ -659,6 +679,32 @@ def test_cli_rejects_bad_arguments(capsys, argv, match):
         ring.main(argv)
     assert exc.value.code == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("workload", "sizes"),
+    [
+        ("paged_attention", {"batch": 3}),
+        ("paged_attention", {"batch": 2, "q_tiles": 3, "kv_blocks": 5}),
+        ("long_span", {}),
+        ("long_span", {"scopes": 3, "span": 7}),
+        ("tiles", {}),
+        ("tiles", {"k": 5}),
+    ],
+)
+def test_task_count_is_the_planned_number_of_tasks(workload, sizes):
+    limits = ring.PlanLimits(ring_bytes=1 << 20)
+    planned = ring.plan(ring.WORKLOADS[workload], limits, workload, **sizes)
+    assert ring.task_count(workload, **sizes) == len(planned.tasks)
+
+
+def test_the_cli_runs_a_workload_at_the_task_limit_exactly(monkeypatch, capsys):
+    """The limit refuses only what is above it (tiles with k: k + 2 tasks)."""
+    monkeypatch.setattr(ring._run, "MAX_TASKS", 12)
+    assert ring.main(["run", "--workload", "tiles", "--k", "10"]) == 0
+    with pytest.raises(SystemExit):
+        ring.main(["run", "--workload", "tiles", "--k", "11"])
+    assert "would run 13 tasks, more than the command line's limit of 12" in capsys.readouterr().err
 
 
 def test_format_summary_is_a_pure_function():
