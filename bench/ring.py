@@ -25,12 +25,28 @@ time and moves a median while it lasts, cannot flip their verdicts.
 (d) ``classify`` of a 256x128 tile with column stride 2 inside a 256x256 tile of one float32
     matrix (512 columns): a strided view inside a dense one. Target: under 1 ms (a check per
     run of the strided tile took 238 ms).
+(e) Strided lookups as the map grows (issue 39): a column tile (4 rows x 2 columns) of a
+    4 x 2n float32 matrix among n column tiles, and a 16x16 tile of a square matrix among n
+    such tiles, for n = 1,000, 10,000 and 100,000 (the quick run: up to 10,000), timed as in
+    (b). Reference: n = 1,000. Target: at most 3x at 100,000 (entries are indexed by the rows
+    they touch; by their bounding byte range, one column lookup took 8 ms / 141 ms / 1.6 s).
+    And planning 2,000 writers of column tiles against 2,000 writers of row tiles of the same
+    size (``gather_fanin`` then ``insert``, as the ring plans a ``writes=`` task). Target: at
+    most 3x (it was 23.8 s against 0.16 s).
+(f) End to end at 100,000 tasks (the quick run: 10,000): ``paged_attention`` (batch 6,250,
+    ``q_tiles=2, kv_blocks=2``, 4 cores, busy-wait, exact reclaim): CPU time of planning, of
+    the simulation, and of ``check_trace``, medians of ``min(--repeat, 3)`` runs; and the
+    checker's peak memory (``tracemalloc``) at 10,000 and 100,000 tasks. Targets: at least
+    20,000 tasks/s end to end (planning plus simulation), ``check_trace`` at most 2x the run's
+    time, and its peak memory flat (at most 2x from 10,000 to 100,000 tasks).
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import time
+import tracemalloc
 from collections.abc import Callable
 
 import _common  # bench/_common.py, beside this script
@@ -41,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from allocator import Allocator, AllocatorConfig  # noqa: E402
 from runtime import ring  # noqa: E402
-from runtime.tensormap import Overlap, Region, TensorMap, classify  # noqa: E402
+from runtime.tensormap import Overlap, Region, TensorMap, classify, gather_fanin  # noqa: E402
 
 BATCHES = (16, 32, 64, 128, 256)
 ENTRIES = (1, 10, 100, 1_000, 10_000, 100_000)
@@ -51,6 +67,15 @@ TARGET_OTHER_BUFFERS = 1.5
 WHOLE_TILES = (1_000, 10_000, 100_000)
 TARGET_WHOLE_GROWTH = 2.0
 TARGET_CLASSIFY_US = 1000.0
+STRIDED_ENTRIES = (1_000, 10_000, 100_000)
+TARGET_STRIDED_GROWTH = 3.0
+COLUMN_WRITERS = 2_000
+TARGET_COLUMN_PLANNING = 3.0
+E2E_TASKS = (10_000, 100_000)
+"""paged_attention runs of (f): 16 tasks per batch element (q_tiles 2, kv_blocks 2)."""
+TARGET_E2E_RATE = 20_000.0
+TARGET_CHECK_RATIO = 2.0
+TARGET_CHECK_MEMORY_GROWTH = 2.0
 TILE = 64
 LOOKUPS = 50
 """Lookups per timed round of (b) and (c): short rounds, so that few are hit by another
@@ -159,6 +184,124 @@ def bench_classify(repeat: int) -> dict:
     return {"us": us, "meets_target": us < TARGET_CLASSIFY_US}
 
 
+def _strided_tiles(layout: str, n: int) -> list[Region]:
+    """n column tiles (4 rows x 2 columns) of a 4 x 2n matrix, or n 16x16 tiles of a square
+    matrix of ``ceil(sqrt(n))`` tiles a side (float32)."""
+    if layout == "column":
+        return [Region("m", 2 * c, (4, 2), (2 * n, 1), 4) for c in range(n)]
+    side = -(-int(n**0.5) // 1)
+    while side * side < n:
+        side += 1
+    cols = 16 * side
+    return [
+        Region("m", (i // side * cols * 16) + (i % side) * 16, (16, 16), (cols, 1), 4)
+        for i in range(n)
+    ]
+
+
+def bench_strided_lookup(repeat: int, entries: tuple[int, ...], lookups: int) -> dict:
+    """(e) strided tile lookups per entry count, and planning column writers."""
+    out = {}
+    for layout in ("column", "2-D"):
+        fns = {}
+        for n in entries:
+            tiles = _strided_tiles(layout, n)
+            tmap = TensorMap()
+            for i, tile in enumerate(tiles):
+                tmap.insert(tile, i)
+            step = max(1, n // lookups)
+            queries = [tiles[i * step % n] for i in range(lookups)]
+            for q in queries:
+                tmap.lookup(q)
+
+            def go(tmap=tmap, queries=queries) -> None:
+                for q in queries:
+                    tmap.lookup(q)
+
+            fns[str(n)] = go
+        rows = _floors_per_lookup(fns, lookups, repeat)
+        growth = rows[str(entries[-1])] / rows[str(entries[0])]
+        out[layout] = {
+            "per_entries_us": rows,
+            "growth_first_to_last": growth,
+            "meets_target": growth <= TARGET_STRIDED_GROWTH,
+        }
+
+    def plan_writers(tiles: list[Region]) -> Callable[[], None]:
+        def go() -> None:
+            tmap = TensorMap()
+            for i, tile in enumerate(tiles):
+                gather_fanin(tmap, i, writes=[tile])
+                tmap.insert(tile, i)
+
+        return go
+
+    columns = _strided_tiles("column", COLUMN_WRITERS)
+    rows = [Region("m", 8 * r, (8,), None, 4) for r in range(COLUMN_WRITERS)]
+    runs = interleaved_us({"column": plan_writers(columns), "row": plan_writers(rows)}, 1, repeat)
+    col_us, row_us = statistics.median(runs["column"]), statistics.median(runs["row"])
+    out["planning"] = {
+        "writers": COLUMN_WRITERS,
+        "column_ms": col_us / 1000,
+        "row_ms": row_us / 1000,
+        "ratio": col_us / row_us,
+        "meets_target": col_us / row_us <= TARGET_COLUMN_PLANNING,
+    }
+    return out
+
+
+def bench_end_to_end(repeat: int, sizes: tuple[int, ...]) -> dict:
+    """(f) CPU time of planning, simulation and check_trace per task count; the checker's
+    peak memory."""
+    alloc = Allocator(AllocatorConfig(backend="cpu"))
+    config = ring.RingConfig()
+    workload = ring.WORKLOADS["paged_attention"]
+    out = {}
+    for tasks in sizes:
+        batch = tasks // 16
+        times: dict[str, list[float]] = {"plan": [], "simulate": [], "check": []}
+        for _ in range(min(repeat, 3)):
+            t0 = time.process_time()
+            plan = ring.plan(workload, config.limits(), "paged_attention", batch=batch)
+            t1 = time.process_time()
+            result = ring.simulate(plan, alloc, config)
+            t2 = time.process_time()
+            problems = ring.check_trace(result)
+            t3 = time.process_time()
+            assert result.fatal is None and problems == [], (result.fatal, problems[:3])
+            times["plan"].append(t1 - t0)
+            times["simulate"].append(t2 - t1)
+            times["check"].append(t3 - t2)
+            del plan
+        tracemalloc.start()
+        ring.check_trace(result)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        med = {k: statistics.median(v) for k, v in times.items()}
+        run_s = med["plan"] + med["simulate"]
+        out[str(tasks)] = {
+            "tasks": len(result.plan.tasks),
+            "plan_s": med["plan"],
+            "simulate_s": med["simulate"],
+            "check_s": med["check"],
+            "plan_tasks_per_s": tasks / med["plan"],
+            "simulate_tasks_per_s": tasks / med["simulate"],
+            "tasks_per_s": tasks / run_s,
+            "check_ratio": med["check"] / run_s,
+            "check_peak_mb": peak / 2**20,
+        }
+        del result
+    first, last = out[str(sizes[0])], out[str(sizes[-1])]
+    growth = last["check_peak_mb"] / first["check_peak_mb"]
+    return {
+        "per_tasks": out,
+        "check_memory_growth": growth,
+        "meets_rate": last["tasks_per_s"] >= TARGET_E2E_RATE,
+        "meets_check_ratio": last["check_ratio"] <= TARGET_CHECK_RATIO,
+        "meets_check_memory": growth <= TARGET_CHECK_MEMORY_GROWTH,
+    }
+
+
 def render(results: dict) -> str:
     """The results as a plain-text table."""
     # (a) and (d): medians; (b) and (c): the fastest of the interleaved rounds
@@ -209,6 +352,63 @@ def render(results: dict) -> str:
     ok = "yes" if cls["meets_target"] else "NO"
     label = "(d) classify, 256x128 stride-2 tile in a 256x256 tile"
     lines.append(f"{label:<58} {cls['us']:>11.2f} us {f'< {TARGET_CLASSIFY_US:g} us':>10} {ok:>4}")
+    strided = results.get("strided_lookup")
+    if strided:
+        names = {"column": "a 4-row column tile", "2-D": "a 16x16 tile"}
+        for layout in ("column", "2-D"):
+            row = strided[layout]
+            for n, us in row["per_entries_us"].items():
+                label = f"(e) lookup of {names[layout]}, {int(n):,} tiles"
+                lines.append(f"{label:<58} {us:>11.2f} us {'':>10} {'':>4}")
+            counts = [f"{int(n):,}" for n in row["per_entries_us"]]
+            ok = "yes" if row["meets_target"] else "NO"
+            label = f"    growth, {counts[0]} -> {counts[-1]} tiles"
+            lines.append(
+                f"{label:<58} {row['growth_first_to_last']:>13.2f}x"
+                f" {f'<= {TARGET_STRIDED_GROWTH:g}x':>10} {ok:>4}"
+            )
+        plan = strided["planning"]
+        label = f"(e) planning {plan['writers']:,} column-tile writers"
+        lines.append(f"{label:<58} {plan['column_ms']:>11.2f} ms {'':>10} {'':>4}")
+        label = f"    ... {plan['writers']:,} row-tile writers"
+        lines.append(f"{label:<58} {plan['row_ms']:>11.2f} ms {'':>10} {'':>4}")
+        ok = "yes" if plan["meets_target"] else "NO"
+        lines.append(
+            f"{'    columns / rows':<58} {plan['ratio']:>13.2f}x"
+            f" {f'<= {TARGET_COLUMN_PLANNING:g}x':>10} {ok:>4}"
+        )
+    e2e = results.get("end_to_end")
+    if e2e:
+        for n, row in e2e["per_tasks"].items():
+            head = f"(f) paged_attention, {int(n):,} tasks:"
+            lines.append(
+                f"{head + ' planning':<58} {row['plan_tasks_per_s']:>8.0f} tasks/s {'':>10} {'':>4}"
+            )
+            lines.append(
+                f"{'    simulation':<58} {row['simulate_tasks_per_s']:>8.0f} tasks/s"
+                f" {'':>10} {'':>4}"
+            )
+            last = n == list(e2e["per_tasks"])[-1]
+            ok = ("yes" if e2e["meets_rate"] else "NO") if last else ""
+            target = f">= {TARGET_E2E_RATE / 1000:g}k/s" if last else ""
+            lines.append(
+                f"{'    end to end':<58} {row['tasks_per_s']:>8.0f} tasks/s {target:>10} {ok:>4}"
+            )
+            ok = ("yes" if e2e["meets_check_ratio"] else "NO") if last else ""
+            target = f"<= {TARGET_CHECK_RATIO:g}x" if last else ""
+            label = "    check_trace / the run"
+            lines.append(f"{label:<58} {row['check_ratio']:>13.2f}x {target:>10} {ok:>4}")
+            lines.append(
+                f"{'    check_trace peak memory':<58} {row['check_peak_mb']:>11.1f} MB"
+                f" {'':>10} {'':>4}"
+            )
+        ok = "yes" if e2e["meets_check_memory"] else "NO"
+        counts = [f"{int(n):,}" for n in e2e["per_tasks"]]
+        label = f"    check_trace memory growth, {counts[0]} -> {counts[-1]} tasks"
+        lines.append(
+            f"{label:<58} {e2e['check_memory_growth']:>13.2f}x"
+            f" {f'<= {TARGET_CHECK_MEMORY_GROWTH:g}x':>10} {ok:>4}"
+        )
     return "\n".join(lines)
 
 
@@ -228,6 +428,12 @@ def main(argv: list[str] | None = None) -> int:
             LOOKUPS,
         ),
         "classify": bench_classify(args.repeat),
+        "strided_lookup": bench_strided_lookup(
+            LOOKUP_ROUNDS_PER_REPEAT * args.repeat,
+            STRIDED_ENTRIES[:2] if args.quick else STRIDED_ENTRIES,
+            LOOKUPS,
+        ),
+        "end_to_end": bench_end_to_end(args.repeat, (1_000, 10_000) if args.quick else E2E_TASKS),
     }
     lookup = results["lookup"]
     verdicts = {
@@ -247,6 +453,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     verdicts[f"(d) classify of a strided tile < {TARGET_CLASSIFY_US:g} us"] = results["classify"][
         "meets_target"
+    ]
+    strided = results["strided_lookup"]
+    for layout in ("column", "2-D"):
+        verdicts[f"(e) {layout} tile lookup growth <= {TARGET_STRIDED_GROWTH:g}x"] = strided[
+            layout
+        ]["meets_target"]
+    verdicts[f"(e) planning column writers <= {TARGET_COLUMN_PLANNING:g}x row writers"] = strided[
+        "planning"
+    ]["meets_target"]
+    e2e = results["end_to_end"]
+    verdicts[f"(f) end to end >= {TARGET_E2E_RATE:g} tasks/s"] = e2e["meets_rate"]
+    verdicts[f"(f) check_trace <= {TARGET_CHECK_RATIO:g}x the run"] = e2e["meets_check_ratio"]
+    verdicts[f"(f) check_trace memory flat within {TARGET_CHECK_MEMORY_GROWTH:g}x"] = e2e[
+        "meets_check_memory"
     ]
     return _common.finish(args, results, render(results), verdicts)
 
