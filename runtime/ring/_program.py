@@ -10,9 +10,10 @@ an :class:`Orchestrator`, which
 - places each task's heap outputs on a virtual bump pointer ``heap_next``: each output aligned,
   the task's outputs packed, a task never straddling the ring's end (its base moves to the next
   multiple of the ring size); ``vend[N]`` is ``heap_next`` after task N;
-- finds each task's producers with the :class:`~runtime.tensormap.TensorMap` (every overlapping
-  producer of the bytes it reads or writes, exactly: a writer waits for the earlier writers it
-  overlaps), plus the task that allocated each heap tensor it touches;
+- finds each task's dependencies with the :class:`~runtime.tensormap.TensorMap`, per byte and
+  exactly: the last writer of every byte it reads or writes, and every task that read a byte it
+  overwrites since that byte's last write (:func:`~runtime.tensormap.gather_fanin`), plus the
+  task that allocated each heap tensor it touches;
 - records, per heap-owning task, the tasks that touch its region and where its scope closes
   (for exact reclaim), and checks window mode's span rule.
 
@@ -136,8 +137,9 @@ class PlannedTask:
         outputs: its heap output regions (virtual).
         reads: regions it reads (inputs and inouts). writes: regions it writes (inouts, writes
             into existing tensors, new outputs).
-        deps: the producers it waits for (the TensorMap's fan-in over its reads and writes,
-            plus the owners of the heap tensors it touches), newest first.
+        deps: the tasks it waits for (the TensorMap's fan-in: the writers of the live bytes it
+            reads or writes and the readers of the live bytes it overwrites; plus the owners of
+            the heap tensors it touches), newest first.
         touches: owners of the heap slices it reads or writes, newest first.
         cost_ns: its recorded execution time (what busy-wait replay spins for).
         refs: how many ``get_ref`` calls the orchestration makes on its result.

@@ -3,8 +3,10 @@ reused, in one simulated run?
 
 It trusts nothing the runtime computed: producers are found again by brute force, per float32
 element (the last task to write each element before the reader, in program order, plus the task
-whose heap slice holds it), and heap reuse is checked on physical ring addresses against the
-order of events in the trace (events are in causal order: an event's index orders it).
+whose heap slice holds it), and so are the readers a writer must follow (the tasks that read an
+element it overwrites since that element's last write); heap reuse is checked on physical ring
+addresses against the order of events in the trace (events are in causal order: an event's
+index orders it).
 """
 
 from __future__ import annotations

@@ -13,10 +13,16 @@ newest first, each classified as :attr:`Overlap.COVERED` (every entry of it that
 region lies inside that region; its entries elsewhere are not looked at) or
 :attr:`Overlap.PARTIAL`. Overlap is decided exactly, in bytes, for any strided
 regions (views of one buffer with different element sizes compare right); see
-``_strided``. Entries are bucketed by buffer and, within a buffer, grouped by the
-length class of their bounding byte range and sorted by first byte, so a lookup never looks at
-another buffer's entries and, within a buffer, bisects to the few entries whose range can reach
-its bytes (see ``_Bucket``: O(C log n + k + d), flat in the number of entries).
+``_strided``. Entries are bucketed by buffer and, within a buffer, indexed by the pieces
+they touch (their runs, so a column tile is its rows), grouped by the length class of each
+piece and sorted by first byte, so a lookup never looks at another buffer's entries and,
+within a buffer, takes the few pieces that can reach its bytes (see ``_Bucket``:
+O(P C log n + k + d), flat in the number of entries, strided or not).
+
+:func:`gather_fanin`, the ring's path, orders every data hazard per byte: the writers of the
+live bytes a task reads or overwrites and the readers of the live bytes it overwrites; a write
+supersedes the bytes it overwrites (an entry keeps its live bytes once a write takes part of
+it).
 
 Example::
 

@@ -166,6 +166,5 @@ def test_fanin_counts_the_writers_of_the_bytes_read_not_writers_overwritten(make
     assert ring.check_trace(result) == []
     result = ring.run(covered_writer, RingConfig(cores=2, max_fanin=1), make_alloc())
     assert result.fatal == (
-        "task 3 depends on 2 producers, more than max_fanin=1 (the seed's runtime silently kept"
-        " 16)"
+        "task 3 depends on 2 producers, more than max_fanin=1 (the seed's runtime silently kept 16)"
     )
