@@ -21,6 +21,7 @@ import harness
 from allocator import BACKENDS, Allocator, AllocatorConfig, fork_unsafe_reason
 from allocator.device import backend_unavailable_reason
 from suites._memory_history import MemoryHistory
+from suites.allocator import _knobs
 
 pytest_plugins = ["pytester", "suites._mutmut"]  # the second is inert outside mutmut
 
@@ -57,7 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=SIM_LATENCY_US,
         metavar="US",
-        help="the simulated kernel latency of the allocators make_alloc builds on sim (default"
+        help="the simulated kernel latency on sim of the allocators make_alloc builds and of the"
+        " children suites.allocator._knobs.pinned_env pins (default"
         f" {SIM_LATENCY_US}: the race check on, so a missing stream wait aborts the test; 0: every"
         " kernel completes at once and no race can be seen). A test passes sim_latency_us="
         " itself where it needs another",
@@ -70,7 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-SIM_LATENCY_US = 10
+SIM_LATENCY_US = _knobs.SIM_LATENCY_US
 """The suites' default ``sim_latency_us`` on ``sim`` (``--sim-latency-us``): with a latency the
 simulator's race check sees a read of another stream's unwaited write, which on a GPU reads
 stale data once in a while (the first H200 run's zero3 gather)."""
@@ -105,6 +107,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--sim-latency-us must be >= 0, got {config.getoption('sim_latency_us')}"
         )
+    _knobs.SIM_LATENCY_US = config.getoption("sim_latency_us")  # sim children's, pinned_env
     if config.getoption("stress_scale") < 1:
         raise pytest.UsageError(
             f"--stress-scale must be >= 1, got {config.getoption('stress_scale')}"
