@@ -1,4 +1,9 @@
+"""The CI tooling's tests, and what several of them share."""
 
+from __future__ import annotations
+
+import os
+import sys
 
 
 def path_without_a_driver(tmp_path) -> str:
@@ -6,9 +11,6 @@ def path_without_a_driver(tmp_path) -> str:
     has: ``/usr/bin`` and ``/bin`` (where a GPU machine's driver puts it) mirrored into
     ``tmp_path / "no-driver"`` by symlinks, less ``nvidia-smi``; and this interpreter's own
     directory first (a venv's)."""
-    import os
-    import sys
-
     mirror = tmp_path / "no-driver"
     mirror.mkdir()
     for directory in ("/usr/bin", "/bin"):
