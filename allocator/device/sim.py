@@ -14,7 +14,9 @@ What it adds over the CPU stub:
   clock moves to the last completion of every stream (the memory history says so, a
   ``device_synchronize`` annotation);
 - the **race check**, CUDA's rules decided from a happens-before relation, not from timing (a
-  vector clock per stream and one for the host, as ThreadSanitizer keeps them). A kernel is
+  vector clock per stream and one for the host, as ThreadSanitizer keeps them; the rules are
+  :mod:`allocator.device._happens_before`, which the ``cuda`` backend's opt-in check shares:
+  the simulator is that checker plus its logical clock). A kernel is
   ordered after another if they run on the same stream, or if a chain of ``wait_stream`` (and
   events) and host waits connects them: the host learns that a stream's kernels completed when
   it waits for the stream, for the device or for an event recorded after them, or when a query
@@ -50,6 +52,8 @@ from __future__ import annotations
 import itertools
 
 from .. import _locks
+from ._happens_before import HappensBefore, StreamClock, StreamRaceError
+from ._happens_before import join as _join
 from .base import Block, Device, DeviceAllocationError, Stream, fatal, host_array
 
 __all__ = [
@@ -92,35 +96,21 @@ def access_message(
     )
 
 
-def _join(into: dict[int, int], other: dict[int, int]) -> bool:
-    """``into = max(into, other)`` per stream key; whether ``into`` changed."""
-    changed = False
-    for key, epoch in other.items():
-        if into.get(key, 0) < epoch:
-            into[key] = epoch
-            changed = True
-    return changed
-
-
-class SimStream:
-    """A simulated stream's clock.
+class SimStream(StreamClock):
+    """A simulated stream's clock: its vector clock (a
+    :class:`~allocator.device._happens_before.StreamClock`: ``key``, ``vc``, ``host_seen``)
+    and its logical time.
 
     Attributes:
-        key: the stream's number in the vector clocks (unique per device).
         tail_us: the completion time (logical microseconds) of the last kernel queued on it
             (0 when none).
-        vc: its vector clock: stream key -> how many of that stream's kernels the next kernel
-            queued here is ordered after (its own entry counts its own kernels).
-        host_seen: the version of the host's vector clock last joined into ``vc``.
     """
 
-    __slots__ = ("host_seen", "key", "tail_us", "vc")
+    __slots__ = ("tail_us",)
 
     def __init__(self, key: int) -> None:
-        self.key = key
+        super().__init__(key)
         self.tail_us = 0
-        self.vc = {key: 0}
-        self.host_seen = -1
 
     def __repr__(self) -> str:
         return f"<SimStream tail={self.tail_us}us>"
@@ -167,14 +157,19 @@ class SimBlock(Block):
         self.readers: dict[int, tuple] | None = None
         self.own_clock: dict[int, int] | None = None  # its own stream's vc at its last free
         self.use_clock: dict[int, int] | None = None  # the join of the recorded streams' vcs
+        # (the race check's fields, allocator.device._happens_before.BLOCK_FIELDS)
 
 
-class SimDevice(Device):
-    """The simulated device backend (``DEVMEM_BACKEND=sim``).
+class SimDevice(HappensBefore, Device):
+    """The simulated device backend (``DEVMEM_BACKEND=sim``): the race check's rules
+    (:class:`~allocator.device._happens_before.HappensBefore`) plus a logical clock.
 
     Args:
         capacity_bytes: the device's size in bytes (accounting only; blocks are host memory).
         latency_us: logical microseconds from a kernel's start to its completion; >= 0.
+        raises: whether a race raises
+            :class:`~allocator.device._happens_before.StreamRaceError` with the fatal line
+            instead of aborting (``DEVMEM_STREAM_CHECK=raise``).
 
     Attributes:
         now_us: the host clock, in logical microseconds.
@@ -189,7 +184,7 @@ class SimDevice(Device):
     has_cache = True
     logical_clock = True
 
-    def __init__(self, capacity_bytes: int, latency_us: int = 0) -> None:
+    def __init__(self, capacity_bytes: int, latency_us: int = 0, raises: bool = False) -> None:
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
         if latency_us < 0:
@@ -197,18 +192,14 @@ class SimDevice(Device):
         super().__init__()
         self.capacity_bytes = capacity_bytes
         self.latency_us = latency_us
+        self.raises = raises
         self.tracks_launches = latency_us > 0  # with no latency every kernel is done at once
         self.used_bytes = 0
         self.now_us = 0
         self.tail_us = 0
         self._fail_next = 0
         self._ids = itertools.count(1)
-        self._keys = itertools.count(1)
-        self._host: dict[int, int] = {}  # the host's vector clock: what it knows completed
-        self._host_version = 0
-        self._launched: dict[int, int] = {}  # each stream's kernel count: a device sync's join
-        self._launches = 0
-        self._synced_launches = 0
+        self._init_rules()
         self._lock = _locks.new_lock(self, _locks.BACKEND)
 
     # -- allocation --------------------------------------------------------------------------
@@ -278,11 +269,6 @@ class SimDevice(Device):
     def _stream_handle(self, default: bool) -> SimStream:
         return SimStream(next(self._keys))
 
-    def _observe(self, vc: dict[int, int]) -> None:
-        """The host learned that the kernels ``vc`` counts completed (lock held)."""
-        if _join(self._host, vc):
-            self._host_version += 1
-
     def wait_stream(self, stream: Stream, other: Stream) -> None:
         with self._lock:
             mine, theirs = stream.handle, other.handle
@@ -318,9 +304,8 @@ class SimDevice(Device):
         synchronization, directly or through another stream that waited for this one) that
         every kernel queued on ``stream`` so far completed. Only a look: it costs no host time
         and orders nothing."""
-        clock = stream.handle
         with self._lock:
-            return self._host.get(clock.key, 0) >= self._launched.get(clock.key, 0)
+            return self._known_done(stream.handle)
 
     def new_event_handle(self) -> SimEvent:
         return SimEvent()
@@ -356,6 +341,8 @@ class SimDevice(Device):
         is not ordered before it."""
         message = self.launch_message(stream, out, *inputs)
         if message is not None:
+            if self.raises:
+                raise StreamRaceError(message)
             fatal(message)
 
     def launch_message(
@@ -376,20 +363,13 @@ class SimDevice(Device):
             clock.tail_us = done
             if done > self.tail_us:
                 self.tail_us = done
-            vc = clock.vc
-            if clock.host_seen != self._host_version:
-                _join(vc, self._host)
-                clock.host_seen = self._host_version
-            key = clock.key
-            epoch = vc[key] + 1
-            vc[key] = epoch
-            self._launched[key] = epoch
-            self._launches += 1
-            if out is not None:
-                message = self._write(out, stream.name, key, epoch, done, vc)
-            for block in inputs:
-                if message is None:
-                    message = self._read(block, stream.name, key, epoch, done, vc)
+            message = self._access(clock, stream.name, out, inputs, done)
+            if message is None:
+                if out is not None and done > out.busy_until:
+                    out.busy_until = done
+                for block in inputs:
+                    if done > block.busy_until:
+                        block.busy_until = done
         return message
 
     @staticmethod
@@ -401,36 +381,6 @@ class SimDevice(Device):
             return race_message(block.id, name, other_name, until)
         return access_message(block.id, name, writes, other_name, other_writes, until)
 
-    def _write(self, block, name, key, epoch, done, vc) -> str | None:
-        """Check and record a write of ``block`` (lock held); the fatal line, if it races."""
-        writer = block.writer
-        if writer is not None and vc.get(writer[0], 0) < writer[1]:
-            return self._conflict(block, name, True, writer, True)
-        readers = block.readers
-        if readers is not None:
-            for read in readers.values():
-                if vc.get(read[0], 0) < read[1]:
-                    return self._conflict(block, name, True, read, False)
-            block.readers = None
-        block.writer = (key, epoch, done, block.life, name)
-        if done > block.busy_until:
-            block.busy_until = done
-        return None
-
-    def _read(self, block, name, key, epoch, done, vc) -> str | None:
-        """Check and record a read of ``block`` (lock held); the fatal line, if it races."""
-        writer = block.writer
-        if writer is not None and vc.get(writer[0], 0) < writer[1]:
-            return self._conflict(block, name, False, writer, True)
-        read = (key, epoch, done, block.life, name)
-        if block.readers is None:
-            block.readers = {key: read}
-        else:
-            block.readers[key] = read
-        if done > block.busy_until:
-            block.busy_until = done
-        return None
-
     # -- events ------------------------------------------------------------------------------
 
     def record(self, block: SimBlock) -> None:
@@ -439,25 +389,18 @@ class SimDevice(Device):
         if not self.latency_us:
             return  # every kernel, and so every event, is complete at once
         with self._lock:
-            block.life += 1
             own = block.stream.handle
             event = own.tail_us
-            block.own_clock = dict(own.vc)
             streams = block.stream_uses
+            self._record_block(block, own, [other.handle for other in streams or ()])
             if streams:
-                events = {}
-                joined: dict[int, int] = {}
-                for other in streams:
-                    events[other] = other.handle.tail_us
-                    _join(joined, other.handle.vc)
+                events = {other: other.handle.tail_us for other in streams}
                 block.use_events = events
-                block.use_clock = joined
                 latest = max(events.values())
                 if latest > event:
                     event = latest
             else:
                 block.use_events = None
-                block.use_clock = None
             block.event = event
 
     def ready(self, block: SimBlock) -> bool:
@@ -492,17 +435,13 @@ class SimDevice(Device):
         with self._lock:
             if block.event > self.now_us:
                 self.now_us = block.event
-            for clock in (block.own_clock, block.use_clock):
-                if clock:
-                    self._observe(clock)
+            self._observe_block(block)
 
     def synchronize(self) -> None:
         with self._lock:
             if self.tail_us > self.now_us:
                 self.now_us = self.tail_us
-            if self._launches != self._synced_launches:
-                self._synced_launches = self._launches
-                self._observe(self._launched)
+            self._observe_all()
 
     def download(self, stream: Stream, src):
         self.synchronize_stream(stream)
