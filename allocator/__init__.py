@@ -30,6 +30,7 @@ from ._config import (
     ARENA_DEBUG_MODES,
     BACKENDS,
     HISTORY_MODES,
+    STREAM_CHECK_MODES,
     AllocatorConfig,
     default_config,
     parse_cache_cap,
@@ -78,6 +79,7 @@ from ._scope import ArenaScope
 from ._snapshot import LiveBlock, StackFrame
 from ._stats import AllocatorStats, EpochStats
 from .device import fork_unsafe_reason
+from .device._happens_before import StreamRaceError
 from .device.stream import Event, Stream
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "BACKENDS",
     "FREE_KINDS",
     "HISTORY_MODES",
+    "STREAM_CHECK_MODES",
     "Allocator",
     "AllocatorConfig",
     "AllocatorError",
@@ -103,6 +106,7 @@ __all__ = [
     "StackFrame",
     "Storage",
     "Stream",
+    "StreamRaceError",
     "UseAfterFreeError",
     "add",
     "arena",

@@ -21,6 +21,7 @@ __all__ = [
     "ARENA_DEBUG_MODES",
     "BACKENDS",
     "HISTORY_MODES",
+    "STREAM_CHECK_MODES",
     "AllocatorConfig",
     "default_config",
     "parse_cache_cap",
@@ -34,6 +35,9 @@ ARENA_DEBUG_MODES = ("off", "abort", "raise")
 
 HISTORY_MODES = ("off", "on", "stacks")
 """Memory history modes (``DEVMEM_HISTORY``): off, on without stacks, on with stacks."""
+
+STREAM_CHECK_MODES = ("off", "abort", "raise")
+"""Stream race check modes (``DEVMEM_STREAM_CHECK``), as the detector's."""
 
 _HISTORY_VALUES = {"": "off", "0": "off", "1": "on", "stacks": "stacks"}
 
@@ -95,6 +99,12 @@ class AllocatorConfig:
         history: the memory history from the allocator's first allocation on: ``"off"``,
             ``"on"`` (events without stacks) or ``"stacks"`` (with the Python stack of each).
             From ``DEVMEM_HISTORY``: unset, empty or ``0`` is off, ``1`` on, ``stacks`` stacks.
+        stream_check: the stream race check of the ``cuda`` backend (docs/streams-guide.md):
+            ``"off"``, ``"abort"`` (write the race's line to stderr and ``os.abort()``) or
+            ``"raise"`` (raise :class:`~allocator.StreamRaceError`). On ``sim`` the check runs
+            whenever ``sim_latency_us`` > 0, and ``"raise"`` makes it raise there too. From
+            ``DEVMEM_STREAM_CHECK``: unset, empty or ``0`` is off, ``raise`` is raise, any
+            other value is abort.
 
     Raises:
         ValueError: a field is out of range or names an unknown backend or mode.
@@ -107,6 +117,7 @@ class AllocatorConfig:
     sim_capacity_bytes: int = 4 * _GIB
     sim_latency_us: int = 0
     history: str = "off"
+    stream_check: str = "off"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -114,6 +125,11 @@ class AllocatorConfig:
         if self.arena_debug not in ARENA_DEBUG_MODES:
             raise ValueError(
                 f"arena_debug={self.arena_debug!r}: expected one of {', '.join(ARENA_DEBUG_MODES)}"
+            )
+        if self.stream_check not in STREAM_CHECK_MODES:
+            raise ValueError(
+                f"stream_check={self.stream_check!r}: expected one of"
+                f" {', '.join(STREAM_CHECK_MODES)}"
             )
         if self.history not in HISTORY_MODES:
             raise ValueError(
@@ -163,6 +179,8 @@ class AllocatorConfig:
                 warn(warning)
         debug = env.get("DEVMEM_ARENA_DEBUG", "")
         mode = "off" if debug in ("", "0") else "raise" if debug == "raise" else "abort"
+        check = env.get("DEVMEM_STREAM_CHECK", "")
+        stream_check = "off" if check in ("", "0") else "raise" if check == "raise" else "abort"
         history = env.get("DEVMEM_HISTORY", "")
         if history not in _HISTORY_VALUES:
             raise ConfigError(f"DEVMEM_HISTORY={history!r}: expected 0, 1 or stacks")
@@ -180,6 +198,7 @@ class AllocatorConfig:
                 "DEVMEM_SIM_LATENCY_US", env.get("DEVMEM_SIM_LATENCY_US"), 0, minimum=0
             ),
             history=_HISTORY_VALUES[history],
+            stream_check=stream_check,
         )
 
 

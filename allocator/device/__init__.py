@@ -37,10 +37,12 @@ def make_device(config: AllocatorConfig) -> Device:
     if config.backend == "cpu":
         return CpuDevice()
     if config.backend == "sim":
-        return SimDevice(config.sim_capacity_bytes, config.sim_latency_us)
+        return SimDevice(
+            config.sim_capacity_bytes, config.sim_latency_us, config.stream_check == "raise"
+        )
     from .cuda import CudaDevice  # imported lazily: CuPy is an optional extra
 
-    return CudaDevice()
+    return CudaDevice(stream_check=config.stream_check, stacks=config.history == "stacks")
 
 
 def backend_unavailable_reason(backend: str) -> str | None:

@@ -26,6 +26,17 @@ Written against CuPy 14.2's documented API:
 - ``memory_info`` is ``runtime.memGetInfo()``.
 - No ``cudaFree`` during interpreter shutdown (once exit handlers have run): the driver may be
   gone, and CuPy's own memory objects skip their frees then too.
+- The **stream check** (``stream_check``, ``DEVMEM_STREAM_CHECK``; off by default): the
+  simulator's race check on this backend, the same rules
+  (:class:`~allocator.device._happens_before.StreamCheck`) fed from the calls the backend
+  already gets: every ``launch`` (the allocator's ops and readbacks), ``wait_stream``, events
+  (record, wait, a query that returned true, synchronize), a stream's query that returned true
+  and its synchronize, the device's synchronize, a readback (it waits for its stream), a block's
+  free to the cache (its next life), its wait, and ``cudaFree`` (which synchronizes the device).
+  A block awaiting other streams' events (``record_stream``) is reused only once the host has
+  learned that they completed, so that no answer of the cache's own polls, which depends on
+  timing, decides a verdict. Kernels launched outside the allocator (CuPy's own, through
+  :func:`allocator.cupy_allocator` or otherwise) are not seen.
 
 Importing this module never touches CuPy. Building a :class:`CudaDevice` imports CuPy, checks
 for a device, compiles and runs one tiny kernel (so a missing NVRTC or a broken driver is
@@ -48,9 +59,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _locks
+from .. import _locks, _stacks
 from .._errors import BackendUnavailable
-from .base import Block, Device, DeviceAllocationError, Stream, mark_fork_unsafe
+from ._happens_before import StreamCheck, StreamRaceError, caller_op
+from .base import Block, Device, DeviceAllocationError, Stream, fatal, mark_fork_unsafe
 
 __all__ = [
     "CUDA_ERROR_MEMORY_ALLOCATION",
@@ -179,15 +191,17 @@ class CudaBlock(Block):
     """A ``cudaMalloc`` allocation; ``ptr`` is the device address (0 once freed).
 
     A block that is garbage-collected while still allocated is freed then, as CuPy frees its
-    own memory (except during interpreter shutdown).
+    own memory (except during interpreter shutdown). ``life``, ``writer``, ``readers``,
+    ``own_clock`` and ``use_clock`` are the stream check's (unused where it is off).
     """
 
-    __slots__ = ("_device", "ptr")
+    __slots__ = ("_device", "life", "own_clock", "ptr", "readers", "use_clock", "writer")
 
     def __init__(self, block_id: int, nbytes: int, array, ptr: int, device: CudaDevice) -> None:
         super().__init__(block_id, nbytes, array)
         self.ptr = ptr
         self._device = device
+        StreamCheck.reset_block(self)
 
     @property
     def address(self) -> int:
@@ -230,19 +244,31 @@ class CudaDevice(Device):
 
     Args:
         device_id: the CUDA device; default CuPy's current device when it is built.
+        stream_check: ``"off"``, or the stream check's mode: ``"abort"`` (a race's line to
+            stderr, then ``os.abort()``) or ``"raise"`` (:class:`~allocator.StreamRaceError`).
+        stacks: whether the stream check keeps each access's Python stack for its report
+            (the allocator passes ``DEVMEM_HISTORY=stacks``).
 
     Attributes:
         device_id: the device every operation runs on.
+        stream_check: the :class:`~allocator.device._happens_before.StreamCheck`, or ``None``.
 
     Raises:
         BackendUnavailable: see :func:`load_cupy`.
+        ValueError: ``stream_check`` is not ``off``, ``abort`` or ``raise``.
     """
 
     name = "cuda"
     has_cache = True
 
-    def __init__(self, device_id: int | None = None) -> None:
+    def __init__(
+        self, device_id: int | None = None, *, stream_check: str = "off", stacks: bool = False
+    ) -> None:
         super().__init__()
+        if stream_check not in ("off", "abort", "raise"):
+            raise ValueError(f"stream_check={stream_check!r}: expected off, abort or raise")
+        self.stream_check = None if stream_check == "off" else StreamCheck(stream_check, stacks)
+        self.tracks_launches = self.stream_check is not None
         cupy, self.device_id = load_cupy(device_id)
         self.xp = cupy
         self._runtime = cupy.cuda.runtime
@@ -280,6 +306,8 @@ class CudaDevice(Device):
         if ptr and not _shutting_down():
             with self.xp.cuda.Device(self.device_id):
                 self._runtime.free(ptr)
+            if self.stream_check is not None:  # cudaFree synchronized the device
+                self.stream_check.synchronize()
         event, block.event = block.event, None
         uses, block.use_events = block.use_events, None
         spare = [event] if event is not None else []
@@ -294,6 +322,24 @@ class CudaDevice(Device):
         return int(free), int(total)
 
     # -- streams -----------------------------------------------------------------------------
+
+    def new_stream(self, name: str | None = None, *, default: bool = False) -> Stream:
+        stream = super().new_stream(name, default=default)
+        if self.stream_check is not None:
+            stream.clock = self.stream_check.new_clock()
+        return stream
+
+    def launch(self, stream: Stream, out: Block | None = None, *inputs: Block) -> None:
+        """The stream check of a kernel (the allocator calls this only where it is on): abort
+        or raise :class:`~allocator.StreamRaceError` if another stream's access to ``out`` or
+        ``inputs`` is not ordered before it."""
+        check = self.stream_check
+        frames = _stacks.capture(2) if check.stacks else ()
+        message = check.launch(stream.clock, stream.name, out, inputs, caller_op(2), frames)
+        if message is not None:
+            if check.mode == "raise":
+                raise StreamRaceError(message)
+            fatal(message)
 
     @_on_own_device
     def _stream_handle(self, default: bool):
@@ -318,14 +364,21 @@ class CudaDevice(Device):
         stream.handle.wait_event(event)
         with self._lock:  # the wait took the event's state when it was queued: reusable
             self._events.append(event)
+        if self.stream_check is not None:
+            self.stream_check.wait_stream(stream.clock, other.clock)
 
     @_on_own_device
     def synchronize_stream(self, stream: Stream) -> None:
         stream.handle.synchronize()
+        if self.stream_check is not None:
+            self.stream_check.observe(stream.clock.vc)
 
     @_on_own_device
     def stream_done(self, stream: Stream) -> bool:
-        return bool(stream.handle.done)
+        done = bool(stream.handle.done)
+        if done and self.stream_check is not None:
+            self.stream_check.observe(stream.clock.vc)
+        return done
 
     @_on_own_device
     def new_event_handle(self):
@@ -334,18 +387,27 @@ class CudaDevice(Device):
     @_on_own_device
     def record_event(self, stream: Stream, event) -> None:
         event.handle.record(stream.handle)
+        if self.stream_check is not None:
+            event.clock = self.stream_check.mark(stream.clock)
 
     @_on_own_device
     def wait_event(self, stream: Stream, event) -> None:
         stream.handle.wait_event(event.handle)
+        if self.stream_check is not None:
+            self.stream_check.wait_mark(stream.clock, event.clock)
 
     @_on_own_device
     def event_done(self, event) -> bool:
-        return bool(event.handle.done)
+        done = bool(event.handle.done)
+        if done and self.stream_check is not None:
+            self.stream_check.observe(event.clock)
+        return done
 
     @_on_own_device
     def synchronize_event(self, event) -> None:
         event.handle.synchronize()
+        if self.stream_check is not None:
+            self.stream_check.observe(event.clock)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -367,10 +429,20 @@ class CudaDevice(Device):
             with self._lock:
                 self._events.extend(used for _, used in old)
         block.use_events = fresh
+        check = self.stream_check
+        if check is not None:
+            check.record(block, block.stream.clock, [s.clock for s in block.stream_uses or ()])
 
     @_on_own_device
     def ready(self, block: CudaBlock) -> bool:
         return all(event.done for _, event in block.use_events or ())
+
+    def take_ready(self, block: CudaBlock) -> bool:
+        """:meth:`ready`; with the stream check on, true only once the host has learned that
+        the kernels before the events completed (so timing decides no verdict)."""
+        if self.stream_check is not None:
+            return self.stream_check.take_ready(block)
+        return self.ready(block)
 
     @_on_own_device
     def pending_streams(self, block: CudaBlock) -> tuple[Stream, ...]:
@@ -383,10 +455,14 @@ class CudaDevice(Device):
             event.synchronize()
         for _, used in block.use_events or ():
             used.synchronize()
+        if self.stream_check is not None:
+            self.stream_check.wait(block)
 
     @_on_own_device
     def synchronize(self) -> None:
         self.xp.cuda.Device(self.device_id).synchronize()
+        if self.stream_check is not None:
+            self.stream_check.synchronize()
 
     # -- kernels, host transfers and readback, each on its stream ----------------------------
 
@@ -402,8 +478,14 @@ class CudaDevice(Device):
 
     @_on_stream
     def download(self, stream: Stream, src) -> np.ndarray:
-        return src.get()
+        host = src.get()
+        if self.stream_check is not None:  # a synchronous copy: the host waited for the stream
+            self.stream_check.observe(stream.clock.vc)
+        return host
 
     @_on_stream
     def sum(self, stream: Stream, src) -> float:
-        return float(self.xp.sum(src, dtype=self.xp.float64))
+        total = float(self.xp.sum(src, dtype=self.xp.float64))
+        if self.stream_check is not None:  # read back by float(): the host waited
+            self.stream_check.observe(stream.clock.vc)
+        return total

@@ -75,15 +75,19 @@ class Stream:
         handle: the backend's own stream (``None`` on ``cpu``, a
             :class:`~allocator.device.sim.SimStream` on ``sim``, a ``cupy.cuda.Stream`` on
             ``cuda``).
+        clock: the ``cuda`` stream check's vector clock of this stream
+            (:class:`~allocator.device._happens_before.StreamClock`), or ``None`` where that
+            check is off (the simulator's clock is its ``handle``).
     """
 
-    __slots__ = ("__weakref__", "device", "handle", "id", "name")
+    __slots__ = ("__weakref__", "clock", "device", "handle", "id", "name")
 
     def __init__(self, device: StreamDevice, stream_id: int, name: str, handle: object) -> None:
         self.device = device
         self.id = stream_id
         self.name = name
         self.handle = handle
+        self.clock = None
 
     def wait_stream(self, other: Stream) -> None:
         """Make every kernel queued on this stream from now on wait for the kernels queued on
@@ -164,14 +168,17 @@ class Event:
         device: the backend it belongs to.
         handle: the backend's own event (``None`` on ``cpu``).
         recorded: whether it was ever recorded (an event never recorded is complete).
+        clock: for the ``cuda`` stream check, the vector clock of its stream at its last
+            record (``None`` where that check is off or before a record).
     """
 
-    __slots__ = ("device", "handle", "recorded")
+    __slots__ = ("clock", "device", "handle", "recorded")
 
     def __init__(self, device: StreamDevice) -> None:
         self.device = device
         self.handle = device.new_event_handle()
         self.recorded = False
+        self.clock = None
 
     def query(self) -> bool:
         """Whether the kernels queued before its record completed (never waits; ``True`` if
