@@ -191,14 +191,22 @@ def check_against_the_model(result: ring.RunResult, mutant: bool) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("mutant", [False, True], ids=["honest", "no-readers"])
-def test_external_programs_agree_with_the_byte_model(make_alloc, stress_scale, mutant, request):
-    monkeypatch = request.getfixturevalue("monkeypatch")
+@pytest.mark.parametrize(
+    ("mutant", "page_bits"),
+    [(False, 12), (True, 12), (False, 3), (True, 3)],
+    ids=["honest", "no-readers", "honest-8-element-pages", "no-readers-8-element-pages"],
+)
+def test_external_programs_agree_with_the_byte_model(
+    make_alloc, stress_scale, mutant, page_bits, monkeypatch
+):
+    """With 8-element pages, the checker's state is split and dropped across pages inside
+    every region."""
+    monkeypatch.setattr("runtime.ring._trace.PAGE_BITS", page_bits)
     if mutant:
         monkeypatch.setattr(tensormap.TensorMap, "_record_read", lambda self, *args: None)
     flagged = []
 
-    @_settings(stress_scale, 25)
+    @_settings(stress_scale, 20)
     @given(ops=EXTERNAL_PROGRAMS, run=RUNS)
     def check(ops, run):
         cores, seed = run
