@@ -59,6 +59,8 @@ __all__ = [
 
 def _counts(values: object, name: str) -> tuple[int, ...]:
     """``values`` as a tuple of ints >= 1 (a shape or strides)."""
+    if type(values) is tuple and all(type(v) is int and v >= 1 for v in values):
+        return values  # the common case, without the generic checks
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
     return tuple(integer(v, f"{name}[{i}]") for i, v in enumerate(values))
@@ -98,7 +100,9 @@ class Region:
             hash(self.buffer)
         except TypeError:
             raise TypeError(f"buffer must be hashable, got {type(self.buffer).__name__}") from None
-        start = integer(self.start_offset, "start_offset", 0)
+        start = self.start_offset
+        if type(start) is not int or start < 0:
+            start = integer(start, "start_offset", 0)
         shape = _counts(self.shape, "shape")
         if not shape:
             raise ValueError("shape must have at least one dimension, got ()")
@@ -115,7 +119,9 @@ class Region:
                     f"strides {strides} and shape {shape} differ in length"
                     f" ({len(strides)} != {len(shape)})"
                 )
-        elem = integer(self.elem_size, "elem_size")
+        elem = self.elem_size
+        if type(elem) is not int or elem < 1:
+            elem = integer(elem, "elem_size")
         for name, value in (("start_offset", start), ("shape", shape), ("strides", strides)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "elem_size", elem)
@@ -213,6 +219,16 @@ runs, blocks of its smallest dimensions (see :func:`_pieces`)."""
 
 
 def _pieces(s: ByteSet) -> list[tuple[int, int]]:
+    """:func:`_pieces_of` ``s``, kept on ``s`` (a region is indexed, looked up and removed by
+    the same pieces)."""
+    cached = s.__dict__.get("_pieces")
+    if cached is None or cached[0] != MAX_PIECES:
+        cached = (MAX_PIECES, _pieces_of(s))
+        object.__setattr__(s, "_pieces", cached)
+    return cached[1]
+
+
+def _pieces_of(s: ByteSet) -> list[tuple[int, int]]:
     """The bounding byte ranges ``[lo, hi)`` a region is indexed (and looked up) by: one per
     run when it has at most :data:`MAX_PIECES` runs, else one per block of runs, a block
     being its smallest dimensions whole and a slice of consecutive indices of the next one,
@@ -347,14 +363,28 @@ class _Bucket:
 
     def candidates(self, lo: int, hi: int) -> list[_Entry]:
         """The entries with a piece ``[p.lo, p.hi)`` that meets ``[lo, hi)`` (repeats
-        possible)."""
+        possible).
+
+        It reads the ``SortedList``'s sublists and their maxima (``_lists``, ``_maxes``, the
+        layout of sortedcontainers 2.x) and bisects them itself: ``irange`` builds two
+        generators per call, which was most of a lookup's time."""
         found = []
+        stop = hi << SERIAL_BITS
         for c, (keys, pieces) in self.classes.items():
             first = (lo - (1 << c) + 1) << SERIAL_BITS
-            for key in keys.irange(first, hi << SERIAL_BITS, inclusive=(True, False)):
-                end, entry = pieces[key]
-                if end > lo:
-                    found.append(entry)
+            maxes, lists = keys._maxes, keys._lists
+            at = bisect.bisect_left(maxes, first)
+            while at < len(lists):
+                sub = lists[at]
+                i = bisect.bisect_left(sub, first) if sub[0] < first else 0
+                j = bisect.bisect_left(sub, stop, i)
+                for key in sub[i:j]:
+                    end, entry = pieces[key]
+                    if end > lo:
+                        found.append(entry)
+                if j < len(sub):
+                    break
+                at += 1
         return found
 
     def lookup(self, s: ByteSet) -> list[_Entry]:
