@@ -30,7 +30,7 @@ def test_unknown_option_prints_usage_and_exits_2():
     result = _check_sh("--bogus")
     assert result.returncode == 2
     assert "ci/check.sh: unknown option '--bogus'" in result.stderr
-    assert "usage: ci/check.sh [--ci-all] [--cuda] [--nightly]" in result.stderr
+    assert "usage: ci/check.sh [--ci-all] [--cuda] [--fake-cuda] [--nightly]" in result.stderr
 
 
 def test_help_exits_0():
@@ -149,9 +149,29 @@ def test_memory_pictures_refuses_a_scale_below_one(tmp_path):
 def test_interop_is_an_option_of_check_sh_and_ci_runs_it():
     assert "--interop   also run the tests marked interop" in _check_sh("-h").stdout
     run = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert run[-1] == "exec ci/check.sh --ci-all --interop --multihost"
+    assert run[-2:] == [
+        "ci/check.sh --ci-all --interop --multihost --fake-cuda",
+        "exec ci/pythons.sh",
+    ]
     readme = (ROOT / "README.md").read_text()
     assert "ci/check.sh --ci-all      # set up .venv" in readme  # still the first command
+
+
+def test_fake_cuda_and_cuda_exclude_each_other():
+    result = _check_sh("--cuda", "--fake-cuda", "--no-build")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "ci/check.sh: --cuda and --fake-cuda exclude each other (a real GPU, or the fake one)\n"
+    )
+
+
+def test_pythons_sh_takes_no_argument_and_says_what_it_does():
+    script = ROOT / "ci" / "pythons.sh"
+    done = subprocess.run(["bash", str(script), "-h"], capture_output=True, text=True)
+    assert done.returncode == 0 and "3.10 to 3.13" in done.stdout.splitlines()[0]
+    done = subprocess.run(["bash", str(script), "--bogus"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr == "ci/pythons.sh: unknown argument '--bogus' (it takes none; -h for help)\n"
 
 
 def test_nightly_summary_refuses_a_missing_file(tmp_path):
