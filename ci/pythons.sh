@@ -36,7 +36,7 @@ find_python() { # the interpreter of version $1 that runs, or nothing (a pyenv s
     done
 }
 
-ran=()
+ran=() failed=()
 for version in 3.10 3.11 3.12 3.13; do
     if [ "$version" = "$built" ]; then
         continue # ci/check.sh ran every suite on it
@@ -57,13 +57,20 @@ for version in 3.10 3.11 3.12 3.13; do
     "$venv/bin/python" -m pip install -qq --disable-pip-version-check --upgrade pip
     "$venv/bin/python" -m pip install -qq --disable-pip-version-check -e ".[test,plot]"
     # the editable install of .venv-3.X compiled the C stack capture for that Python too
-    (
+    if (
         export PATH="$venv/bin:$PATH"
         echo "+ pytest -n auto --backend cpu,sim -m 'not interop and not multihost' ${suites[*]}"
         "$venv/bin/python" -m pytest -n auto -p no:cacheprovider --backend cpu,sim \
             -m "not interop and not multihost" "${suites[@]}"
-    )
-    ran+=("$version")
+    ); then
+        ran+=("$version")
+    else
+        failed+=("$version") # the next versions still run: one report names every failure
+    fi
 done
 echo
+if [ "${#failed[@]}" != 0 ]; then
+    echo "ci/pythons.sh: failed on Python ${failed[*]}${ran[*]:+ (passed on ${ran[*]})}" >&2
+    exit 1
+fi
 echo "ci/pythons.sh: passed on Python ${ran[*]:-(none besides $built)}"
