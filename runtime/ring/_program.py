@@ -297,6 +297,9 @@ class Orchestrator:
             self._closed_scopes.add(scope.id)
             for owner in scope.owners:
                 self._close_pos[owner] = len(self._tasks)
+                # no later task may use the slice: its writers and readers leave the map
+                task = self._tasks[owner]
+                self._tmap.forget(HEAP, task.start, task.end)
 
     def alloc_tensors(self, *sizes: int) -> TaskRefs:
         """A kernel-less task that allocates heap tensors of ``sizes`` float32 elements and

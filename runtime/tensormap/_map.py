@@ -532,6 +532,29 @@ class TensorMap:
                 return
         self._readers.setdefault(region.buffer, _Bucket()).add(entry)
 
+    def forget(self, buffer: Hashable, lo: int, hi: int) -> int:
+        """Drop every entry, written or read, of ``buffer`` that lies within bytes ``[lo, hi)``:
+        no later task can touch them (the ring calls it for the slices of a closed scope).
+        O(k log n) for the k entries dropped.
+
+        Returns:
+            The number of write entries dropped.
+        """
+        dropped = 0
+        for buckets in (self._buckets, self._readers):
+            bucket = buckets.get(buffer)
+            if bucket is None:
+                continue
+            inside = {id(e): e for e in bucket.candidates(lo, hi) if e.lo >= lo and e.hi <= hi}
+            for entry in inside.values():
+                bucket.remove(entry)
+            if not bucket.classes:
+                del buckets[buffer]
+            if buckets is self._buckets:
+                dropped = len(inside)
+        self._count -= dropped
+        return dropped
+
     def retire_below(self, task_id: int) -> int:
         """Drop every entry (written or read) whose task's id is below ``task_id`` (retired
         tasks).

@@ -885,3 +885,19 @@ def test_byte_ranges_that_only_abut_are_refused_without_a_search():
     assert a.byte_range[1] == b.byte_range[0]
     assert search_nodes(lambda: a.intersects(b)) == (False, 0)
     assert search_nodes(lambda: b.intersects(a)) == (False, 0)
+
+
+def test_forget_drops_the_entries_inside_a_byte_range_only():
+    """The ring forgets a closed scope's slices: their writers and readers leave the map
+    (before: every heap read of a run stayed in the map to the end)."""
+    tmap = TensorMap()
+    for i in range(4):
+        tmap.insert(Region.contiguous("x", 8 * i, 8), producer=i)  # bytes [32i, 32i + 32)
+    gather_fanin(tmap, 4, inputs=[Region.contiguous("x", 8, 8), Region.contiguous("x", 0, 32)])
+    assert len(tmap) == 4 and tmap.reader_count == 2
+    assert tmap.forget("x", 32, 64) == 1  # tile 1 and the read of it; not the whole read
+    assert len(tmap) == 3 and tmap.reader_count == 1
+    assert [p.task for p in tmap.lookup(Region.contiguous("x", 0, 32))] == [3, 2, 0]
+    assert gather_fanin(tmap, 5, writes=[Region.contiguous("x", 8, 8)]) == (4,)  # the reader
+    assert tmap.forget("y", 0, 100) == 0 and tmap.forget("x", 0, 1 << 20) == 3
+    assert len(tmap) == 0 and tmap.reader_count == 0
