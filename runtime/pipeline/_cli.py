@@ -14,9 +14,9 @@ together, crash-safe: ``docs/pipeline-state.md``), holding the file's lock (an e
 ``flock``) for the whole run: a second writer of the file is refused at once, naming the
 holder's pid. At each ``EXEC_RESTART`` it ``os.execv``\\ s itself with the interpreter's
 options, its full argument list and ``--resume`` (the seed's restart kept only
-``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default Stories110M), handing the
-locked descriptor to the new process image (its number in ``DEVMEM_PIPELINE_LOCK_FD``); the new
-process (or one started by hand with ``--resume`` after a crash) checks that the file was
+``--pipeline-resume PATH``, so a LLaMA-7B run resumed as the default Stories110M), handing
+the locked descriptor to the new process image (its number in ``PIPELINE_STATE_LOCK_FD``); the
+new process (or one started by hand with ``--resume`` after a crash) checks that the file was
 written for the same model, compile config, policy and step count, undoes a change a kill left
 half-done, and goes on. Without ``--resume`` it creates the file (sparse, but for the pages a
 dry run writes, unless ``--sparse``: none reserved) and refuses an existing one unless

@@ -149,9 +149,10 @@ _SEAL_MAGIC = 0x4C414553  # "SEAL"
 _SEAL = struct.Struct(f"<I{_JOURNAL.size + 4}s")  # magic, the journal's head and CRC; then a CRC
 assert SLOT_OFFSETS[1] + _SLOT.size + _CRC.size <= _SEAL_OFFSET
 assert _SEAL_OFFSET + _SEAL.size + _CRC.size <= HEADER_BYTES
-LOCK_FD_ENV = "DEVMEM_PIPELINE_LOCK_FD"
+LOCK_FD_ENV = "PIPELINE_STATE_LOCK_FD"
 """The environment variable through which a run hands its state file's locked descriptor to
-the process image its ``exec()`` restart starts (see :meth:`StateFile.handover`)."""
+the process image its ``exec()`` restart starts (see :meth:`StateFile.handover`). Not a knob
+(the run sets it for itself), so not one of the ``DEVMEM_*`` names a user sets."""
 
 _REGIONS = {
     "layer_weights": ("layer_weights", layer_weight_bytes),

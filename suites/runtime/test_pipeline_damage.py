@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import tempfile
 import zlib
 
 import pytest
 
 from runtime.pipeline import KILL_POINTS, SLOT_OFFSETS, StateFile, StateFileError, main
-from runtime.pipeline._statefile import _CRC, _JOURNAL, _JOURNAL_MAGIC, _RECORD
 
 from . import _targets
 from .test_pipeline_crash import FAST, _commits, _nonzero_pages, _result, _run
@@ -191,6 +191,13 @@ def test_a_recovery_clears_the_seal_so_a_torn_journal_after_it_is_no_damage(deat
 
 
 # -- teeth: main at 7cf9cfa's recovery ------------------------------------------------------------
+
+
+# the journal's bytes (docs/pipeline-state.md): a head (magic "JRNL", the generation it undoes,
+# the record count, the payload size), a CRC-32 of head and payload, then per record its offset
+# and length and the original bytes, padded to 8
+_JOURNAL, _CRC, _RECORD = struct.Struct("<IQII"), struct.Struct("<I"), struct.Struct("<QQ")
+_JOURNAL_MAGIC = 0x4C4E524A
 
 
 def _old_recover(self) -> int:

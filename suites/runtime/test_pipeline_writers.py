@@ -12,6 +12,7 @@ removes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -27,7 +28,6 @@ from runtime.pipeline import (
     PRESETS,
     StateFile,
     StateFileBusy,
-    _statefile,
     main,
 )
 
@@ -216,15 +216,15 @@ def test_a_force_that_raced_an_open_is_seen_and_the_new_file_opened(tmp_path, mo
     # lock taken is the old inode's, so the name is checked and the new file opened instead
     path = tmp_path / "s"
     StateFile.create(path, SMALL, sparse=True).close()
-    real, replaced = _statefile._lock, []
+    real, replaced = fcntl.flock, []
 
-    def lock(fd, name):
-        if not replaced:
+    def flock(fd, operation):
+        if not replaced and operation == fcntl.LOCK_EX | fcntl.LOCK_NB:  # the open's lock
             replaced.append(1)
             StateFile.create(path, SMALL, sparse=True, overwrite=True).close()
-        return real(fd, name)
+        return real(fd, operation)
 
-    monkeypatch.setattr(_statefile, "_lock", lock)
+    monkeypatch.setattr(fcntl, "flock", flock)
     with StateFile.open(path) as state:
         assert os.path.samestat(os.fstat(state._fd), os.stat(path))
 
