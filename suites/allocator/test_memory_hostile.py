@@ -43,16 +43,17 @@ FILES = {**REAL, "ours": OURS}
 
 def one_error_line(tmp_path: Path, capsys, data: bytes, command: str = "summary") -> str:
     """Run the command on ``data``; returns its one error line (asserting status 1, nothing on
-    stdout but for a successful run, and a run of under 10 s)."""
+    stdout but for a successful run, and a run of under 10 s of CPU: the clock a busy machine
+    does not stretch)."""
     path = tmp_path / "f.pickle"
     path.write_bytes(data)
     picture = tmp_path / "t.png"
     argv = [command, str(path), *(["-o", str(picture)] if command == "plot" else [])]
-    start = time.perf_counter()
+    start = time.process_time()
     status = memory.main(argv)
-    took = time.perf_counter() - start
+    took = time.process_time() - start
     out, err = capsys.readouterr()
-    assert took < 10, f"{command} took {took:.1f} s"
+    assert took < 10, f"{command} took {took:.1f} s of CPU"
     if status == 0:  # a change the format tolerates (a byte of a string, a time)
         assert err == "" and out
         return ""
@@ -170,9 +171,9 @@ def test_a_billion_laughs_is_one_error_line_in_milliseconds(tmp_path, capsys, wh
     pytest.importorskip("matplotlib.figure")  # imported before the clock starts
     data = snapshot_around(laughs(), where)
     assert len(data) < 1100
-    start = time.perf_counter()
+    start = time.process_time()
     err = one_error_line(tmp_path, capsys, data, command)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     field = {
         "event": "device_traces[0][0] is list",
         "backend": "devmem.backend is list",
@@ -214,9 +215,9 @@ def test_a_frame_list_shared_by_every_event_is_read_once(tmp_path, capsys):
     }
     data = pickle.dumps(snapshot, protocol=4)
     assert len(data) < 600_000
-    start = time.perf_counter()
+    start = time.process_time()
     assert one_error_line(tmp_path, capsys, data) == ""
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 3  # 0.3 s; before, minutes
 
 
 @pytest.mark.parametrize("protocol", [1, 4])  # read whole, and streamed
@@ -236,7 +237,7 @@ def test_a_trace_or_segment_the_file_shares_is_refused(tmp_path, capsys, protoco
     else:
         snapshot["segments"] = [{"total_size": 64, "blocks": blocks} for _ in range(20_000)]
         first, again = "segments[0].blocks", "segments[1].blocks"
-    start = time.perf_counter()
+    start = time.process_time()
     err = one_error_line(tmp_path, capsys, pickle.dumps(snapshot, protocol=protocol))
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     assert f"not a memory snapshot: {again} is {first} again; a snapshot shares no" in err, err
