@@ -10,8 +10,9 @@ The snapshot: ``--entries`` trace events (1,000,000 by default, ``--quick`` 100,
 round trips (``alloc``, ``free_requested``, ``free_completed``) of 16 KiB to 4 MiB buffers
 from 64 allocation sites, each stack 12 frames deep, with a ``segment_alloc`` per new address,
 and one ``release`` annotation per round trip. Each command runs in a child process, ``--repeat``
-times, alternating; the figures are the medians of wall time and of the child's peak resident
-memory (``VmHWM``) less that of a child that only imports the reader.
+times, alternating; the figures are the medians of wall time, of CPU time (user and system) and
+of the child's peak resident memory (``VmHWM``) less that of a child that only imports the
+reader.
 
 Targets (issue 22): ``summary`` at most 0.5x the time of ``_memory_viz trace`` (its output
 thrown away) on the same file, and at most 2x the file's size in memory above the baseline.
@@ -125,7 +126,7 @@ def _event(action: str, address: int, size: int, t: int, frames: list) -> dict:
 
 _CHILD = """
 import sys, time, runpy
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 sys.argv = {argv!r}
 try:
     runpy.run_module({module!r}, run_name="__main__")
@@ -133,23 +134,26 @@ except SystemExit as exc:
     if exc.code not in (0, None):
         raise
 rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
-sys.stderr.write(f"{{time.perf_counter() - start}} {{rss}}\\n")
+sys.stderr.write(f"{{time.perf_counter() - start}} {{rss}} {{time.process_time() - cpu}}\\n")
 """
 
 
-def run_child(module: str, argv: list[str]) -> tuple[float, int]:
+def run_child(module: str, argv: list[str]) -> tuple[float, int, float]:
     """Run ``python -m module argv...`` in a child (stdout thrown away); returns its wall time
-    in seconds from just before the module runs, and its peak resident memory in bytes
-    (``VmHWM``: ``ru_maxrss`` would report the parent's if that was higher, as Linux keeps it
-    across fork and exec)."""
+    in seconds from just before the module runs, its peak resident memory in bytes (``VmHWM``:
+    ``ru_maxrss`` would report the parent's if that was higher, as Linux keeps it across fork
+    and exec), and the CPU seconds the module took (user and system, all its threads).
+
+    Raises:
+        RuntimeError: the child failed (the message ends with its stderr)."""
     code = _CHILD.format(module=module, argv=[module, *argv])
     done = subprocess.run(
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     if done.returncode != 0:
         raise RuntimeError(f"{module} {argv} failed: {done.stderr[-2000:]}")
-    seconds, kib = done.stderr.strip().splitlines()[-1].split()
-    return float(seconds), int(kib) * 1024
+    seconds, kib, cpu = done.stderr.strip().splitlines()[-1].split()
+    return float(seconds), int(kib) * 1024, float(cpu)
 
 
 def baseline_rss(module: str) -> int:
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if have_torch:
             commands["torch_trace"] = ("torch.cuda._memory_viz", ["trace", str(path)])
-        runs: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
+        runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in commands}
         for _ in range(args.repeat):
             for name, (module, child_argv) in commands.items():
                 runs[name].append(run_child(module, child_argv))
@@ -201,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         rss = statistics.median(run[1] for run in runs[name]) - base[module]
         results[name] = {
             "seconds": seconds,
+            "cpu_seconds": statistics.median(run[2] for run in runs[name]),
             "memory_bytes": rss,
             "memory_over_file": rss / file_bytes,
         }
@@ -222,23 +227,25 @@ def render(results: dict) -> str:
     mib = results["file_bytes"] / (1 << 20)
     head = f"benchmark ({results['entries']:,} events, {mib:.1f} MiB file)"
     lines = [
-        f"{head:<58} {'median':>10} {'memory':>10} {'target':>10}",
+        f"{head:<47} {'median':>10} {'CPU':>10} {'memory':>10} {'target':>10}",
         "-" * 91,
     ]
     for name in ("summary", "plot", "torch_trace"):
         if name in results:
             r = results[name]
+            cpu = f"{r['cpu_seconds']:>8.2f} s" if "cpu_seconds" in r else f"{'':>10}"
             lines.append(
-                f"{name:<58} {r['seconds']:>8.2f} s {r['memory_bytes'] / (1 << 20):>6.0f} MiB"
+                f"{name:<47} {r['seconds']:>8.2f} s {cpu}"
+                f" {r['memory_bytes'] / (1 << 20):>6.0f} MiB"
                 f" {'<= 2x file' if name == 'summary' else '':>10}"
             )
     if "summary_over_torch_trace" in results:
         lines.append(
-            f"{'summary / torch trace, same file, same run':<58}"
-            f" {results['summary_over_torch_trace']:>9.2f}x {'':>10} {'<= 0.5x':>10}"
+            f"{'summary / torch trace, same file, same run':<47}"
+            f" {results['summary_over_torch_trace']:>9.2f}x {'':>10} {'':>10} {'<= 0.5x':>10}"
         )
     lines.append(
-        f"{'summary memory / file size':<58} {results['summary']['memory_over_file']:>9.2f}x"
+        f"{'summary memory / file size':<47} {results['summary']['memory_over_file']:>9.2f}x"
     )
     return "\n".join(lines)
 
