@@ -330,10 +330,12 @@ class CudaDevice(Device):
         return stream
 
     def launch(self, stream: Stream, out: Block | None = None, *inputs: Block) -> None:
-        """The stream check of a kernel (the allocator calls this only where it is on): abort
-        or raise :class:`~allocator.StreamRaceError` if another stream's access to ``out`` or
-        ``inputs`` is not ordered before it."""
+        """The stream check of a kernel (the allocator calls this only where it is on; off, it
+        does nothing): abort, or raise :class:`~allocator.StreamRaceError`, if another stream's
+        access to ``out`` or ``inputs`` is not ordered before it."""
         check = self.stream_check
+        if check is None:
+            return
         frames = _stacks.capture(2) if check.stacks else ()
         message = check.launch(stream.clock, stream.name, out, inputs, caller_op(2), frames)
         if message is not None:

@@ -223,3 +223,18 @@ def comparable(program: list[tuple], runs: list[tuple]) -> bool:
     stop = min(len(program) if verdict is None else verdict[0] for verdict, _ in runs)
     seen = [[entry for entry in log.answers if entry[0] <= stop] for _, log in runs]
     return all(answers == seen[0] for answers in seen)
+
+
+def racy_read_on_cuda() -> dict:
+    """Death-test target: on ``cuda`` over the fake CuPy (its own check off), with the
+    allocator configured from the environment (``DEVMEM_STREAM_CHECK``, ``DEVMEM_HISTORY``), read
+    on the default stream a buffer stream G fills, without waiting for G. Returns what it read
+    if nothing stopped it."""
+    from . import _fake_cupy
+
+    _fake_cupy.install(race_check=False)
+    alloc = Allocator()
+    gather = alloc.new_stream("G")
+    with alloc.use_stream(gather):
+        x = alloc.full(16, 1.0)
+    return {"sum": alloc.sum(x)}

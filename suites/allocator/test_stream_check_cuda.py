@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from allocator import Allocator, AllocatorConfig
 
 from . import _fake_cupy, _stream_programs
+from ._knobs import pinned_env
 
 LATENCY_US = 10
 
@@ -297,3 +298,33 @@ def test_teeth_the_simulator_catches_a_miswired_check(monkeypatch, mutant):
     mutant(monkeypatch)
     with pytest.raises(AssertionError):
         run_batch(1, 300)
+
+
+# -- the knob, end to end, in a child of its own -----------------------------------------------
+
+ABORT_LINE = (
+    r"(?m)^devmem cuda: stream check: stream default reads block #1 \(sum\) while stream G's"
+    r" write \(full, its kernel 1\) is not waited for$"
+)
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_the_knob_aborts_with_one_line(death, value):
+    env = pinned_env("cuda", DEVMEM_STREAM_CHECK=value)
+    death.run(_stream_programs.racy_read_on_cuda, env=env).assert_aborted(ABORT_LINE)
+
+
+def test_with_stacks_the_abort_gives_both_accesses_frames(death):
+    env = pinned_env("cuda", DEVMEM_HISTORY="stacks")  # the check on: pinned_env's default
+    outcome = death.run(_stream_programs.racy_read_on_cuda, env=env).assert_aborted(ABORT_LINE)
+    stderr = outcome.stderr
+    for title in ("stream default's read:", "stream G's write:"):
+        after = stderr.split(f"  {title}\n", 1)[1].splitlines()[0]
+        assert "_stream_programs.py:" in after and after.endswith("in racy_read_on_cuda"), stderr
+
+
+@pytest.mark.parametrize("value", [None, "0", ""])
+def test_off_the_race_goes_unnoticed(death, value):
+    env = pinned_env("cuda", DEVMEM_STREAM_CHECK=value)
+    outcome = death.run(_stream_programs.racy_read_on_cuda, env=env).assert_clean()
+    assert outcome.returned == {"sum": 16.0}
