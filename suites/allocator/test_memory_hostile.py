@@ -241,3 +241,40 @@ def test_a_trace_or_segment_the_file_shares_is_refused(tmp_path, capsys, protoco
     err = one_error_line(tmp_path, capsys, pickle.dumps(snapshot, protocol=protocol))
     assert time.process_time() - start < 5
     assert f"not a memory snapshot: {again} is {first} again; a snapshot shares no" in err, err
+
+
+# -- teeth: each check above, run on the defect patched back in (DESIGN 4) -----------------------
+
+
+def test_teeth_a_first_pass_reading_past_its_buffer_is_caught(tmp_path, monkeypatch):
+    from allocator import _pickle_stream
+
+    def unguarded(f):  # the defect: pass 1 reads a cut argument past the end, unchecked
+        reader = _pickle_stream._Reader(f)
+        if len(reader.buf) < 2 or reader.buf[0] != 0x80:
+            raise _pickle_stream.NotStreamable("not a pickle of protocol 2 or later")
+        return _pickle_stream._fetched_from(reader)
+
+    monkeypatch.setattr(_pickle_stream, "_fetched", unguarded)
+    path = tmp_path / "t.pickle"
+    path.write_bytes(b"\x80\x04h")
+    with pytest.raises(IndexError):  # a traceback, where one_error_line wants one line
+        memory.main(["summary", str(path)])
+
+
+def test_teeth_an_unbounded_repr_in_an_error_is_caught(tmp_path, monkeypatch):
+    from allocator import _timeline
+
+    monkeypatch.setattr(_timeline, "shown_value", repr)  # the defect: repr of the file's value
+    path = tmp_path / "deep.pickle"
+    path.write_bytes(snapshot_around(nested()))
+    with pytest.raises(RecursionError):
+        memory.main(["summary", str(path)])
+
+
+def test_teeth_a_shared_trace_read_in_full_is_caught(tmp_path, capsys, monkeypatch):
+    from allocator import _timeline
+
+    monkeypatch.setattr(_timeline, "_own", lambda value, where, owners: None)  # the defect
+    with pytest.raises(AssertionError):
+        test_a_trace_or_segment_the_file_shares_is_refused(tmp_path, capsys, 1, "segment")

@@ -358,3 +358,50 @@ def test_each_python_site_is_the_first_python_frame_pytorchs_helpers_show(memory
 @pytest.fixture
 def memory_viz_module():
     return pytest.importorskip("torch.cuda._memory_viz")
+
+
+# -- teeth: each check above, run on the defect patched back in (DESIGN 4) -----------------------
+
+
+def _old_site_of(frames, short=False, files=None):
+    """The site before issue 38: the first ``.py`` frame, else the first frame whatever it is."""
+    python = [f for f in frames if f["filename"].endswith(".py")]
+    chosen = python or frames
+    return NO_STACK if not chosen else f"{chosen[0]['filename']}:0 in {chosen[0]['name']}"
+
+
+def test_teeth_the_unwinders_frame_as_a_site_is_caught(monkeypatch):
+    from allocator import _timeline
+
+    monkeypatch.setattr(_timeline, "site_of", _old_site_of)  # what TraceScan names sites by
+    with pytest.raises(AssertionError, match="unwind"):
+        test_the_top_sites_of_the_gpt2_steps_are_where_memory_viz_points()
+
+
+def test_teeth_end_levels_in_block_sizes_are_caught(monkeypatch):
+    from allocator import _timeline
+
+    def block_sizes(snapshot, device):  # the defect: rounded block sizes, not requested bytes
+        live = reserved = 0
+        for segment in snapshot["segments"]:
+            reserved += segment["total_size"]
+            live += sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
+        return live, reserved
+
+    monkeypatch.setattr(_timeline, "_end_levels", block_sizes)
+    with pytest.raises(AssertionError):
+        test_the_live_levels_are_memory_vizs_after_every_allocation_and_free(TORCH)
+
+
+def test_teeth_a_summary_without_memory_vizs_peak_is_caught(tmp_path, capsys, monkeypatch):
+    from allocator import _timeline
+
+    real_overview_of = _timeline.overview_of
+
+    def without(snapshot, device, scan):  # the defect: memory_viz's peak never computed
+        line = real_overview_of(snapshot, device, scan)
+        return _timeline.dataclasses.replace(line, viz_peak=line.peak)
+
+    monkeypatch.setattr(memory, "overview_of", without)  # what summary(path) prints from
+    with pytest.raises(AssertionError):
+        test_a_block_awaiting_another_stream_is_live_to_memory_viz_and_said_so(tmp_path, capsys)
