@@ -288,7 +288,8 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
 
     ``make_alloc(**overrides)`` builds ``Allocator(AllocatorConfig(backend=..., **overrides))``;
     on ``sim`` with ``sim_latency_us`` from ``--sim-latency-us`` (default
-    :data:`SIM_LATENCY_US`, so the race check runs) unless ``overrides`` names it.
+    :data:`SIM_LATENCY_US`, so the race check runs) unless ``overrides`` names it; on ``cuda``
+    with the stream check on (``stream_check="abort"``) unless ``overrides`` names it.
     After a passing test every allocator it built must have no live buffers and no open arena
     (mark a test ``no_leak_check`` to opt out).
     """
@@ -297,6 +298,8 @@ def make_alloc(backend: str, request: pytest.FixtureRequest):
     base = AllocatorConfig(backend=backend)
     if backend == "sim":
         base = dataclasses.replace(base, sim_latency_us=request.config.getoption("sim_latency_us"))
+    elif backend == "cuda":  # the stream check: a racy test cannot pass on a GPU by luck
+        base = dataclasses.replace(base, stream_check="abort")
 
     def make(**overrides) -> Allocator:
         alloc = Allocator(dataclasses.replace(base, **overrides))

@@ -9,6 +9,7 @@ KNOBS = (
     "DEVMEM_SIM_CAPACITY_BYTES",
     "DEVMEM_SIM_LATENCY_US",
     "DEVMEM_HISTORY",
+    "DEVMEM_STREAM_CHECK",
 )
 
 SIM_LATENCY_US = 10
@@ -22,7 +23,8 @@ def pinned_env(backend: str, **knobs: str | None) -> dict[str, str | None]:
     """An environment for a death-test child that pins every knob.
 
     ``DEVMEM_BACKEND`` is ``backend``; the knobs given (e.g. ``DEVMEM_ARENA_DEBUG="1"``) are
-    set; on ``sim``, ``DEVMEM_SIM_LATENCY_US`` is :data:`SIM_LATENCY_US` unless given; every
+    set; on ``sim``, ``DEVMEM_SIM_LATENCY_US`` is :data:`SIM_LATENCY_US` unless given; on
+    ``cuda``, ``DEVMEM_STREAM_CHECK`` is ``1`` (the stream check, aborting) unless given; every
     other knob is unset (``None``), so a child never inherits a setting from the parent
     (``ci/check.sh`` runs these suites with ``DEVMEM_ARENA_DEBUG=1 DEVMEM_CACHE_CAP_BYTES=1``
     exported).
@@ -37,5 +39,7 @@ def pinned_env(backend: str, **knobs: str | None) -> dict[str, str | None]:
     env["DEVMEM_BACKEND"] = backend
     if backend == "sim":
         env["DEVMEM_SIM_LATENCY_US"] = str(SIM_LATENCY_US)
+    elif backend == "cuda":
+        env["DEVMEM_STREAM_CHECK"] = "1"  # the stream check, as sim's race check
     env.update(knobs)
     return env
