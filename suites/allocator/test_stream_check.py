@@ -340,3 +340,15 @@ def test_teeth_the_oracle_catches_a_broken_rule(monkeypatch, mutant):
     mutant(monkeypatch)
     with pytest.raises(AssertionError):
         _run_batch(1, 400)
+
+
+def test_the_suites_allocators_check_streams(make_alloc, backend, pin):
+    # make_alloc and pinned children run every cuda item with the stream check aborting, as
+    # every sim item runs with a latency: a racy test cannot pass on either by luck
+    alloc = make_alloc()
+    if backend == "cuda":
+        assert alloc.device.stream_check.mode == "abort"
+        assert pin()["DEVMEM_STREAM_CHECK"] == "1"
+    elif backend == "sim":
+        assert alloc.device.tracks_launches and alloc.device.latency_us > 0
+        assert pin()["DEVMEM_STREAM_CHECK"] is None
