@@ -46,6 +46,7 @@ __all__ = [
     "StreamCheck",
     "StreamClock",
     "StreamRaceError",
+    "caller_op",
     "join",
 ]
 
@@ -251,6 +252,7 @@ class StreamCheck(HappensBefore):
         self._lock = _locks.new_lock(self, _locks.BACKEND)
         self._init_rules()
         self._what: tuple | None = None  # the access being checked (lock held)
+        self._partner: tuple | None = None  # the stream, access and frames it raced with
 
     def new_clock(self) -> StreamClock:
         """A new stream's clock."""
@@ -267,11 +269,20 @@ class StreamCheck(HappensBefore):
         with self._lock:
             what = (op, clock.vc[clock.key] + 1, frames)
             self._what = what
-            return self._access(clock, name, out, inputs, what)
+            line = self._access(clock, name, out, inputs, what)
+            partner = self._partner
+        if line is None or not (frames or partner[2]):
+            return line
+        # the stacks are resolved once the lock is released
+        return (
+            line
+            + _stack_lines(f"stream {name}'s {partner[0]}", frames)
+            + _stack_lines(partner[1], partner[2])
+        )
 
     def _conflict(self, block, name, writes, access, other_writes) -> str:
         other_name, (other_op, kernel, other_frames), life = access[4], access[2], access[3]
-        op, _, frames = self._what
+        op = self._what[0]
         verb = "writes" if writes else "reads"
         theirs = "write" if other_writes else "read"
         if life < block.life:
@@ -286,9 +297,7 @@ class StreamCheck(HappensBefore):
                 f" stream {other_name}'s {theirs} ({other_op}, its kernel {kernel}) is not"
                 " waited for"
             )
-        if frames or other_frames:
-            line += _stack_lines(f"stream {name}'s {verb[:-1]}", frames)
-            line += _stack_lines(f"stream {other_name}'s {theirs}", other_frames)
+        self._partner = (verb[:-1], f"stream {other_name}'s {theirs}", other_frames)
         return line
 
     def wait_stream(self, mine: StreamClock, theirs: StreamClock) -> None:
