@@ -46,6 +46,7 @@ import argparse
 import itertools
 import os
 import pickle
+import stat
 import sys
 from pathlib import Path
 
@@ -146,7 +147,9 @@ class _NoMoreThanTheFile:
 
     def __init__(self, f) -> None:
         self._f = f
-        self._left = os.fstat(f.fileno()).st_size - f.tell()
+        info = os.fstat(f.fileno())
+        # a pipe or a device says no size: read as asked
+        self._left = info.st_size - f.tell() if stat.S_ISREG(info.st_mode) else sys.maxsize
 
     def _bounded(self, n: int | None) -> int:
         return self._left if n is None or n < 0 or n > self._left else n

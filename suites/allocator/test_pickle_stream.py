@@ -805,3 +805,21 @@ def test_a_value_fetched_only_inside_a_run_of_fetches_is_kept(protocol):
     result, events = _stream(data)
     assert (result, events) == (value, [])
     assert result[4][1] is result[2] and result[4][2] is result[3]
+
+
+def test_a_length_beyond_the_file_sets_nothing_aside_in_the_whole_read(tmp_path):
+    # protocol 1 is read whole, by pickle's own reader: a BINSTRING claiming 2 GiB in a file of
+    # 9 bytes was a read of 2 GiB set aside first (or a MemoryError); now the file's 4 bytes
+    import tracemalloc
+
+    path = tmp_path / "claims.pickle"
+    path.write_bytes(b"T" + (2**31 - 1).to_bytes(4, "little") + b"abc.")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as info:
+            memory.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(info.value) == f"{path}: not a pickled memory snapshot (pickle data was truncated)"
+    assert peak < 1 << 20
