@@ -407,7 +407,7 @@ MEMORY_VIZ_OMIT_FUNCTIONS = (
 )
 """A frame whose function name contains one of these is hidden by memory_viz
 (``frameFilter`` in PyTorch's ``torch/utils/viz/MemoryViz.js``, ``_frame_filter`` in
-``torch/cuda/_memory_viz.py``; the same lists in both, unchanged from PyTorch 2.1 to 2.13)."""
+``torch/cuda/_memory_viz.py``: the same lists in both, as of PyTorch 2.13)."""
 
 MEMORY_VIZ_OMIT_FILENAMES = (
     "core/boxing",

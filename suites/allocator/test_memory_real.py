@@ -38,7 +38,7 @@ def real(name: str) -> dict:
 TORCH = real("torch-train-step")  # stacks="python"
 GPT2 = real("gpt2-train-steps")  # stacks="all": C++ and Python frames
 
-# frameFilter, as torch/utils/viz/MemoryViz.js writes it (PyTorch 2.1 to 2.13: unchanged)
+# frameFilter, as torch/utils/viz/MemoryViz.js writes it (PyTorch's repository, as of 2.13)
 FRAME_FILTER_JS = """
 function frameFilter({name, filename}) {
   const omitFunctions = [
