@@ -35,6 +35,12 @@ wall time.
 (e) the locks a cached alloc+release round trip takes, layer by layer, with no arena open and
     inside one (DESIGN 2.5: no arena lock when no arena is open; the statistics layer takes none
     either), and what one uncontended acquire+release pair costs, against (a).
+(f) the stream race check's cost on ``sim``: a cached alloc+release round trip of 4096 floats,
+    and an ``add`` of two 4096-float buffers into a cached block plus its release (a checked
+    kernel launch), each with the check on (``sim_latency_us=10``) against off (latency 0: no
+    launch is tracked), interleaved, same run. Target: the round trip at most 2x off (issue 35);
+    the kernel's ratio is reported. The ``cuda`` backend's check is the same code
+    (``allocator/device/_happens_before.py``); it has not been timed on a GPU.
 (d) where a GPU is visible, the ``cuda`` column: a cache-hit ``empty`` + ``release`` round trip
     at 16 KiB, 1 MiB and 64 MiB, against CuPy's default memory pool (``cupy.empty`` + ``del``),
     PyTorch's caching allocator (``torch.empty(..., device="cuda")`` + ``del``, where PyTorch
@@ -78,6 +84,7 @@ CUDA_SIZES = (16 << 10, 1 << 20, 64 << 20)  # bytes
 CUDA_RAW_TARGET_SIZES = (64 << 20,)
 TARGET_HISTORY_ON = 1.5  # issue 22: history on, without stacks, over off
 TARGET_HISTORY_STACKS = 4.0  # issue 22: with stacks, from a caller 40 frames deep, over off
+TARGET_STREAM_CHECK = 2.0  # issue 35: a checked cached round trip over an unchecked one
 EXIT_KS = (1_000, 10_000, 100_000)
 
 
@@ -112,6 +119,51 @@ def bench_round_trip(repeat: int, number: int) -> dict:
         "runs_us": ours,
         "target_ratio": TARGET_ROUND_TRIP_VS_NUMPY,
         "meets_target": ratio <= TARGET_ROUND_TRIP_VS_NUMPY,
+    }
+
+
+def bench_stream_check(repeat: int, number: int) -> dict:
+    """(f) the race check on (sim latency 10) against off (latency 0): a cached round trip and
+    an add plus release, interleaved."""
+    on = Allocator(AllocatorConfig(backend="sim", sim_latency_us=10))
+    off = Allocator(AllocatorConfig(backend="sim"))
+
+    def workloads(alloc: Allocator) -> tuple[Callable[[], None], Callable[[], None]]:
+        empty, release, add = alloc.empty, alloc.release, alloc.add
+        a, b = alloc.full(4096, 1.0), alloc.full(4096, 2.0)
+        release(empty(4096))  # warm the cache
+        release(add(a, b))
+
+        def round_trip() -> None:
+            release(empty(4096))
+
+        def kernel() -> None:
+            release(add(a, b))
+
+        return round_trip, kernel
+
+    (trip_on, kernel_on), (trip_off, kernel_off) = workloads(on), workloads(off)
+    runs: dict[str, list[float]] = {
+        "trip_on": [],
+        "trip_off": [],
+        "kernel_on": [],
+        "kernel_off": [],
+    }
+    for _ in range(repeat):
+        runs["trip_on"] += per_call_us(trip_on, number, 1, CLOCK)
+        runs["trip_off"] += per_call_us(trip_off, number, 1, CLOCK)
+        runs["kernel_on"] += per_call_us(kernel_on, number, 1, CLOCK)
+        runs["kernel_off"] += per_call_us(kernel_off, number, 1, CLOCK)
+    assert on.device.tracks_launches and not off.device.tracks_launches
+    trip = min_ratio(runs["trip_on"], runs["trip_off"])
+    kernel = min_ratio(runs["kernel_on"], runs["kernel_off"])
+    return {
+        "best_us": {name: min(values) for name, values in runs.items()},
+        "median_us": {name: statistics.median(values) for name, values in runs.items()},
+        "round_trip_on_over_off": trip,
+        "kernel_on_over_off": kernel,
+        "target_ratio": TARGET_STREAM_CHECK,
+        "meets_target": trip <= TARGET_STREAM_CHECK,
     }
 
 
@@ -470,6 +522,24 @@ def render(results: dict) -> str:
                 f" {'yes' if exit_['worst_over_round_trip'] <= 1 else 'NO':>4}"
             ),
         ]
+    f = results["stream_check"]
+    best = f["best_us"]
+    lines += [
+        (
+            f"{'(f) stream check: cached round trip, on / off':<58}"
+            f" {f['round_trip_on_over_off']:>11.2f}x {'<= 2x':>10}"
+            f" {'yes' if f['meets_target'] else 'NO':>4}"
+        ),
+        f"{'    on / off per round trip':<58} {best['trip_on']:.2f}/{best['trip_off']:.2f} us",
+        (
+            f"{'(f) stream check: add + release (a kernel), on / off':<58}"
+            f" {f['kernel_on_over_off']:>11.2f}x"
+        ),
+        (
+            f"{'    on / off per add + release':<58}"
+            f" {best['kernel_on']:.2f}/{best['kernel_off']:.2f} us"
+        ),
+    ]
     e = results["locks"]
     for where, label in (("outside", "no arena open"), ("inside", "in an arena")):
         counts = e[f"locks_{where}_an_arena"]
@@ -519,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         "round_trip": bench_round_trip(runs, 20_000 // SHORT_RUNS // scale),
         "history": bench_history(runs, 5_000 // SHORT_RUNS // scale),
         "detector": bench_detector(runs, max(40 // SHORT_RUNS // scale, 1)),
+        "stream_check": bench_stream_check(runs, 5_000 // SHORT_RUNS // scale),
     }
     round_trip_us = results["round_trip"]["sim_cached_round_trip_us"]
     results["locks"] = bench_locks(runs, 100_000 // SHORT_RUNS // scale, round_trip_us)
@@ -534,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             "stacks_meets_target"
         ],
         "(b) detector <= 1.05x": results["detector"]["meets_target"],
+        "(f) stream check round trip <= 2x off": results["stream_check"]["meets_target"],
     }
     for backend, exit_ in results["arena_exit"].items():
         verdicts[f"(c) {backend} linear and <= (a)"] = exit_["meets_target"]
