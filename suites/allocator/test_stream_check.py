@@ -352,3 +352,12 @@ def test_the_suites_allocators_check_streams(make_alloc, backend, pin):
     elif backend == "sim":
         assert alloc.device.tracks_launches and alloc.device.latency_us > 0
         assert pin()["DEVMEM_STREAM_CHECK"] is None
+
+
+def test_sim_and_the_cuda_check_share_one_implementation_of_the_rules():
+    from allocator.device.sim import SimDevice
+
+    for rule in ("_access", "_write", "_read", "_observe", "_observe_all", "_record_block"):
+        assert getattr(SimDevice, rule) is getattr(hb.HappensBefore, rule), rule
+        assert getattr(StreamCheck, rule) is getattr(hb.HappensBefore, rule), rule
+    assert "_write" not in vars(SimDevice) and "_read" not in vars(StreamCheck)
