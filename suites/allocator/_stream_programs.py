@@ -4,11 +4,11 @@ race check (no pytest import).
 A *program* is a list of operations on an allocator with ``streams`` streams (the default one
 and ``s1``...), :data:`SLOTS` buffer slots and :data:`EVENTS` events: fills, copies and adds
 on a stream (a kernel writing a new buffer and reading its operands; a *borrow* is a copy on
-another stream after it waited for the operand's), views, readbacks
-(``sum``, ``to_numpy``), ``release``, dropping a slot (a free by the finalizer, drained at the
-next call), ``record_stream``, ``wait_stream``, a stream's, an event's and the device's
-synchronize, stream and event queries (once, or polled until true), events recorded and
-waited for, ``empty_cache``.
+another stream after it waited for the operand's), views, readbacks (``sum``, ``to_numpy``),
+``release``, dropping a slot (a free by the finalizer, drained at the next call), *recycling*
+one (dropped, then a fill of its size on its stream), ``record_stream``, ``wait_stream``, a
+stream's, an event's and the device's synchronize, stream and event queries (once, or polled
+until true), events recorded and waited for, ``empty_cache``.
 
 :func:`run` executes one on an allocator whose race check raises
 (:class:`~allocator.StreamRaceError`) and returns its verdict: the index of the operation that
@@ -36,6 +36,7 @@ KINDS = (
     + ["view", "sum", "read", "read", "release", "drop", "drop", "record_stream", "record_stream"]
     + ["wait_stream"] * 2
     + ["borrow"] * 3
+    + ["recycle"] * 2
     + ["sync_stream", "sync_device", "query", "event_query", "event_sync", "poll", "event_poll"]
     + ["record_event", "record_event", "wait_event", "wait_event", "empty_cache"]
 )
@@ -59,7 +60,7 @@ def random_program(rng: random.Random, streams: int, length: int) -> list[tuple]
             ops.append((kind, a, b))
         elif kind in ("sum", "read"):
             ops.append((kind, s, a))
-        elif kind in ("release", "drop"):
+        elif kind in ("release", "drop", "recycle"):
             ops.append((kind, a))
         elif kind == "record_stream":
             ops.append((kind, a, s))
@@ -151,6 +152,12 @@ def run(
                 bufs = [None if b is not None and b._st is storage else b for b in bufs]
             elif kind == "drop":
                 bufs[op[1]] = None
+            elif kind == "recycle" and bufs[op[1]] is not None:
+                # drop it and fill one of its size on its stream: its block, if it was the
+                # last reference, comes back at once (a reuse race's end)
+                size, bufs[op[1]] = bufs[op[1]].size, None
+                with alloc.use_stream(lanes[owners[op[1]]]):
+                    bufs[op[1]] = alloc.full(size, float(i))
             elif kind == "record_stream" and bufs[op[1]] is not None:
                 bufs[op[1]].record_stream(lanes[op[2]])
             elif kind == "wait_stream":
