@@ -22,6 +22,11 @@ Order of operations, the contract every backend keeps:
    the rest safe. ``wait(block)`` blocks the host until every event recorded on it completed.
 5. ``free(block)`` hands the block back. The layers call it only after ``wait(block)``. It is
    ``cudaFree``, which synchronizes the whole device first; the simulator does the same.
+
+The race check (the simulator's, and the ``cuda`` backend's stream check) is fed from exactly
+these calls, plus the streams' and events' (``wait_stream``, ``record_event``, ``wait_event``,
+a query that returned true, a synchronize) and the readbacks (``download``, ``sum``: the host
+waits for their stream); its rules are :mod:`allocator.device._happens_before`.
 """
 
 from __future__ import annotations
