@@ -5,7 +5,9 @@ which skip here with the reason.)"""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -255,3 +257,30 @@ def test_the_fakes_free_memory_moves_with_other_tenants_and_its_own_blocks(death
     assert busy["free"][0] != busy["free"][1]  # another tenant moved it between two calls
     assert all(free < 64 * MIB for free in busy["free"])
     assert quiet["free"] == [64 * MIB, 64 * MIB, 63 * MIB]  # only its own block
+
+
+def test_a_fork_style_test_after_a_cuda_test_in_the_same_worker_forks(tmp_path):
+    # The first H200 run: a cuda allocator built in an xdist worker made it refuse every later
+    # style="fork" test. On the fake GPU (ci/fake_gpu: the fake CuPy as cupy, a stand-in
+    # nvidia-smi), one worker runs a cuda item that builds an allocator, then fork-style tests.
+    root = Path(__file__).resolve().parents[2]
+    fake = root / "ci" / "fake_gpu"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])),
+        "PATH": f"{fake / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1", "-rA"]
+    argv += ["--backend", "cuda", "--strict-backends", "--junitxml", str(tmp_path / "r.xml")]
+    argv += [
+        "suites/allocator/test_stats.py::test_device_memory_fields",  # builds a cuda allocator
+        "suites/harness/test_endings.py::test_exit_code_three[fork]",
+        "suites/harness/test_endings.py::test_returned_value[fork]",
+    ]
+    done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    lines = done.stdout.splitlines()
+    assert "PASSED suites/allocator/test_stats.py::test_device_memory_fields[cuda]" in lines
+    assert any(line.startswith("death tests: 2 children (fork 2)") for line in lines), lines
+    assert done.stdout.index("test_device_memory_fields") < done.stdout.index("test_exit_code")
