@@ -184,10 +184,11 @@ def test_a_billion_laughs_is_one_error_line_in_milliseconds(tmp_path, capsys, wh
     )
 
 
+@pytest.mark.parametrize("depth", [1100, 100_000])  # a RecursionError in repr from 3.11, 3.12
 @pytest.mark.parametrize("where", ["event", "backend", "depth"])
 @pytest.mark.parametrize("command", ["summary", "plot"])
-def test_a_list_nested_1100_deep_is_one_error_line(tmp_path, capsys, where, command):
-    err = one_error_line(tmp_path, capsys, snapshot_around(nested(), where), command)
+def test_a_list_nested_1100_deep_is_one_error_line(tmp_path, capsys, where, command, depth):
+    err = one_error_line(tmp_path, capsys, snapshot_around(nested(depth), where), command)
     assert "is list [[[[...]]]], expected" in err, err
 
 
@@ -267,7 +268,7 @@ def test_teeth_an_unbounded_repr_in_an_error_is_caught(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_timeline, "shown_value", repr)  # the defect: repr of the file's value
     path = tmp_path / "deep.pickle"
-    path.write_bytes(snapshot_around(nested()))
+    path.write_bytes(snapshot_around(nested(100_000)))  # deeper than any Python's repr goes
     with pytest.raises(RecursionError):
         memory.main(["summary", str(path)])
 
