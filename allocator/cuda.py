@@ -21,7 +21,10 @@ fallbacks (which catch the latter, e.g. to free a plan cache and retry) keep wor
 
 Caveat: the use-after-free detector checks only this allocator's own ops. It cannot see CuPy's
 kernels, so a CuPy array whose memory an ``arena_exit`` reclaimed is a silent use-after-free.
-Allocate CuPy arrays outside arenas, or keep them (``keep=``) past the exit.
+Allocate CuPy arrays outside arenas, or keep them (``keep=``) past the exit. The stream check
+(``DEVMEM_STREAM_CHECK``) cannot see them either: it counts the memory it hands CuPy as written
+on the allocator's current stream at the allocation, so that the allocator's own ops on another
+stream are ordered after it (or reported).
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ def cupy_allocator(alloc: Allocator | None = None) -> Callable[[int], object]:
             buf = alloc.empty((size + 3) // 4)
         except DeviceOutOfMemory as exc:
             raise oom(exc.requested_bytes, exc.stats, exc.reason) from None
+        if alloc.device.stream_check is not None:
+            # CuPy's kernels are not seen: its memory counts as written on the current stream
+            # (where CuPy runs them) from the allocation on
+            alloc.device.launch(alloc.current_stream(), buf.storage.block)
         memory = cupy.cuda.UnownedMemory(buf.storage.block.ptr, size, buf, device_id)
         return cupy.cuda.MemoryPointer(memory, 0)
 

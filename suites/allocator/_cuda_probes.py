@@ -416,3 +416,24 @@ def fake_memory_info(other_tenants: bool) -> dict:
     runtime.malloc(MIB)
     third = runtime.memGetInfo()
     return {"free": [first[0], second[0], third[0]], "total": third[1]}
+
+
+def cupy_memory_read_on_another_stream(waits: bool) -> dict:
+    """The stream check (raise mode) and the CuPy interop: memory handed to CuPy under
+    ``use_stream(side)`` counts as written on ``side``; the allocator then reads it on the
+    default stream, after ``default.wait_stream(side)`` or not."""
+    from allocator import StreamRaceError
+
+    _fake_cupy.install(race_check=False)  # only the allocator's check judges
+    alloc = Allocator(AllocatorConfig(backend="cuda", stream_check="raise"))
+    allocate = cupy_allocator(alloc)
+    side = alloc.new_stream("side")
+    with alloc.use_stream(side):
+        pointer = allocate(64)  # CuPy would fill it on side, which the check cannot see
+    buf = pointer.mem.owner
+    if waits:
+        alloc.default_stream.wait_stream(side)
+    try:
+        return {"sum": alloc.sum(buf), "error": None}
+    except StreamRaceError as exc:
+        return {"sum": None, "error": str(exc)}

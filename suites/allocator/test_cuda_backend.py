@@ -284,3 +284,17 @@ def test_a_fork_style_test_after_a_cuda_test_in_the_same_worker_forks(tmp_path):
     assert "PASSED suites/allocator/test_stats.py::test_device_memory_fields[cuda]" in lines
     assert any(line.startswith("death tests: 2 children (fork 2)") for line in lines), lines
     assert done.stdout.index("test_device_memory_fields") < done.stdout.index("test_exit_code")
+
+
+@pytest.mark.parametrize("waits", [False, True], ids=["unordered", "waited"])
+def test_the_stream_check_counts_memory_handed_to_cupy_as_written(death, waits):
+    report = death.run(_cuda_probes.cupy_memory_read_on_another_stream, waits)
+    report = report.assert_clean().returned
+    if waits:
+        assert report == {"sum": 0.0, "error": None}
+    else:
+        assert report["sum"] is None
+        assert report["error"].startswith(
+            "devmem cuda: stream check: stream default reads block #1 (sum) while stream"
+            " side's write (allocate"
+        ), report
