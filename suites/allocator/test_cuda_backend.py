@@ -271,7 +271,7 @@ def test_a_fork_style_test_after_a_cuda_test_in_the_same_worker_forks(tmp_path):
         "PATH": f"{fake / 'bin'}{os.pathsep}{os.environ['PATH']}",
     }
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1", "-rA"]
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1", "-v"]
     argv += ["--backend", "cuda", "--strict-backends", "--junitxml", str(tmp_path / "r.xml")]
     argv += [
         "suites/allocator/test_stats.py::test_device_memory_fields",  # builds a cuda allocator
@@ -281,9 +281,13 @@ def test_a_fork_style_test_after_a_cuda_test_in_the_same_worker_forks(tmp_path):
     done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
     lines = done.stdout.splitlines()
-    assert "PASSED suites/allocator/test_stats.py::test_device_memory_fields[cuda]" in lines
+    ran = [line.split("PASSED ", 1)[1].strip() for line in lines if line.startswith("[gw0]")]
+    assert ran == [  # in this order, on the one worker
+        "suites/allocator/test_stats.py::test_device_memory_fields[cuda]",
+        "suites/harness/test_endings.py::test_exit_code_three[fork]",
+        "suites/harness/test_endings.py::test_returned_value[fork]",
+    ], lines
     assert any(line.startswith("death tests: 2 children (fork 2)") for line in lines), lines
-    assert done.stdout.index("test_device_memory_fields") < done.stdout.index("test_exit_code")
 
 
 @pytest.mark.parametrize("waits", [False, True], ids=["unordered", "waited"])
