@@ -176,13 +176,17 @@ class FakeCuda:
         readback) and reads ``inputs``; aborts if the race check finds it unordered."""
         self.init()
         blocks = []
+        pointers: dict[int, int] = {}  # block id -> cudaMalloc address, for the abort's line
         for array in (out, *inputs):
             ptr = getattr(array, "_ptr", None)
+            block = self.blocks.get(ptr) if ptr is not None else None
             if ptr is not None:
                 self.check_device("kernel", self.device_of[ptr])
                 self.in_flight.setdefault(self.stream, set()).add(ptr)
                 self.log.append(("kernel", self.stream.name, ptr))
-            blocks.append(self.blocks.get(ptr) if ptr is not None else None)
+            if block is not None:
+                pointers[block.id] = ptr
+            blocks.append(block)
         if self.clocks is None:
             return
         written, read = blocks[0], [block for block in blocks[1:] if block is not None]
@@ -190,13 +194,15 @@ class FakeCuda:
             return
         message = self.clocks.launch_message(self.stream.clock, written, *read)
         if message is not None:
-            self.abort(message)
+            self.abort(message, pointers)
 
-    def abort(self, message: str) -> None:
-        """The race check's fatal line, as the fake's, naming the block's device pointer."""
+    @staticmethod
+    def abort(message: str, pointers: dict[int, int]) -> None:
+        """The race check's fatal line as the fake's, naming the device pointer of the block
+        it is about (``pointers``: block id -> ``cudaMalloc`` address, of the kernel's blocks)."""
         text = message.removeprefix("sim: ")
-        for ptr, block in self.blocks.items():
-            text = text.replace(f"block #{block.id} ", f"block #{block.id} (cudaMalloc 0x{ptr:x}) ")
+        for block_id, ptr in pointers.items():
+            text = text.replace(f"block #{block_id} ", f"block #{block_id} (cudaMalloc 0x{ptr:x}) ")
         fatal(f"fake cuda: {text}; on a GPU this reads or writes the block unordered")
 
     def synchronize(self, stream=None) -> None:
@@ -379,12 +385,9 @@ def install(
                 Stream.made += 1
                 self.name = f"stream{Stream.made}"
             self._previous: list = []
-            # this stream on the race check's clocks (an object with the stream's name and its
-            # clock as ``handle``, which is what the simulator's methods take)
-            self.clock = types.SimpleNamespace(
-                name=self.name,
-                handle=fake.clocks._stream_handle(False) if fake.clocks is not None else None,
-            )
+            # this stream on the race check's clocks: a stream of the simulator (its name, and
+            # its clock as ``handle``), which is what the simulator's methods take
+            self.clock = fake.clocks.new_stream(self.name) if fake.clocks is not None else None
 
         def __enter__(self):
             if self.name != "null":

@@ -127,3 +127,34 @@ def test_no_module_skips_while_it_is_collected():
     assert {path: lines for path, lines in found.items() if lines} == {}
     assert _module_level_skips("import pytest\ntorch = pytest.importorskip('torch')\n") == [2]
     assert _module_level_skips("def f():\n    pytest.importorskip('torch')\n") == []
+
+
+LEAVES_FORK_UNSAFE = """
+import pytest
+
+from allocator.device import base
+
+
+@pytest.mark.own_process
+def test_does_it_in_a_process_of_its_own():
+    base.mark_fork_unsafe("pretend: the cuda backend initialized CUDA on device 0")
+
+
+def test_initializes_cuda_in_the_test_process():
+    base.mark_fork_unsafe("pretend: the cuda backend initialized CUDA on device 0")
+"""
+
+
+def test_a_test_that_leaves_the_pytest_process_fork_unsafe_fails_by_name(tmp_path):
+    # The root conftest's guard, both ways: the test in its own process (as the conftest runs
+    # every cuda item) passes, the one that marks the pytest process is an error saying why.
+    (tmp_path / "test_unsafe.py").write_text(LEAVES_FORK_UNSAFE)
+    result = _pytest("-p", "conftest", "-rA", "--rootdir", str(tmp_path), str(tmp_path))
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout[-3000:]
+    assert "2 passed, 1 error" in result.stdout.splitlines()[-1], result.stdout[-3000:]
+    assert (
+        "this test made the pytest process unsafe to fork (pretend: the cuda backend initialized"
+        " CUDA on device 0): the fork-style death tests after it in this process would be refused"
+    ) in result.stdout
+    errors = [line for line in result.stdout.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 1 and "::test_initializes_cuda_in_the_test_process" in errors[0]
