@@ -9,6 +9,9 @@ mutant with only the tests that reach it. Three things keep that map and those r
   children (the CuPy interop, the simulator's fatal checks) would have "no tests", and a death
   test would never be run against any mutant. After a fork, the child's set of hits writes
   each new name to a file; at the test's teardown the parent adds them to the test's hits.
+  The forkserver zygote, a fresh interpreter, runs ``harness/_zygote.py`` under its module
+  name (``suites/_mutmut_zygote.py``), so that its mutants apply, and reports its hits and
+  its children's the same way; each pytest process mutmut runs has zygotes of its own.
   (Children started by exec are not covered.)
 - mutmut's call stack lives in a thread-local instead of a ``ContextVar``: its trampolines set
   it on every call, also inside the allocator's teardown finalizers, which the collector runs,
@@ -30,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from suites import _mutmut_zygote
+
 _UNDER_TEST = os.environ.get("MUTANT_UNDER_TEST")
 
 
@@ -49,33 +54,18 @@ class _ThreadLocalCallStack(threading.local):
         self.value = previous
 
 
-class _SpillingHits(set):
-    """A child's trampoline hits: each new function name is also appended to ``path``."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-
-    def add(self, name: str) -> None:
-        if name not in self:
-            super().add(name)
-            try:
-                with open(self.path, "a", encoding="utf-8") as spill:
-                    spill.write(name + "\n")
-            except OSError:  # the target limited file sizes (RLIMIT_FSIZE) or descriptors
-                pass  # this hit is lost to the map; the target's own behaviour is untouched
-
-
 class _ChildHits:
-    """Collects the hits of the death-test children forked during a test."""
+    """Collects the hits of the death-test children forked during a test, and those of the
+    forkserver zygote and its children (``suites/_mutmut_zygote.py``)."""
 
     def __init__(self, state) -> None:
         self.state = state
         self.directory = Path(tempfile.mkdtemp(prefix="devmem-mutmut-hits-"))
+        os.environ[_mutmut_zygote.HITS_VARIABLE] = str(self.directory)
         os.register_at_fork(after_in_child=self._in_child)
 
     def _in_child(self) -> None:
-        self.state()._stats = _SpillingHits(self.directory / str(os.getpid()))
+        self.state()._stats = _mutmut_zygote.SpillingHits(str(self.directory / str(os.getpid())))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem) -> None:
@@ -85,7 +75,22 @@ class _ChildHits:
             path.unlink()
 
     def pytest_unconfigure(self, config) -> None:
+        os.environ.pop(_mutmut_zygote.HITS_VARIABLE, None)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _own_zygotes() -> None:
+    """This pytest process's forkserver zygotes are its own, and run ``harness/_zygote.py``
+    as ``harness._zygote`` (``suites/_mutmut_zygote.py``), so its mutants apply there.
+
+    mutmut runs each mutant in a process forked from one that imported the harness: without
+    this, that process would be the zygotes' root, and each mutant's run would share the
+    zygote of another mutant, or of the unmutated run, and leave its own behind.
+    """
+    from harness import _forkserver
+
+    _forkserver.ZYGOTE_PATH = _mutmut_zygote.__file__
+    _forkserver.ROOT = (os.getpid(), _forkserver.start_ticks(os.getpid()) or "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -97,6 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except ImportError:
         return
     MutmutCallStack._ctx = _ThreadLocalCallStack()
+    _own_zygotes()
     # the memory history leaves the allocator's own frames out of its stacks; the trampolines
     # that mutmut puts around each allocator function are the allocator's too
     import mutmut

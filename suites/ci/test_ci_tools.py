@@ -369,9 +369,9 @@ def test_the_checked_in_equivalent_lists_parse():
 
 
 def test_the_mutmut_plugin_spills_each_new_hit_once(tmp_path):
-    from suites import _mutmut
+    from suites import _mutmut, _mutmut_zygote
 
-    hits = _mutmut._SpillingHits(tmp_path / "hits")
+    hits = _mutmut_zygote.SpillingHits(str(tmp_path / "hits"))
     for name in ("m.x_f", "m.x_g", "m.x_f"):
         hits.add(name)
     assert hits == {"m.x_f", "m.x_g"}

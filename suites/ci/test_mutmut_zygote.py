@@ -1,0 +1,137 @@
+"""The forkserver zygote under mutmut (``suites/_mutmut_zygote.py``): its module has its real
+name, so a mutant of ``harness._zygote`` applies there, and a stats run hears what it reached.
+
+The whole mutation run (``ci/mutation.py --module harness._zygote``) takes long; these check its
+two pieces in seconds, each in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from suites import _mutmut_zygote
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ZYGOTE_RUN = """
+import json, os, sys
+from harness import _forkserver
+import harness
+from suites import _mutmut, _mutmut_zygote
+from suites.ci.test_mutmut_zygote import zygote_modules
+
+if os.fork() == 0:  # as mutmut runs each mutant: in a process forked from one that imported us
+    _mutmut._own_zygotes()
+    outcome = harness.run_child(zygote_modules, style="forkserver")
+    print(json.dumps({"kind": outcome.kind, "returned": outcome.returned, "pid": os.getpid(),
+                      "root": _forkserver.ROOT[0], "path": _forkserver.ZYGOTE_PATH}), flush=True)
+    os._exit(0)
+os.wait()
+"""
+
+
+def zygote_modules() -> dict[str, object]:
+    """A death-test target: where the zygote that forked this child took its code from."""
+    zygote = sys.modules.get("harness._zygote")
+    main = sys.modules["__main__"]
+    return {
+        "harness._zygote": None if zygote is None else zygote.__file__,
+        "main_is_the_launcher": getattr(main, "__file__", "").endswith("_mutmut_zygote.py"),
+    }
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_under_mutmut_the_zygote_runs_its_module_by_name_and_is_this_process_s_own():
+    ran = _python(ZYGOTE_RUN)
+
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout.splitlines()[-1])
+    assert seen["kind"] == "exited", seen
+    assert seen["path"] == _mutmut_zygote.__file__
+    # the zygote's functions belong to harness._zygote, not __main__: a mutant's name matches
+    assert seen["returned"]["harness._zygote"] == str(ROOT / "harness" / "_zygote.py")
+    assert seen["returned"]["main_is_the_launcher"] is True
+    # the process that ran it is its zygote's root (not the one it was forked from)
+    assert seen["root"] == seen["pid"]
+
+
+def test_without_the_launcher_the_zygote_is_main_and_the_parent_s():
+    ran = _python(ZYGOTE_RUN.replace("_mutmut._own_zygotes()", ""))
+
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout.splitlines()[-1])
+    assert seen["returned"]["harness._zygote"] is None  # what mutmut could never switch
+    assert seen["returned"]["main_is_the_launcher"] is False
+    assert seen["root"] != seen["pid"]  # and the zygote would be shared with the parent's
+
+
+SPILL = """
+import os, sys
+from mutmut.mutation import trampoline
+from suites import _mutmut_zygote
+
+directory = sys.argv[1]
+_mutmut_zygote.spill_hits_to(directory)
+trampoline.record_trampoline_hit("m.x_parent")
+trampoline.record_trampoline_hit("m.x_parent")
+pid = os.fork()
+if pid == 0:
+    trampoline.record_trampoline_hit("m.x_child")
+    trampoline.record_trampoline_hit("m.x_parent")  # new in this process: reported
+    os._exit(0)
+os.waitpid(pid, 0)
+print(pid)
+"""
+
+
+def test_a_stats_run_hears_the_hits_of_the_zygote_and_of_each_child_it_forks(tmp_path):
+    pytest.importorskip("mutmut")
+    ran = subprocess.run(
+        [sys.executable, "-c", SPILL, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert ran.returncode == 0, ran.stderr
+    child = ran.stdout.split()[-1]
+    files = {path.name: path.read_text().split() for path in tmp_path.iterdir()}
+    assert files.pop(child) == ["m.x_child", "m.x_parent"]
+    assert list(files.values()) == [["m.x_parent"]]  # the zygote's, each name once
+
+
+def test_a_name_is_reported_again_once_the_test_process_took_the_file(tmp_path):
+    hits = _mutmut_zygote.SpillingHits(str(tmp_path / "7"))
+    hits.add("m.x_f")
+    hits.add("m.x_f")
+    assert (tmp_path / "7").read_text() == "m.x_f\n"
+
+    (tmp_path / "7").unlink()  # a test's teardown read it
+    hits.add("m.x_g")
+    hits.add("m.x_f")  # reached again in the next test: the next test is told
+
+    assert (tmp_path / "7").read_text() == "m.x_g\nm.x_f\n"
+
+
+def test_a_hit_that_cannot_be_written_is_lost_quietly(tmp_path):
+    hits = _mutmut_zygote.SpillingHits(str(tmp_path / "missing" / "7"))
+    hits.add("m.x_f")  # no such directory: the target's behaviour is untouched
+
+    assert "m.x_f" in hits
