@@ -42,6 +42,12 @@ class Outcome:
     timed out never satisfies a death assertion, whatever signal ended it
     (``assert_timed_out`` expects it).
 
+    The ending decides, and what the target did before it is its history: a target that raised
+    (or returned) and whose child a signal then killed on its way out (its
+    ``sys.stdout.flush()`` aborted, say) is ``"signaled"``, with :attr:`raised` (or
+    :attr:`returned`) set; it died (``assert_aborted`` and ``assert_died`` pass), and
+    ``assert_raised`` fails on it, since its child did not exit.
+
     Attributes:
       kind: ``"exited"`` (it called exit, or returned, or raised), ``"signaled"`` (a signal
         killed it), ``"timed_out"`` (it was still running at its deadline; the harness then
@@ -98,6 +104,11 @@ class Outcome:
     host: str | None = None
 
     @property
+    def _ended_by_raise(self) -> bool:
+        """Whether the target raised and the child then exited (the raise's own ending)."""
+        return self.kind == "exited" and self.raised is not None
+
+    @property
     def ending(self) -> str:
         """How it ended, in words: ``killed by SIGABRT``, ``exited with status 3``, ..."""
         return describe_ending(
@@ -123,7 +134,7 @@ class Outcome:
         Raises:
           DeathTestFailure: it ended otherwise (its target raised, it timed out, ...), or its
             stderr does not match.
-          HarnessError: ``match`` is not a valid regex.
+          HarnessError: ``match`` is not a valid str regex (a bytes one is refused).
         """
         __tracebackhide__ = True
         ok = self.kind == "signaled" and self.signal == signal_module.SIGABRT
@@ -150,7 +161,8 @@ class Outcome:
 
         Raises:
           DeathTestFailure: it did not die (as required), or its stderr does not match.
-          HarnessError: ``signal`` names no signal, or ``match`` is not a valid regex.
+          HarnessError: ``signal`` names no signal, or ``match`` is not a valid str regex (a
+            bytes one is refused).
         """
         __tracebackhide__ = True
         if signal is None:
@@ -182,14 +194,15 @@ class Outcome:
         Raises:
           DeathTestFailure: it did not end by itself, or the predicate returned false, or its
             stderr does not match.
-          HarnessError: ``predicate`` is not callable, or ``match`` is not a valid regex.
+          HarnessError: ``predicate`` is not callable, or ``match`` is not a valid str regex
+            (a bytes one is refused).
           Exception: whatever ``predicate`` raises, unchanged.
         """
         __tracebackhide__ = True
         if not callable(predicate):
             raise HarnessError(f"assert_exit(predicate) needs a callable, not {predicate!r}")
         name = getattr(predicate, "__name__", None) or repr(predicate)
-        ended = self.kind in ("exited", "signaled") and self.raised is None
+        ended = self.kind in ("exited", "signaled") and not self._ended_by_raise
         ok = ended and bool(predicate(self))
         return self._check(
             f"an ending for which {name}(outcome) is true",
@@ -216,7 +229,8 @@ class Outcome:
         Raises:
           DeathTestFailure: it ended otherwise (its target raised, it was killed, it timed
             out...), or its stderr does not match.
-          HarnessError: ``code`` is not an int from 0 to 255, or ``match`` is not a regex.
+          HarnessError: ``code`` is not an int from 0 to 255, or ``match`` is not a valid str
+            regex (a bytes one is refused).
         """
         __tracebackhide__ = True
         if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
@@ -248,7 +262,7 @@ class Outcome:
         Raises:
           DeathTestFailure: it ended before its deadline (or had none), or the harness
             failed, or its stderr does not match.
-          HarnessError: ``match`` is not a valid regex.
+          HarnessError: ``match`` is not a valid str regex (a bytes one is refused).
         """
         __tracebackhide__ = True
         return self._check("timed out", self.kind == "timed_out", match)
@@ -270,7 +284,10 @@ class Outcome:
         """Assert the target raised an exception (of type ``exc_type``, if given).
 
         The child then exited with status 1, its traceback in its stderr and
-        :attr:`raised`. Types are compared by their qualified names (``"ValueError"``,
+        :attr:`raised`; a child killed by a signal after its target raised (on its way out),
+        or still running at its deadline, fails this, as its ending is the signal's or the
+        timeout's (``assert_aborted``, ``assert_died``, ``assert_timed_out`` judge it). Types
+        are compared by their qualified names (``"ValueError"``,
         ``"pkg.mod.MyError"``) against the raised type and its bases, so a subclass counts,
         as with ``except``.
 
@@ -284,21 +301,24 @@ class Outcome:
           This outcome.
 
         Raises:
-          DeathTestFailure: the target did not raise, or raised another type, or the stderr
-            does not match.
+          DeathTestFailure: the target did not raise, or raised another type, or the child did
+            not exit after the raise (a signal killed it, it timed out), or the stderr does
+            not match.
           HarnessError: ``exc_type`` is not an exception class, a str, a tuple of those or
-            None, or ``match`` is not a valid regex.
+            None, or ``match`` is not a valid str regex (a bytes one is refused).
         """
         __tracebackhide__ = True
         names = _exception_names(exc_type)
         raised = self.raised
         wanted = "an exception" if names is None else " or ".join(names)
-        ok = raised is not None and (names is None or any(raised.is_a(name) for name in names))
-        why = (
-            "the target did not raise: the child "
-            if raised is None
-            else f"the target raised {raised.type}, not {wanted}: the child "
-        )
+        of_type = raised is not None and (names is None or any(raised.is_a(n) for n in names))
+        ok = of_type and self._ended_by_raise
+        if raised is None:
+            why = "the target did not raise: the child "
+        elif not of_type:
+            why = f"the target raised {raised.type}, not {wanted}: the child "
+        else:
+            why = "the target raised, but the child did not exit after it: the child "
         return self._check(f"its target raised {wanted}", ok, match, why=why)
 
     def _check(
@@ -325,7 +345,7 @@ class Outcome:
         verb = "was " if self.kind == "signaled" else ""
         if self.kind == "harness_error":
             problem = f"the harness failed, so how the child ends is unknown: {self.error}"
-        elif death and self.raised is not None:
+        elif death and self._ended_by_raise:
             problem = f"the child did not die: its target raised {self.raised}"
         elif not ok:
             lived = self.kind == "timed_out" or (self.kind == "exited" and self.exit_code == 0)
@@ -399,7 +419,22 @@ class Outcome:
 
 
 def _compile(match: Pattern) -> re.Pattern[str] | None:
+    """``match`` as a compiled str pattern, or None.
+
+    Raises:
+      HarnessError: ``match`` is not a str or a compiled str pattern (a bytes pattern is
+        refused: the stderr it would search is text, decoded as UTF-8 with undecodable bytes
+        replaced, so the child's raw bytes are not there to match), or not a valid regex.
+    """
     __tracebackhide__ = True
+    if isinstance(match, (bytes, bytearray)) or (
+        isinstance(match, re.Pattern) and isinstance(match.pattern, bytes)
+    ):
+        raise HarnessError(
+            f"match={match!r} is a bytes pattern; the stderr it searches is text (decoded as "
+            "UTF-8, undecodable bytes replaced): use a str pattern, e.g. "
+            f"match={_as_text(match)!r}"
+        )
     if match is None or isinstance(match, re.Pattern):
         return match
     if not isinstance(match, str):
@@ -408,6 +443,12 @@ def _compile(match: Pattern) -> re.Pattern[str] | None:
         return re.compile(match)
     except re.error as exc:
         raise HarnessError(f"match={match!r} is not a valid regex: {exc}") from None
+
+
+def _as_text(match: bytes | bytearray | re.Pattern[bytes]) -> str:
+    """A bytes pattern's text, for the error that refuses it (undecodable bytes escaped)."""
+    raw = match.pattern if isinstance(match, re.Pattern) else bytes(match)
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def _as_signal(value: object) -> signal_module.Signals | int:

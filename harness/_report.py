@@ -64,6 +64,12 @@ def describe_ending(
     ``exited with status 1 after its target raised ValueError: bad size``, ``timed out after
     2 s, then killed by SIGTERM``, ``harness error (not a crash): ...``.
 
+    The ending comes first: a target that raised and whose child was then killed on its way
+    out (its ``sys.stdout.flush()`` aborted) ended ``killed by SIGABRT after its target
+    raised ValueError: bad size``; one that raised and then hung past its deadline ended
+    ``timed out after 2 s (its target had raised ValueError: bad size), then killed by
+    SIGTERM``.
+
     Args:
       raised: the exception the target raised (its str is shown), or None.
     """
@@ -71,11 +77,13 @@ def describe_ending(
         after = f" after its target raised {raised}" if raised is not None else ""
         return f"exited with status {exit_code}{after}"
     if kind == "signaled":
-        return f"killed by {signal_name(signum)}"
+        after = f" after its target raised {raised}" if raised is not None else ""
+        return f"killed by {signal_name(signum)}{after}"
     if kind == "timed_out":
         how = f"killed by {signal_name(signum)}" if signum else f"exited with status {exit_code}"
         after = f" after {timeout_s:g} s" if timeout_s is not None else ""
-        return f"timed out{after}, then {how}"
+        had = f" (its target had raised {raised})" if raised is not None else ""
+        return f"timed out{after}{had}, then {how}"
     return f"harness error (not a crash): {error}"
 
 
