@@ -14,6 +14,7 @@ from harness._protocol import Raised
 from harness._report import (
     STDERR_HEAD_LINES,
     STDERR_TAIL_LINES,
+    cut_entry_frames,
     describe_ending,
     failure_message,
     seconds,
@@ -58,7 +59,8 @@ class Outcome:
         int for a signal without a name, such as a real-time one).
       stdout, stderr: what the child wrote to its file descriptors 1 and 2, and nothing else;
         of a long stream the first 64 KiB and the last 1 MiB are kept, joined (a note says
-        what was cut).
+        what was cut). A failure shows faulthandler's stacks in the stderr only down to the
+        target's caller (a fork-style child's go on into pytest); ``stderr`` has them whole.
       returned: the target's return value (JSON plain data), None if it did not return.
       raised: the exception the target raised (type, message, traceback), or None.
       duration_s: seconds from the launch of the child to its reaping (a forkserver zygote's
@@ -395,13 +397,16 @@ class Outcome:
         return bool(pattern.search(self.stderr[:cut]) or pattern.search(self.stderr[cut:]))
 
     def _stderr_shown(self) -> str:
-        """The stderr as a failure shows it: a marker line where bytes were cut."""
+        """The stderr as a failure shows it: a marker line where bytes were cut, and the
+        frames below the target's entry cut from faulthandler's stacks
+        (:func:`~harness._report.cut_entry_frames`; :attr:`stderr` keeps them)."""
         cut = self.stderr_cut_at
         if cut is None or not 0 <= cut <= len(self.stderr):
-            return self.stderr
+            return cut_entry_frames(self.stderr)
         head, tail = self.stderr[:cut], self.stderr[cut:]
         marker = f"[... devmem-harness cut {self.stderr_cut_bytes} bytes here (see notes) ...]"
-        return f"{head}{'' if head.endswith(chr(10)) or not head else chr(10)}{marker}\n{tail}"
+        shown = f"{head}{'' if head.endswith(chr(10)) or not head else chr(10)}{marker}\n{tail}"
+        return cut_entry_frames(shown)
 
     def _detail(self) -> list[str]:
         lines = []

@@ -6,6 +6,7 @@ what these return.
 
 from __future__ import annotations
 
+import re
 import signal
 import statistics
 from collections import Counter
@@ -31,6 +32,74 @@ ENV_SHOWN = 1000
 REPRO_SHOWN = 4000
 """Characters of the repro command a failure message shows at most (its request is in a
 file past ``harness._repro.INLINE_REQUEST_BYTES``; a huge env value can still make it long)."""
+
+
+_FRAME = re.compile(r'  File ".*", line (?:\d+|\?\?\?) in .+')
+"""A frame line of a stack faulthandler writes (a Python traceback has ``, in`` instead)."""
+
+_TRUNCATED = "  ..."
+"""faulthandler's line for the frames past the 100 it writes of a thread."""
+
+ENTRY_FILE = "/harness/_child.py"
+ENTRY_FUNCTION = "run_child"
+"""Where a child's target is called from: ``harness._child.run_child``. Its frame and every
+frame below it (the zygote's, the exec runner's, or, in the fork style, the test process's:
+pytest's and pluggy's) are cut from the stacks a failure shows."""
+
+
+def _is_entry(line: str) -> bool:
+    return (
+        _FRAME.fullmatch(line) is not None
+        and line.endswith(f" in {ENTRY_FUNCTION}")
+        and f'{ENTRY_FILE}", line ' in line
+    )
+
+
+def cut_entry_frames(stderr: str) -> str:
+    """``stderr`` with the frames below each target's entry cut from faulthandler's stacks.
+
+    A fork-style child is a copy of the test process, so the stack faulthandler writes when
+    it crashes, or at its deadline, goes on below the target into the harness and pytest
+    (about 35 frames of pytest and pluggy). As pytest hides its own frames, a failure shows
+    the frames down to the target's caller: the entry frame (``harness/_child.py ... in
+    run_child``) and the consecutive frame lines below it (faulthandler's ``  ...`` too)
+    become one line that says how many were cut. When the entry is the top frame (the child
+    died in the harness's own code), its line is kept and only those below it are cut.
+    :attr:`harness.Outcome.stderr` keeps the whole stack.
+
+    Args:
+      stderr: the child's stderr (any text; only faulthandler's frame lines are cut).
+
+    Returns:
+      The text, unchanged where no entry frame is found.
+    """
+    raw = stderr.splitlines(keepends=True)
+    lines = [line.rstrip("\r\n") for line in raw]
+    out: list[str] = []
+    index = 0
+    while index < len(lines):
+        if not _is_entry(lines[index]):
+            out.append(raw[index])
+            index += 1
+            continue
+        if not out or _FRAME.fullmatch(out[-1].rstrip("\r\n")) is None:
+            out.append(raw[index])  # the top frame: the child died in the harness's entry
+            index += 1
+        end = index
+        while end < len(lines) and (_FRAME.fullmatch(lines[end]) or lines[end] == _TRUNCATED):
+            end += 1
+        cut = lines[index:end]
+        if cut:
+            frames = sum(1 for line in cut if line != _TRUNCATED)
+            more = " and more" if _TRUNCATED in cut else ""
+            noun = "frame" if frames == 1 and not more else "frames"
+            newline = raw[end - 1][len(lines[end - 1]) :]
+            out.append(
+                f"  [... devmem-harness cut {frames}{more} {noun} here: the target's caller in "
+                f"the harness and those below it (Outcome.stderr has them) ...]{newline}"
+            )
+        index = end
+    return "".join(out)
 
 
 def signal_name(signum: int | None) -> str:
