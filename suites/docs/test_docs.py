@@ -1,16 +1,23 @@
 """Every copyable block of README.md and docs/*.md runs as written (see ``_blocks``).
 
 Each runnable block (commands, a console transcript, a Python snippet) is one test item. It runs
-in a fresh copy of the repository (tracked and untracked-but-not-ignored files, as a clone would
-have them, plus a ``.venv`` that sees the packages of the environment running the tests but
-installs into its own directory) with the
-document's file blocks written into it, in an environment like a new shell's: no ``DEVMEM_*`` or
-``PYTEST_*`` variables, and the virtual environment's ``bin`` off ``PATH``. So a command that
-only works in an activated environment fails here, as it would for a reader.
+in a fresh copy of the repository (its tracked files, as a clone has them: what a reader left in
+the working tree never reaches the copy; without git, every file that ``.gitignore``'s patterns
+do not name; plus a ``.venv`` that sees the packages of the environment running the tests but
+installs into its own directory) with the document's file blocks written into it, in an
+environment like a new shell's: no ``DEVMEM_*`` or ``PYTEST_*`` variables, and the virtual
+environment's ``bin`` off ``PATH``. So a command that only works in an activated environment
+fails here, as it would for a reader.
+
+A reader runs an example twice as often as once, so each block runs twice in a row in the same
+copy, and must leave nothing behind in the repository that git would not ignore: an example
+writes under a temporary directory it names (or ``reports/``, which git ignores), or removes
+what it wrote.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -36,14 +43,70 @@ def _all_blocks() -> list[Block]:
 RUNNABLE = [block for block in _all_blocks() if block.kind != "file"]
 
 
-def _repo_files() -> list[str]:
-    listing = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-    )
+def _repo_files(root: Path = ROOT) -> list[str]:
+    """The files a clone has: git's tracked files (staged ones included); without git (an
+    unpacked archive), every file that ``.gitignore`` does not name."""
+    try:
+        listing = subprocess.run(
+            ["git", "ls-files", "-z", "--cached"], cwd=root, capture_output=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return _files_without_git(root)
     return [name for name in listing.stdout.decode().split("\0") if name]
+
+
+def _gitignore_patterns(root: Path) -> list[str]:
+    path = root / ".gitignore"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return [line.strip() for line in lines if line.strip() and line[0] not in "#!"]
+
+
+def _ignored_by_patterns(name: str, patterns: list[str], is_dir: bool = False) -> bool:
+    """Whether ``.gitignore``'s simple patterns (a name or glob per line, ``/`` at the end for
+    directories only: all this repository's are) ignore the relative path ``name``."""
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        part_is_dir = is_dir or i < len(parts) - 1
+        for pattern in patterns:
+            bare = pattern.rstrip("/").lstrip("/")
+            if pattern.endswith("/") and not part_is_dir:
+                continue
+            if fnmatch.fnmatchcase(part, bare) or fnmatch.fnmatchcase(
+                "/".join(parts[: i + 1]), bare
+            ):
+                return True
+    return False
+
+
+def _files_without_git(root: Path) -> list[str]:
+    patterns = [*_gitignore_patterns(root), ".git/"]
+    found = []
+    for top, dirs, files in os.walk(root):
+        rel = Path(top).relative_to(root).as_posix()
+        prefix = "" if rel == "." else rel + "/"
+        dirs[:] = [d for d in dirs if not _ignored_by_patterns(prefix + d, patterns, True)]
+        found += [prefix + f for f in files if not _ignored_by_patterns(prefix + f, patterns)]
+    return sorted(found)
+
+
+def _tree(repo: Path) -> set[str]:
+    """Every file and symbolic link under ``repo``, relative, ``.venv`` left out."""
+    found = set()
+    for top, dirs, files in os.walk(repo):
+        rel = Path(top).relative_to(repo).as_posix()
+        prefix = "" if rel == "." else rel + "/"
+        if prefix == "":
+            dirs[:] = [d for d in dirs if d != ".venv"]
+        found.update(prefix + name for name in files)
+        found.update(prefix + d for d in dirs if (Path(top) / d).is_symlink())
+    return found
+
+
+def _not_ignored(repo: Path, names: set[str]) -> list[str]:
+    """The paths of ``names`` (relative to ``repo``) that the repository's ``.gitignore``
+    does not ignore: what a block left behind for the next ``git status`` to show."""
+    patterns = _gitignore_patterns(repo)
+    return sorted(name for name in names if not _ignored_by_patterns(name, patterns))
 
 
 def _shell_env() -> dict[str, str]:
@@ -134,21 +197,37 @@ def _status(returncode: int) -> int:
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[block.where for block in RUNNABLE])
 def test_block_runs_as_written(block: Block, workspace):
+    """Each block runs twice in a row in the same copy, as a reader runs an example again, and
+    leaves nothing in the repository that git would not ignore."""
     if block.skip is not None:
         pytest.skip(f"illustrative ({block.where}): {block.skip}")
     cwd = workspace(block)
     repo = cwd if block.place is None else cwd.parent / "repo"
+    before = _tree(repo)
+    for run in ("the first run", "the second run in a row"):
+        _run_block(block, cwd, repo, run)
+        left = _not_ignored(repo, _tree(repo) - before)
+        assert not left, (
+            f"{block.where}: {run} left {', '.join(left)} in the repository, which git does"
+            " not ignore: write under a temporary directory the example names, or remove it"
+        )
+
+
+def _run_block(block: Block, cwd: Path, repo: Path, run: str) -> None:
     text = _text(block, repo)
     if block.kind == "snippet":
         script = cwd / "_docs_snippet.py"
         script.write_text(text, encoding="utf-8")
         result = _run([str(repo / ".venv" / "bin" / "python"), script.name], cwd)
-        assert result.returncode == 0, f"{block.where}: the snippet failed:\n{result.stdout}"
+        script.unlink()
+        assert result.returncode == 0, (
+            f"{block.where}: the snippet failed ({run}):\n{result.stdout}"
+        )
     elif block.kind == "sh":
         result = _run(["bash", "-e", "-o", "pipefail", "-c", text], cwd)
         assert result.returncode == 0, (
-            f"{block.where}: the commands exited with status {_status(result.returncode)}:\n"
-            f"{result.stdout}"
+            f"{block.where}: the commands exited with status {_status(result.returncode)}"
+            f" ({run}):\n{result.stdout}"
         )
     else:
         _check_transcript(block, text, cwd)
@@ -192,3 +271,51 @@ def test_every_file_block_is_exercised():
             and other.skip is None
         ]
         assert users, f"{block.where}: writes {block.path}, but no block of its document runs it"
+
+
+def test_the_copy_has_the_tracked_files_only(tmp_path):
+    """What a reader left in the working tree (``run.state``, ``arena.pickle``) never reaches
+    the copy: a clone would not have it. Without git, ``.gitignore``'s patterns decide."""
+    (tmp_path / ".gitignore").write_text("*.log\nout/\n")
+    (tmp_path / "tracked.py").write_text("")
+    (tmp_path / "left.state").write_text("")  # untracked, not ignored
+    (tmp_path / "x.log").write_text("")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "y").write_text("")
+    assert _repo_files(tmp_path) == sorted([".gitignore", "left.state", "tracked.py"])  # no git
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", ".gitignore", "tracked.py"], cwd=tmp_path, check=True)
+    assert sorted(_repo_files(tmp_path)) == [".gitignore", "tracked.py"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        ".venv/bin/python",
+        ".venv-3.12/x",
+        "a/__pycache__/m.pyc",
+        "devmem_harness.egg-info/PKG-INFO",
+        "reports/arena.pickle",
+        "bench/results/ring.json",
+        "bench/results.md",
+        "allocator/_cstacks.cpython-311-x86_64-linux-gnu.so",
+        ".coverage",
+        ".coverage.host.1.2",
+        "coverage.py",
+        "run.state",
+        "arena_history.py",
+        "mutants/x.py",
+        "docs/results/x.json",
+    ],
+)
+def test_the_ignore_check_agrees_with_git(name):
+    """The leftover check reads ``.gitignore`` itself (it runs without git too): it must say
+    what ``git check-ignore`` says of every kind of path this repository ignores, and of some
+    it does not."""
+    git = subprocess.run(
+        ["git", "check-ignore", "--no-index", "-q", name], cwd=ROOT, capture_output=True
+    )
+    if git.returncode not in (0, 1):
+        pytest.skip(f"git check-ignore is not usable here: {git.stderr.decode().strip()}")
+    assert _ignored_by_patterns(name, _gitignore_patterns(ROOT)) == (git.returncode == 0)
