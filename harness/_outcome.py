@@ -20,6 +20,7 @@ from harness._report import (
     seconds,
     signal_name,
 )
+from harness._repro import PendingRepro
 
 Pattern = str | re.Pattern[str] | None
 ExceptionSpec = type[BaseException] | str | tuple[type[BaseException] | str, ...] | None
@@ -67,7 +68,11 @@ class Outcome:
         own start-up and preloading are not counted: the deadline starts at its fork too).
       style: ``"fork"``, ``"forkserver"`` or ``"exec"``: how the child was started.
       pid: the child's pid (None if it never started).
-      repro: a shell command that reruns the child (exec style) and shows how it ends.
+      repro: a shell command that reruns the child (exec style) and shows how it ends. A
+        request over 16 KiB goes to a file the command names, written when ``repro`` is
+        first read (a failure reads it): a child no one asks about leaves no file. Outside
+        pytest, the file of a child that no assertion failed on is removed when the process
+        exits (copy it to keep it); a failure's stays.
       target: the target as ``"module:qualname"``.
       config_id: the id of the :class:`~harness.Config` it ran under, or None.
       env: the env overrides it ran with (config's, then the call's; None = unset).
@@ -380,12 +385,21 @@ class Outcome:
                 config_id=self.config_id,
                 env=self.env,
                 stderr=self._stderr_shown(),
-                repro=self.repro,
+                repro=self._repro_command(keep=True),
                 detail=self._detail(),
                 notes=self.notes,
                 host=self.host,
             )
         )
+
+    def _repro_command(self, *, keep: bool = False) -> str:
+        """The repro command, its request file written now if it was pending.
+
+        Args:
+          keep: a failure shows it, so its file outlives this process.
+        """
+        value = self.__dict__["_repro"]
+        return value.command(keep=keep) if isinstance(value, PendingRepro) else value
 
     def _stderr_matches(self, pattern: re.Pattern[str]) -> bool:
         """Whether ``pattern`` is found in the child's stderr: in the head and in the tail of a
@@ -421,6 +435,23 @@ class Outcome:
             cut = text if len(text) <= RETURNED_SHOWN else text[:RETURNED_SHOWN] + " [...]"
             lines.append(f"returned: {cut}")
         return lines
+
+
+def _get_repro(outcome: Outcome) -> str:
+    return outcome._repro_command()
+
+
+def _set_repro(outcome: Outcome, value: str | PendingRepro) -> None:
+    # Only the dataclass's __init__ gets here (its frozen __setattr__ refuses anyone else).
+    outcome.__dict__["_repro"] = value
+
+
+# After the dataclass is made: a property of that name in the class body would be the field's
+# default. The field stays (its __init__ argument, fields(), eq, replace); the value, a str or
+# a PendingRepro, is kept in the instance's __dict__ under "_repro".
+Outcome.repro = property(  # type: ignore[assignment]
+    _get_repro, _set_repro, doc="The repro command (see the class's docstring)."
+)
 
 
 def _compile(match: Pattern) -> re.Pattern[str] | None:

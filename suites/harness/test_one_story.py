@@ -102,7 +102,9 @@ def test_describe_ending_puts_the_signal_first():
 # Issue 36, item 6: a bytes pattern is refused, naming the argument, by every assertion.
 @pytest.mark.parametrize("pattern", [re.compile(rb"x"), b"x", bytearray(b"x")])
 def test_a_bytes_match_is_refused_naming_the_argument(pattern):
-    outcome = harness.run_child(_story_targets.return_then, "exit", 1, style="fork", timeout=30)
+    outcome = harness.run_child(
+        _story_targets.return_then, "exit", 1, style="forkserver", timeout=30
+    )
     shown = re.escape(f"match={pattern!r} is a bytes pattern")
     checks = [
         outcome.assert_clean().assert_exited,
@@ -121,7 +123,9 @@ def test_a_bytes_match_is_refused_naming_the_argument(pattern):
 
 
 def test_a_bytes_pattern_suggests_its_text_with_undecodable_bytes_escaped():
-    outcome = harness.run_child(_story_targets.return_then, "exit", 1, style="fork", timeout=30)
+    outcome = harness.run_child(
+        _story_targets.return_then, "exit", 1, style="forkserver", timeout=30
+    )
     with pytest.raises(harness.HarnessError, match=re.escape(r"e.g. match='a\\xffb'")):
         outcome.assert_exited(0, match=re.compile(b"a\xffb"))
     outcome.assert_exited(0, match=re.compile("^$"))  # a str pattern still works
