@@ -27,6 +27,8 @@ its death signal when it was forked, and does step 0 first once it has taken a r
 
 Status channel: a file of records, one JSON object per line; the ``event`` key names it:
 
+- ``{"event": "note", "message": str}``: a harness line for the outcome's notes (a part of the
+  test process's state the child could not take, see :func:`apply_state`); before ``started``.
 - ``{"event": "started", "pid": int}``: the child is set up and about to import the target.
 - ``{"event": "returned", "value": <plain data>}``: the target returned; exit status 0.
 - ``{"event": "raised", "type", "bases", "message", "traceback"}``: the target raised; exit
@@ -95,6 +97,31 @@ and compares them to see whether a child it forked ahead fits the request."""
 
 FINAL_EVENTS = ("returned", "raised", "exit", "harness_error")
 """Events that end a child's status: the seal says whether the one sent was delivered."""
+
+STATE_RLIMITS = (
+    "RLIMIT_AS",
+    "RLIMIT_CPU",
+    "RLIMIT_DATA",
+    "RLIMIT_FSIZE",
+    "RLIMIT_LOCKS",
+    "RLIMIT_MEMLOCK",
+    "RLIMIT_MSGQUEUE",
+    "RLIMIT_NICE",
+    "RLIMIT_NOFILE",
+    "RLIMIT_NPROC",
+    "RLIMIT_RSS",
+    "RLIMIT_RTPRIO",
+    "RLIMIT_RTTIME",
+    "RLIMIT_SIGPENDING",
+    "RLIMIT_STACK",
+)
+"""The resource limits a child takes from the test process's request (``request["state"]``,
+see :func:`apply_state`): all but ``RLIMIT_CORE``, which is 0 in every child."""
+
+NOT_IN_CHILD = ("pytest", "_pytest", "pluggy", "xdist", "execnet")
+"""Top-level packages whose warning categories a child does not import to set a filter: the
+harness never imports pytest into a child (a filter on one of their categories acts only in a
+process that imported them, and such a child is told nothing of it)."""
 
 _PR_SET_PDEATHSIG = 1
 _prctl = None  # libc's prctl, loaded by prepare() (in the parent, so a forked child need not)
@@ -219,10 +246,22 @@ def _short_repr(value: object, limit: int = 60) -> str:
 
 
 def type_name(kind: type) -> str:
-    """A type's name as the status records give it: ``ValueError``, ``pkg.mod.MyError``."""
+    """A type's name as the status records give it: ``ValueError``, ``pkg.mod.MyError``.
+
+    A class of the parent's script, which a forkserver or exec child loads again as
+    ``__mp_main__`` (see :func:`_load_main`), is named as the child can import it, and as the
+    parent names it: ``__main__.MyError`` (the child's ``__main__`` is that module too), so a
+    verdict on it is the fork style's.
+    """
     module = getattr(kind, "__module__", "builtins")
     name = getattr(kind, "__qualname__", kind.__name__)
+    if module == MP_MAIN and sys.modules.get("__main__") is sys.modules.get(MP_MAIN):
+        module = "__main__"
     return name if module == "builtins" else f"{module}.{name}"
+
+
+MP_MAIN = "__mp_main__"
+"""The name a child loads the parent's ``__main__`` script under (as multiprocessing does)."""
 
 
 _encode_str = json.encoder.encode_basestring_ascii
@@ -449,6 +488,11 @@ def run_child(
         if not set_up_by_parent:
             _arm_faulthandler()
             _apply_request(request)
+        if request.get("state") is not None:
+            for note in apply_state(request["state"]):
+                status.emit("note", message=note)
+        if request.get("coverage") is not None:
+            _restart_coverage(request["coverage"])
         status.started()
     except BaseException as exc:
         status.harness_error(f"could not set up the child: {type(exc).__name__}: {exc}", exc)
@@ -676,6 +720,137 @@ def _apply_request(request: dict) -> None:
         importlib.invalidate_caches()
 
 
+def apply_state(state: dict) -> list[str]:
+    """Give this child the test process's umask, resource limits, nice value, warning filters,
+    ``sys.dont_write_bytecode`` and int-to-str digit limit (``harness._state.process_state``),
+    where they differ from its own.
+
+    Returns:
+      A note for each part that could not be applied (a hard limit above this process's own,
+      which only a privileged process may raise; a nice value below its own; a warning filter
+      whose category could not be found): the child runs with its own value there.
+    """
+    notes: list[str] = []
+    if state.get("umask") is not None:
+        os.umask(state["umask"])
+    for name, wanted in (state.get("rlimits") or {}).items():
+        number = getattr(resource, name, None) if resource is not None else None
+        if number is None:
+            continue
+        wanted = tuple(wanted)
+        have = resource.getrlimit(number)
+        if have == wanted:
+            continue
+        try:
+            resource.setrlimit(number, wanted)
+        except (OSError, ValueError) as exc:
+            soft = wanted[0] if have[1] == resource.RLIM_INFINITY else min(wanted[0], have[1])
+            soft = have[1] if wanted[0] == resource.RLIM_INFINITY else soft
+            try:
+                resource.setrlimit(number, (soft, have[1]))
+            except (OSError, ValueError):
+                pass
+            got = resource.getrlimit(number)
+            notes.append(
+                f"devmem-harness: the child could not take the test process's {name} "
+                f"{_limit_text(wanted)} ({exc}); it runs with {_limit_text(got)}"
+            )
+    nice = state.get("nice")
+    if nice is not None:
+        have = os.getpriority(os.PRIO_PROCESS, 0)
+        if have != nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
+            except OSError as exc:
+                notes.append(
+                    f"devmem-harness: the child could not take the test process's nice value "
+                    f"{nice} ({exc.strerror}: lowering it takes a privilege); it runs at {have}"
+                )
+    if state.get("warnings") is not None:
+        notes.extend(_apply_warning_filters(state["warnings"]))
+    if state.get("dont_write_bytecode") is not None:
+        sys.dont_write_bytecode = bool(state["dont_write_bytecode"])
+    digits = state.get("int_max_str_digits")
+    if digits is not None and hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(digits)
+    return notes
+
+
+def _limit_text(limit: tuple) -> str:
+    return "(" + ", ".join("unlimited" if n == -1 else str(n) for n in limit) + ")"
+
+
+def _apply_warning_filters(filters: list) -> list[str]:
+    """Replace this process's warning filters with ``filters`` (``[action, message, category,
+    module, lineno]``, first wins); a note names those whose category is not found (its module
+    not imported here, and not importable)."""
+    import warnings
+
+    made, missing = [], []
+    for action, message, category, module, lineno in filters:
+        found = _warning_category(category)
+        if found is None:
+            if category.partition(".")[0] not in NOT_IN_CHILD:
+                missing.append(f"{action}::{category}")
+            continue
+        made.append((action, message or "", found, module or "", lineno))
+    warnings.resetwarnings()
+    for action, message, category, module, lineno in made:
+        warnings.filterwarnings(action, message, category, module, lineno, append=True)
+    if not missing:
+        return []
+    return [
+        "devmem-harness: the child could not set the test process's warning filters "
+        f"{', '.join(missing)}: their categories could not be imported here"
+    ]
+
+
+def _warning_category(name: str) -> type | None:
+    """The warning class named ``name`` (``UserWarning``, ``pkg.mod.MyWarning``): a builtin,
+    or one of a module imported here already, or importable; None if none is found."""
+    module_name, _, qualname = name.rpartition(".")
+    if not module_name:
+        module_name, qualname = "builtins", name
+    if module_name == "__main__":
+        module_name = MP_MAIN if MP_MAIN in sys.modules else module_name
+    if module_name.partition(".")[0] in NOT_IN_CHILD and module_name not in sys.modules:
+        return None
+    try:
+        obj: object = sys.modules.get(module_name) or importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception:
+        return None
+    return obj if isinstance(obj, type) and issubclass(obj, Warning) else None
+
+
+_coverage: tuple | None = None  # (pid, coverage.Coverage) to save at _leave (see below)
+
+
+def _restart_coverage(orders: dict) -> None:
+    """In a fork-style child of a test process measuring coverage without coverage.py's own
+    fork and ``_exit`` support (a test process that did not find the project's coverage
+    configuration: pytest started in a subdirectory): measure what this child runs into a data
+    file of its own (``orders["config"]``: the test process's configuration, serialized), and
+    save it when the child leaves (:func:`_leave`), as that support would have."""
+    global _coverage
+    try:
+        import coverage
+
+        parent = coverage.Coverage.current()
+        if orders.get("restart") and parent is not None:
+            parent._auto_save = False  # its data is the test process's: never ours to save
+            parent.stop()
+            parent = None
+        if parent is None:
+            parent = coverage.Coverage(config_file=":data:" + orders["config"], data_suffix=True)
+            parent._warn_no_data = False
+            parent.start()
+        _coverage = (os.getpid(), parent) if orders.get("save") else None
+    except Exception:  # no coverage here after all: the child runs unmeasured
+        _coverage = None
+
+
 def _resolve(spec: str, main_path: str | None, module_path: str | None = None) -> object:
     module_name, sep, qualname = spec.partition(":")
     if not sep or not module_name or not qualname:
@@ -736,11 +911,11 @@ def _load_by_path(module_name: str, path: str) -> object:
 
 def _load_main(path: str) -> object:
     """Load the parent's ``__main__`` script as ``__mp_main__`` (what multiprocessing does)."""
-    spec = importlib.util.spec_from_file_location("__mp_main__", path)
+    spec = importlib.util.spec_from_file_location(MP_MAIN, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the parent's __main__ from {path!r}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    sys.modules[MP_MAIN] = sys.modules["__main__"] = module
     spec.loader.exec_module(module)
     return module
 
@@ -778,6 +953,12 @@ def _leave(code: int):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
+        except Exception:
+            pass
+    if _coverage is not None and _coverage[0] == os.getpid():  # not a copy the target forked
+        try:
+            _coverage[1].stop()
+            _coverage[1].save()
         except Exception:
             pass
     os._exit(code)

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 from harness._capture import Capture
+from harness._coverage import ENV_NAME, with_child_config
 from harness._forkserver import guard
 from harness._reap import Deadline, Ending, wait_direct
 from harness._repro import RUNNER_PATH
 from harness._request import ChildRequest
+from harness._state import interpreter_flags, process_state
 from harness._styles import sigchld_problem
 
 MAX_ARGUMENT_BYTES = 100_000
 """A longer request goes through a descriptor instead of argv (Linux caps one at 128 KiB)."""
+
+
+_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+"""How the child gets a process group of its own: as a fork or forkserver child has one, in
+this process's session (it may then ``setpgid`` into another group of that session, as they
+may); Python 3.10's ``Popen`` has no ``process_group``, so there it leads a session of its own
+(and such a ``setpgid`` fails with EPERM)."""
 
 
 def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
@@ -37,6 +47,7 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
     data = text.encode()
     argv = [
         sys.executable,
+        *interpreter_flags(),  # -O, -X dev, -W...: this interpreter's flags
         RUNNER_PATH,
         "--status-fd",
         str(capture.status_fd),
@@ -45,6 +56,7 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
         "--seal",
         f"{capture.table.fd}:{capture.seal_offset}",
     ]
+    argv += ["--state", json.dumps(process_state(), separators=(",", ":"))]
     pass_fds = [capture.status_fd, capture.table.fd]
     if len(data) <= MAX_ARGUMENT_BYTES:
         argv += ["--request", text]
@@ -60,8 +72,8 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
             stdout=capture.stdout.write_fd,
             stderr=capture.stderr.write_fd,
             pass_fds=pass_fds,
-            start_new_session=True,
-            env=request.environ(),
+            **_OWN_GROUP,
+            env=with_child_config(request.environ(), keep=ENV_NAME in request.overrides),
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return Ending(None, error=f"could not start {sys.executable!r}: {exc}")

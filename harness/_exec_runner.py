@@ -11,7 +11,9 @@ Usage::
     python .../harness/_exec_runner.py --request-fd FD --status-fd FD --parent-pid PID
         --seal FD:OFFSET
 
-``--request`` carries the request as JSON (``target``, ``args``, ``sys_path``, ``cwd``,
+``--state`` carries the test process's umask, resource limits, nice value and warning filters
+(``harness._state.process_state``), which the child takes. ``--request`` carries the request
+as JSON (``target``, ``args``, ``sys_path``, ``cwd``,
 ``main_path``, ``module_path``); ``--request-fd`` reads the same JSON from a descriptor instead
 (used when it is too long for one argument), ``--request-file`` from a file (what a long
 request's repro command names). The other options bind the child to its parent
@@ -35,9 +37,30 @@ def _load_child():
     return module
 
 
+def start_coverage() -> None:
+    """Measure coverage with the test process's configuration when it measures
+    (``COVERAGE_PROCESS_CONFIG``, see ``harness._coverage``): coverage.py's own start-up hook
+    has done it already where its ``.pth`` file ran (then nothing happens here)."""
+    if os.environ.get("COVERAGE_PROCESS_CONFIG"):
+        try:
+            import coverage
+
+            coverage.process_startup()
+        except Exception:  # no coverage.py here: the child runs unmeasured
+            pass
+
+
 def _parse(argv: list[str]) -> dict[str, str]:
     options: dict[str, str] = {}
-    known = ("--request", "--request-fd", "--request-file", "--status-fd", "--parent-pid", "--seal")
+    known = (
+        "--request",
+        "--request-fd",
+        "--request-file",
+        "--status-fd",
+        "--parent-pid",
+        "--seal",
+        "--state",
+    )
     it = iter(argv)
     for arg in it:
         if arg not in known:
@@ -57,6 +80,7 @@ def _parse(argv: list[str]) -> dict[str, str]:
 def main(argv: list[str]) -> None:
     """Decode the request from ``argv`` and run the child; never returns."""
     options = _parse(argv)
+    start_coverage()
     child = _load_child()
     if "--request" in options:
         request = json.loads(options["--request"])
@@ -67,6 +91,8 @@ def main(argv: list[str]) -> None:
         request_fd = int(options["--request-fd"])
         request = json.loads(child.read_all(request_fd))
         os.close(request_fd)
+    if "--state" in options:  # the test process's umask, limits, warning filters...
+        request["state"] = json.loads(options["--state"])
     status_fd = int(options["--status-fd"]) if "--status-fd" in options else None
     parent_pid = int(options["--parent-pid"]) if "--parent-pid" in options else None
     seal = None

@@ -7,6 +7,7 @@ import os
 
 from harness import _child
 from harness._capture import Capture
+from harness._coverage import fork_orders
 from harness._forkserver import guard
 from harness._reap import Deadline, Ending, abandon, first_wait, launch_poller, wait_direct
 from harness._request import ChildRequest
@@ -31,6 +32,9 @@ def launch_fork(request: ChildRequest, capture: Capture) -> Ending:
     _child.prepare()
     parent_pid = os.getpid()
     wire = request.wire(forked_from_parent=True)
+    orders = fork_orders()  # None unless coverage is measured without its fork support
+    if orders is not None:
+        wire["coverage"] = orders
     seal = (capture.table.map, capture.seal_offset)
     info = os.fstat(capture.status_fd)
     identity = (info.st_dev, info.st_ino)

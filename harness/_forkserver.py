@@ -36,6 +36,7 @@ from typing import Any
 
 from harness._capture import Capture, read_kept
 from harness._child import SETTING_KEYS, start_ticks
+from harness._coverage import with_child_config
 from harness._errors import HarnessError
 from harness._fd import anonymous_fd
 from harness._guard import table
@@ -49,6 +50,7 @@ from harness._reap import (
     wait_out,
 )
 from harness._request import ChildRequest
+from harness._state import interpreter_flags, process_state
 
 ZYGOTE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
 STARTUP_S = 60.0
@@ -144,6 +146,7 @@ class Connection:
             target = {key: value for key, value in wire.items() if key not in SETTING_KEYS}
             setting = {key: wire[key] for key in SETTING_KEYS if key in wire}
             target["preload"] = list(self.key)
+            target["state"] = process_state()  # the test process's, now (see harness._state)
             capture.write_request(
                 json.dumps(target).encode() + b"\n" + json.dumps(setting).encode()
             )
@@ -287,7 +290,9 @@ _abandoned: list[object] = []  # inherited zygote handles of a forked process: n
 
 def zygote_name(key: tuple[str, ...]) -> str:
     """The abstract socket name of the zygote of this root for preload list ``key``."""
-    digest = zlib.crc32(json.dumps([key, sys.executable, ZYGOTE_PATH]).encode())
+    digest = zlib.crc32(
+        json.dumps([key, sys.executable, ZYGOTE_PATH, interpreter_flags()]).encode()
+    )
     return f"devmem-harness-{os.getuid()}-{ROOT[0]}-{ROOT[1]}-{digest:08x}"
 
 
@@ -354,7 +359,9 @@ def _start(key: tuple[str, ...]) -> Connection:
     """Start a zygote for ``key`` (named for the root, so forked processes find it)."""
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     stderr_fd = anonymous_fd()
-    argv = [sys.executable, ZYGOTE_PATH, "--fd", str(child_sock.fileno())]
+    # started with this interpreter's flags (-O, -X dev, -W...), which no running interpreter
+    # can change, and measuring coverage with this process's configuration, if it measures
+    argv = [sys.executable, *interpreter_flags(), ZYGOTE_PATH, "--fd", str(child_sock.fileno())]
     argv += ["--root-pid", str(ROOT[0]), "--root-start", ROOT[1], "--name", zygote_name(key)]
     try:
         popen = subprocess.Popen(
@@ -364,6 +371,7 @@ def _start(key: tuple[str, ...]) -> Connection:
             stderr=stderr_fd,
             pass_fds=[child_sock.fileno()],
             start_new_session=True,
+            env=with_child_config(dict(os.environ)),
         )
     except (OSError, subprocess.SubprocessError) as exc:
         parent_sock.close()

@@ -48,6 +48,8 @@ class Status:
         is in the child's stderr).
       final: the last final event read (``returned``, ``raised``, ``exit``,
         ``harness_error``), or None.
+      notes: the harness's own lines the child sent (``note`` records: a part of the test
+        process's state it could not take), for the outcome's notes.
 
     An ``exit`` record (the target raised ``SystemExit``) adds nothing else: the wait status
     has the code.
@@ -58,6 +60,7 @@ class Status:
     raised: Raised | None = None
     harness_error: str | None = None
     final: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 def decode_status(data: bytes) -> Status:
@@ -90,6 +93,8 @@ def decode_status(data: bytes) -> Status:
             )
         elif event == "harness_error":
             fields["harness_error"] = str(record.get("message", "unknown harness error"))
+        elif event == "note":
+            fields["notes"] = (*fields.get("notes", ()), str(record.get("message", "")))
         elif event != "exit":
             return Status(harness_error=f"unknown status event {event!r} from the child")
     return Status(**fields)

@@ -13,8 +13,9 @@ from harness._config import Config
 from harness._env import path_variables, startup_variables
 from harness._exec import launch_exec
 from harness._fork import launch_fork
-from harness._forkserver import launch_forkserver
+from harness._forkserver import current, launch_forkserver
 from harness._guard import table
+from harness._leaks import leak_notes
 from harness._outcome import Outcome
 from harness._protocol import Seal, Status, decode_seal, decode_status
 from harness._reap import Ending
@@ -133,7 +134,9 @@ def run_unobserved(
         duration_s = time.monotonic() - (ending.started_at or started)
         status = decode_status(capture.status())
         seal = decode_seal(capture.seal())
-        return _outcome(request, chosen, ending, status, seal, capture, duration_s)
+        zygote = current()
+        leaks = leak_notes(capture.streams, ending.pid, (zygote.pid,) if zygote else ())
+        return _outcome(request, chosen, ending, status, seal, capture, duration_s, leaks)
 
 
 def _outcome(
@@ -144,6 +147,7 @@ def _outcome(
     seal: Seal,
     capture: Capture,
     duration_s: float,
+    leaks: list[str] = (),  # type: ignore[assignment]
 ) -> Outcome:
     kind, error = _kind(request, ending, status, seal)
     return Outcome(
@@ -165,7 +169,12 @@ def _outcome(
         error=error,
         stderr_cut_bytes=capture.stderr.cut_bytes,
         stderr_cut_at=capture.stderr.cut_at,
-        notes=(*capture.stdout.all_notes(), *capture.stderr.all_notes()),
+        notes=(
+            *status.notes,
+            *capture.stdout.all_notes(),
+            *capture.stderr.all_notes(),
+            *leaks,
+        ),
         host=_HOST,
     )
 

@@ -183,10 +183,13 @@ def choose_style(
 
     Warns:
       HarnessWarning: ``startup`` names a variable and the style asked for is fork or
-        forkserver: the child will not see it act.
+        forkserver: the child will not see it act; or ``fork`` is asked for while this
+        process has other threads (see :func:`thread_count`): the child runs, but a lock
+        one of them held at the fork stays held in it (fork is refused only once it is
+        marked unsafe, see :func:`mark_fork_unsafe`).
     """
     __tracebackhide__ = True
-    style = check_style(style)
+    style = requested = check_style(style)
     unsafe = fork_unsafe_reason()
     if style == "fork" and unsafe:
         raise HarnessError(
@@ -212,6 +215,19 @@ def choose_style(
             return "exec"
         own = unsafe is None and thread_count() == 1 and sigchld_problem() is None
         style = "fork" if own else "forkserver"
+    if requested == "fork":
+        threads = thread_count()
+        if threads > 1:
+            warnings.warn(
+                f"style='fork' with {threads} threads in this process: a thread that holds a "
+                "lock (the allocator's, the C library's malloc, logging's) at the fork leaves "
+                "it held for good in the child, which may then hang (CPython 3.12 and later "
+                "warn of it too, with a DeprecationWarning). The child runs; use "
+                "style='forkserver' (or 'auto', which picks it) for a child that cannot "
+                "inherit a held lock.",
+                HarnessWarning,
+                stacklevel=_user_stacklevel(),
+            )
     if startup and style != "exec":
         names = ", ".join(startup)
         warnings.warn(

@@ -868,12 +868,28 @@ class Zygote:
             os.close(fd)
 
 
+def _start_coverage() -> None:
+    """Measure coverage with the test process's configuration when it measures
+    (``COVERAGE_PROCESS_CONFIG``, see ``harness._coverage``), so that each child, a fork of
+    this process, measures into a data file of its own and saves it at its ``os._exit``
+    (the configuration asks coverage.py for both); nothing where coverage.py's own start-up
+    hook did it already."""
+    if os.environ.get("COVERAGE_PROCESS_CONFIG"):
+        try:
+            import coverage
+
+            coverage.process_startup()
+        except Exception:  # no coverage.py here: the children run unmeasured
+            pass
+
+
 def main(argv: list[str]) -> None:
     """Serve the client on ``--fd`` (and those of ``--name``) until the root is gone."""
     options = dict(zip(argv[::2], argv[1::2], strict=True))
     # An ignored SIGCHLD survives exec: with it the kernel would reap our children itself
     # (a test process that ignores SIGCHLD starts us so), and their statuses would be lost.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _start_coverage()
     sock = socket.socket(fileno=int(options["--fd"]))
     zygote = Zygote(
         sock, int(options["--root-pid"]), options["--root-start"], options.get("--name")

@@ -1,0 +1,93 @@
+"""Targets for the issue-36 self-tests (process state, threads, leaks): no pytest here."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import threading
+import time
+import warnings
+
+LIMITS = ("RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE")
+
+
+def umask() -> int:
+    """This process's umask, from ``/proc/self/status`` (without changing it)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+
+
+def state() -> dict:
+    """The process state a child must share with the test process (issue 36, item 1)."""
+    return {
+        "umask": umask(),
+        "rlimits": {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS},
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "optimize": sys.flags.optimize,
+        "dev_mode": sys.flags.dev_mode,
+        "debug": __debug__,
+        "dont_write_bytecode": sys.dont_write_bytecode,
+        "warnoptions": list(sys.warnoptions),
+        "filters": [
+            [action, category.__name__, getattr(module, "pattern", module)]
+            for action, _message, category, module, _lineno in warnings.filters
+        ],
+        "user_warning_raises": _warns_raise(),
+    }
+
+
+def _warns_raise() -> bool:
+    try:
+        warnings.warn("probe", UserWarning, stacklevel=1)
+    except UserWarning:
+        return True
+    return False
+
+
+def join_parent_group() -> list:
+    """Move into the parent's process group (``setpgid``); return ``[ok, error]``."""
+    try:
+        os.setpgid(0, os.getpgid(os.getppid()))
+    except OSError as exc:
+        return [False, exc.strerror]
+    return [True, None]
+
+
+def session_leader() -> bool:
+    """Whether this child leads a session of its own."""
+    return os.getsid(0) == os.getpid()
+
+
+def late_thread(path: str) -> None:
+    """Start a non-daemon thread that writes ``path`` after 0.5 s, and return at once."""
+
+    def late() -> None:
+        time.sleep(0.5)
+        with open(path, "w") as file:
+            file.write("the thread ran on")
+
+    threading.Thread(target=late, daemon=False).start()
+
+
+def escape_with_stderr(seconds: float) -> int:
+    """Fork a grandchild that leaves the group (``setsid``) holding stderr, sleeping
+    ``seconds``; return its pid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            time.sleep(seconds)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def no_thread_fork_warning() -> list:
+    """Run a fork-style child from this single-threaded interpreter; return the warnings."""
+    import harness
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        harness.run_child("os:getpid", style="fork").assert_clean()
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
