@@ -649,4 +649,6 @@ def _positive(text: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from allocator._cli import run_command  # a bad DEVMEM_* value: one line, status 1
+
+    sys.exit(run_command(main, "python -m allocator.memory"))

@@ -1,14 +1,11 @@
-"""``python -m runtime.pipeline``: the pipeline's command line (:func:`runtime.pipeline.main`)."""
+"""``python -m runtime.pipeline``: the pipeline's command line (:func:`runtime.pipeline.main`).
 
-import os
+The project's own errors are one line on stderr and exit status 1, and a closed stdout
+(``| head``) ends it quietly (:func:`allocator._cli.run_command`)."""
+
 import sys
 
+from allocator._cli import run_command
 from runtime.pipeline import main
 
-try:
-    status = main()
-    sys.stdout.flush()
-except BrokenPipeError:  # stdout closed early (`| head`): exit quietly, as cat does
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    status = 1
-sys.exit(status)
+sys.exit(run_command(main, "python -m runtime.pipeline"))

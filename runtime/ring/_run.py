@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable
 
@@ -272,7 +273,9 @@ def cli_parser() -> argparse.ArgumentParser:
     cmd.add_argument(
         "--backend",
         choices=("cpu", "sim", "cuda"),
-        help="the allocator's backend (default: DEVMEM_BACKEND, else cpu)",
+        help="the allocator's backend, as DEVMEM_BACKEND would set it (default: DEVMEM_BACKEND,"
+        " else cpu); the other DEVMEM_* variables (DEVMEM_SIM_CAPACITY_BYTES, ...) apply either"
+        " way",
     )
     cmd.add_argument(
         "--check-trace",
@@ -375,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend is not None:
         from allocator import Allocator, AllocatorConfig, BackendUnavailable
 
-        try:
-            alloc = Allocator(AllocatorConfig(backend=args.backend))
+        try:  # the option stands for DEVMEM_BACKEND: the other DEVMEM_* knobs apply as well
+            environ = {**os.environ, "DEVMEM_BACKEND": args.backend}
+            alloc = Allocator(AllocatorConfig.from_env(environ))
         except BackendUnavailable as exc:
             parser.exit(2, f"{parser.prog}: error: --backend {args.backend}: {exc}\n")
     result = run(args.workload, config, alloc, **params)
