@@ -21,6 +21,7 @@ from harness._report import (
     signal_name,
 )
 from harness._repro import PendingRepro
+from harness._target import exception_name, raised_name
 
 Pattern = str | re.Pattern[str] | None
 ExceptionSpec = type[BaseException] | str | tuple[type[BaseException] | str, ...] | None
@@ -323,7 +324,8 @@ class Outcome:
         if raised is None:
             why = "the target did not raise: the child "
         elif not of_type:
-            why = f"the target raised {raised.type}, not {wanted}: the child "
+            named = raised_name(raised.type, self.style)
+            why = f"the target raised {named}, not {wanted}: the child "
         else:
             why = "the target raised, but the child did not exit after it: the child "
         return self._check(f"its target raised {wanted}", ok, match, why=why)
@@ -527,7 +529,7 @@ def _exception_names(exc_type: ExceptionSpec) -> list[str] | None:
     names = []
     for spec in specs:
         if isinstance(spec, str) and spec:
-            names.append(spec)
+            names.append(exception_name(spec))
         elif isinstance(spec, type) and issubclass(spec, BaseException):
             names.append(type_name(spec))
         else:

@@ -91,3 +91,27 @@ def _lookup(module: str, qualname: str) -> object:
 def _main_path() -> str | None:
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     return os.path.abspath(path) if isinstance(path, str) else None
+
+
+MAIN_ALIAS = "__mp_main__."
+"""The prefix under which a forkserver or exec child names what the parent's script defines
+(it loads the script again as ``__mp_main__``, as multiprocessing does)."""
+
+
+def exception_name(name: str) -> str:
+    """A qualified exception name as the status records give it: ``__mp_main__.MyError`` is
+    ``__main__.MyError`` (the class of the parent's script, as the child names it too)."""
+    return "__main__." + name[len(MAIN_ALIAS) :] if name.startswith(MAIN_ALIAS) else name
+
+
+def raised_name(name: str, style: str | None) -> str:
+    """``name`` of a raised type for a failure message, saying when the child knew that class
+    under a second name: ``__main__.MyError (in the child also __mp_main__.MyError, the
+    parent's script loaded again: one class, two names)``."""
+    if style in ("forkserver", "exec") and name.startswith("__main__."):
+        alias = MAIN_ALIAS + name[len("__main__.") :]
+        return (
+            f"{name} (in the child also {alias}, the parent's script loaded again: one class, "
+            "two names)"
+        )
+    return name

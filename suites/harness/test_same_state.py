@@ -140,9 +140,14 @@ if __name__ == "__main__":
             outcome.assert_raised(MyError, match="mine")
             outcome.assert_raised("__main__.MyError")
             outcome.assert_raised(Exception)
+            outcome.assert_raised("__mp_main__.MyError")  # the child's name for it
             print(style, "passed", outcome.raised.type, *outcome.raised.bases)
         except harness.DeathTestFailure as failure:
             print(style, "failed", str(failure).splitlines()[0])
+        try:
+            outcome.assert_raised(KeyError)
+        except harness.DeathTestFailure as failure:
+            print(style, str(failure).splitlines()[0])
 """
 
 
@@ -155,9 +160,19 @@ def test_assert_raised_with_a_class_of_the_script_run_as_main(tmp_path):
     )
 
     assert done.returncode == 0, done.stderr
+    two_names = (
+        " (in the child also __mp_main__.MyError, the parent's script loaded again: one class,"
+        " two names)"
+    )
     assert done.stdout.splitlines() == [
-        f"{style} passed __main__.MyError Exception BaseException"
+        line
         for style in ("fork", "forkserver", "exec")
+        for line in (
+            f"{style} passed __main__.MyError Exception BaseException",
+            f"{style} death test failed: the target raised __main__.MyError"
+            f"{'' if style == 'fork' else two_names}, not KeyError: the child exited with "
+            "status 1 after its target raised __main__.MyError: mine",
+        )
     ]
 
 
