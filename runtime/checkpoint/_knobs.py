@@ -22,9 +22,10 @@ import dataclasses
 import math
 import os
 import re
-import sys
 import threading
 from collections.abc import Callable, Mapping
+
+from .._warnings import warn_once
 
 __all__ = ["DEFAULT_HEADROOM", "POLICY_NAMES", "CheckpointKnobs", "knobs"]
 
@@ -61,14 +62,13 @@ class CheckpointKnobs:
         """Parse the knobs from ``environ`` (default ``os.environ``).
 
         Unset or empty variables take their defaults. A malformed value is reported by one
-        ``warn(line)`` call (default: the line on stderr) and replaced by the default; this
+        ``warn(line)`` call (default: the line on stderr, once per run:
+        :func:`runtime._warnings.warn_once`) and replaced by the default; this
         never raises. Policy names are case-insensitive (``SQRT`` is ``sqrt``).
         """
         env = os.environ if environ is None else environ
         if warn is None:
-
-            def warn(line: str) -> None:
-                print(line, file=sys.stderr, flush=True)
+            warn = warn_once
 
         def ignore(name: str, value: str, expected: str, fallback: str) -> None:
             warn(f"devmem: ignoring {name}={value!r}: expected {expected}; using {fallback}")

@@ -48,6 +48,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .._warnings import handover as warnings_handover
+from .._warnings import warn_once
 from ..checkpoint import POLICY_NAMES, CheckpointPlan, checkpoint_plan
 from ._model import (
     DEFAULT_PRESET,
@@ -239,7 +241,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
+    warn_once(f"{PROG}: warning: {message}")  # once per run, not once per exec() restart
 
 
 def _config(args: argparse.Namespace) -> ModelConfig:
@@ -559,6 +561,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 )
                 # the lock stays held: the new process image adopts the descriptor
                 os.environ[LOCK_FD_ENV] = str(state.handover())
+                warnings_handover()  # the new image does not repeat this run's warnings
                 sys.stdout.flush()
                 sys.stderr.flush()
                 command = restart_argv(argv)

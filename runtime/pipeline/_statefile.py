@@ -74,6 +74,7 @@ from stat import S_ISBLK, S_ISCHR, S_ISDIR, S_ISFIFO, S_ISLNK, S_ISREG, S_ISSOCK
 
 import numpy as np
 
+from .._warnings import warn_once
 from ._model import (
     FLOAT32_BYTES,
     CompileConfig,
@@ -481,11 +482,9 @@ def _kill_at() -> tuple[int, str] | None:
         return None
     generation, _, point = raw.partition(":")
     if not generation.isdigit() or point not in ("create", *KILL_POINTS):
-        print(
+        warn_once(  # once per run: not again after each exec() restart
             f"devmem: ignoring DEVMEM_PIPELINE_KILL_AT={raw!r}: expected GEN:POINT with POINT"
-            f" one of create, {', '.join(KILL_POINTS)}; not killing",
-            file=sys.stderr,
-            flush=True,
+            f" one of create, {', '.join(KILL_POINTS)}; not killing"
         )
         return None
     return int(generation), point

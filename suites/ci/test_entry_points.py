@@ -134,3 +134,29 @@ def test_ring_backend_option_honours_the_other_knobs(monkeypatch):
     monkeypatch.setenv("DEVMEM_SIM_CAPACITY_BYTES", "4GiB")
     with pytest.raises(allocator.ConfigError, match="DEVMEM_SIM_CAPACITY_BYTES='4GiB'"):
         ring.main(argv)
+
+
+def test_a_warning_is_printed_once_per_run_across_exec_restarts(tmp_path):
+    """``train`` is one process image after another (two ``exec()`` restarts here); each
+    reads the knobs afresh, and the run still prints each warning once."""
+    settings = {"DEVMEM_CKPT_POLICY": "bogus", "DEVMEM_PIPELINE_KILL_AT": "soon"}
+    args = ["train", "--layers", "1", "--budget", "50", "--steps", "1", "--dry-run", "--sparse"]
+    args += ["--headroom", "5", "--state", str(tmp_path / "run.state")]
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.pipeline", *args],
+        cwd=ROOT,
+        env=_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"restarts": 2' in result.stdout
+    warnings = [line for line in result.stderr.splitlines() if not line.startswith("[pipeline]")]
+    assert sorted(warnings) == [
+        "devmem: ignoring DEVMEM_CKPT_POLICY='bogus': expected one of all, boundary, sqrt,"
+        " every_n, none, sequential, revolve; using all",
+        "devmem: ignoring DEVMEM_PIPELINE_KILL_AT='soon': expected GEN:POINT with POINT one of"
+        " create, journal, journaled, write, written, header, committed; not killing",
+        "python -m runtime.pipeline: warning: --headroom 5.0 is not in (0, 1); using 0.1",
+    ], result.stderr
