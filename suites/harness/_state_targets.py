@@ -73,13 +73,18 @@ def late_thread(path: str) -> None:
 def escape_with_stderr(seconds: float) -> int:
     """Fork a grandchild that leaves the group (``setsid``) holding stderr, sleeping
     ``seconds``; return its pid."""
+    ready, done = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.setsid()
+            os.write(done, b"x")  # out of the group before the child ends (and the group kill)
             time.sleep(seconds)
         finally:
             os._exit(0)
+    os.close(done)
+    os.read(ready, 1)
+    os.close(ready)
     return pid
 
 
