@@ -4,7 +4,7 @@ A knob's bad value is one warning line on stderr (``devmem: ignoring DEVMEM_CKPT
 The knobs are read once per process, and the pipeline's ``train`` is several processes, one
 ``os.execv`` after another: each new process image would print the same line again. So a line
 printed here is remembered, and :func:`handover` puts what was printed into the environment
-(``DEVMEM_WARNED``, one line per line) just before an ``exec()``, for the next image to stay
+(``RUNTIME_WARNED``, one line per line; not a knob) just before an ``exec()``, for the next image to stay
 quiet about. A forked child starts afresh, like the knobs' cache: it prints its own warnings.
 """
 
@@ -16,7 +16,7 @@ import threading
 
 __all__ = ["WARNED_ENV", "handover", "warn_once"]
 
-WARNED_ENV = "DEVMEM_WARNED"
+WARNED_ENV = "RUNTIME_WARNED"
 """The warning lines printed earlier in this run, handed to a new process image by
 :func:`handover` (not a knob: the process that reads it removes it from its environment)."""
 
