@@ -4,8 +4,9 @@ A knob's bad value is one warning line on stderr (``devmem: ignoring DEVMEM_CKPT
 The knobs are read once per process, and the pipeline's ``train`` is several processes, one
 ``os.execv`` after another: each new process image would print the same line again. So a line
 printed here is remembered, and :func:`handover` puts what was printed into the environment
-(``RUNTIME_WARNED``, one line per line; not a knob) just before an ``exec()``, for the next image to stay
-quiet about. A forked child starts afresh, like the knobs' cache: it prints its own warnings.
+(``RUNTIME_WARNED``, one line per line; not a knob) just before an ``exec()``, for the next
+image to stay quiet about. A forked child starts afresh, like the knobs' cache: it prints
+its own warnings.
 """
 
 from __future__ import annotations
