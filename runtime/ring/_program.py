@@ -25,22 +25,26 @@ replays that task.
 from __future__ import annotations
 
 import contextlib
+import gc
 import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .._checks import integer
-from ..tensormap import FaninExceeded, Region, TensorMap, gather_fanin
+from ..tensormap import FaninExceeded, Region, TensorMap, gather_fanin, gather_spans
 
 __all__ = [
     "HEAP",
     "RECLAIM_MODES",
+    "Columns",
     "Orchestrator",
     "Plan",
     "PlanLimits",
     "PlannedTask",
+    "PlannedTasks",
     "TaskRefs",
     "Tensor",
+    "gc_paused",
     "plan",
 ]
 
@@ -52,7 +56,6 @@ RECLAIM_MODES = ("exact", "window")
 """Reclaim rules: dependency-exact (the default), or the seed's constant span H."""
 
 
-@dataclass(frozen=True)
 class Tensor:
     """A tensor the program names: a heap output of a task, or an external (global-memory)
     buffer.
@@ -62,11 +65,54 @@ class Tensor:
         owner: the id of the task whose heap slice holds it; ``None`` for external tensors.
         scope: the id of the scope it was allocated in: 0 for the root scope, then 1, 2, ... in
             the order scopes open (``None`` for external tensors).
+        buffer, lo, hi: its buffer and bounding byte range ``[lo, hi)``.
+        flat: whether its bytes are the one run ``[lo, hi)`` (planning then tracks it as a
+            span, without a :class:`Region`).
+
+    Tensors compare by ``(region, owner, scope)``. A contiguous view of a contiguous tensor
+    makes its :class:`Region` only when asked for (planning does not need it).
     """
 
-    region: Region
-    owner: int | None = None
-    scope: int | None = None
+    __slots__ = ("_region", "buffer", "flat", "hi", "lo", "owner", "scope")
+
+    def __init__(self, region: Region, owner: int | None = None, scope: int | None = None):
+        if not isinstance(region, Region):
+            raise TypeError(f"region must be a Region, got {type(region).__name__}")
+        self._region = region
+        self.buffer = region.buffer
+        self.lo, self.hi = region.byte_range
+        self.flat = not region._bytes.dims
+        self.owner, self.scope = owner, scope
+
+    @classmethod
+    def _span(cls, buffer, lo: int, hi: int, owner: int | None, scope: int | None) -> Tensor:
+        """The float32 elements of bytes ``[lo, hi)`` (multiples of 4): ``Region(buffer,
+        lo // 4, ((hi - lo) // 4,), None, 4)``, made when asked for."""
+        tensor = object.__new__(cls)
+        tensor._region = None
+        tensor.buffer, tensor.lo, tensor.hi, tensor.flat = buffer, lo, hi, True
+        tensor.owner, tensor.scope = owner, scope
+        return tensor
+
+    @property
+    def region(self) -> Region:
+        """Its bytes, as a :class:`Region`."""
+        region = self._region
+        if region is None:
+            region = Region(self.buffer, self.lo // FLOAT32, ((self.hi - self.lo) // FLOAT32,))
+            self._region = region
+        return region
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Tensor:
+            return NotImplemented
+        return (self.region, self.owner, self.scope) == (other.region, other.owner, other.scope)
+
+    def __hash__(self) -> int:
+        return hash((self.region, self.owner, self.scope))
+
+    def __repr__(self) -> str:
+        return f"Tensor(region={self.region!r}, owner={self.owner!r}, scope={self.scope!r})"
 
     def view(self, offset: int, shape: Sequence[int], strides: Sequence[int] | None = None):
         """A view of this tensor: ``shape`` elements from ``offset`` (elements from this
@@ -75,6 +121,20 @@ class Tensor:
         Raises:
             ValueError: the view reaches outside this tensor's bounding range.
         """
+        if (
+            strides is None
+            and type(offset) is int
+            and type(shape) is tuple
+            and len(shape) == 1
+            and type(shape[0]) is int
+            and shape[0] >= 1
+            and self.flat
+            and (self._region is None or self._region.elem_size == FLOAT32)
+        ):  # a run of a run: no Region needed
+            lo = self.lo + offset * FLOAT32
+            hi = lo + shape[0] * FLOAT32
+            if self.lo <= lo and hi <= self.hi:
+                return Tensor._span(self.buffer, lo, hi, self.owner, self.scope)
         region = Region(
             self.region.buffer, self.region.start_offset + offset, shape, strides, FLOAT32
         )
@@ -202,13 +262,91 @@ class PlanLimits:
             integer(self.max_fanin, "max_fanin", 1)
 
 
+class Columns:
+    """The plan's tasks as parallel lists indexed by task id (what the simulator and the trace
+    checker read; :class:`PlannedTask` objects are made from them only when asked for).
+
+    Attributes:
+        kind, name, start, end, deps, touches, cost_ns, refs: as :class:`PlannedTask`'s.
+        outputs: per task, its heap output :class:`Tensor` objects. reads: its inputs and
+            inouts. writes: its inouts, the tensors it overwrites and its outputs (Tensors,
+            whose ``region`` is the PlannedTask's region).
+    """
+
+    __slots__ = (
+        "cost_ns",
+        "deps",
+        "end",
+        "kind",
+        "name",
+        "outputs",
+        "reads",
+        "refs",
+        "start",
+        "touches",
+        "writes",
+    )
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, [])
+
+    def task(self, i: int) -> PlannedTask:
+        """Task ``i`` as a :class:`PlannedTask`."""
+        return PlannedTask(
+            id=i,
+            kind=self.kind[i],
+            name=self.name[i],
+            start=self.start[i],
+            end=self.end[i],
+            outputs=tuple(t.region for t in self.outputs[i]),
+            reads=tuple(t.region for t in self.reads[i]),
+            writes=tuple(t.region for t in self.writes[i]),
+            deps=self.deps[i],
+            touches=self.touches[i],
+            cost_ns=self.cost_ns[i],
+            refs=self.refs[i],
+        )
+
+
+class PlannedTasks(Sequence):
+    """The plan's tasks by id, a read-only sequence of :class:`PlannedTask` made from the
+    plan's :class:`Columns` on first access (and kept)."""
+
+    __slots__ = ("_columns", "_made")
+
+    def __init__(self, columns: Columns) -> None:
+        self._columns = columns
+        self._made: list[PlannedTask | None] = [None] * len(columns.kind)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self._made))[index])
+        task = self._made[index]
+        if task is None:
+            i = range(len(self._made))[index]
+            task = self._made[i] = self._columns.task(i)
+        return task
+
+    def __iter__(self) -> Iterator[PlannedTask]:
+        for i in range(len(self._made)):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} planned tasks>"
+
+
 @dataclass(frozen=True)
 class Plan:
     """The planned program: every core replays it.
 
     Attributes:
         name: the workload's name.
-        tasks: the planned tasks, by id (up to the fatal one, if any).
+        tasks: the planned tasks, by id (up to the fatal one, if any): a sequence of
+            :class:`PlannedTask` (:class:`PlannedTasks`, made on access from ``columns``).
         fatal: ``(task id, message)`` of a fatal found while planning, else ``None``; the
             runtime raises it when the first core replays that task.
         close_pos: per task id, the number of tasks submitted when its scope closed (its
@@ -217,20 +355,22 @@ class Plan:
         consumers: per heap-owning task id, the ids of the later tasks that touch its slice.
         externals: external buffers, name -> elements.
         limits: the :class:`PlanLimits` it was planned for.
+        columns: the same tasks as parallel lists (:class:`Columns`).
     """
 
     name: str
-    tasks: tuple[PlannedTask, ...]
+    tasks: Sequence[PlannedTask]
     fatal: tuple[int, str] | None
     close_pos: tuple[int, ...]
     consumers: dict[int, tuple[int, ...]]
     externals: dict[str, int]
     limits: PlanLimits
+    columns: Columns = field(repr=False, compare=False)
 
     @property
     def vend(self) -> list[int]:
         """``vend[N]``: ``heap_next`` after task N (virtual bytes)."""
-        return [t.end for t in self.tasks]
+        return list(self.columns.end)
 
 
 @dataclass
@@ -257,8 +397,7 @@ class Orchestrator:
     def __init__(self, limits: PlanLimits) -> None:
         self.limits = limits
         self._tmap = TensorMap()
-        self._tasks: list[PlannedTask] = []
-        self._refs: list[int] = []
+        self._cols = Columns()
         self._heap_next = 0
         self._scopes: list[_Scope] = [_Scope(0)]  # the root scope: never closes
         self._scope_ids = 1
@@ -295,11 +434,14 @@ class Orchestrator:
         finally:
             self._scopes.pop()
             self._closed_scopes.add(scope.id)
-            for owner in scope.owners:
-                self._close_pos[owner] = len(self._tasks)
-                # no later task may use the slice: its writers and readers leave the map
-                task = self._tasks[owner]
-                self._tmap.forget(HEAP, task.start, task.end)
+            if scope.owners:
+                n, cols = len(self._cols.kind), self._cols
+                for owner in scope.owners:
+                    self._close_pos[owner] = n
+                # no later task may use the scope's slices: their writers and readers leave
+                # the map (the slices are consecutive on the heap: a nested scope's, between
+                # them, closed first)
+                self._tmap.forget(HEAP, cols.start[scope.owners[0]], cols.end[scope.owners[-1]])
 
     def alloc_tensors(self, *sizes: int) -> TaskRefs:
         """A kernel-less task that allocates heap tensors of ``sizes`` float32 elements and
@@ -342,8 +484,8 @@ class Orchestrator:
             raise TypeError(f"{role} must be Tensors, got {type(tensor).__name__}")
         if tensor.scope is not None and tensor.scope in self._closed_scopes:
             raise ValueError(
-                f"task {len(self._tasks)} uses a tensor of task {tensor.owner} after its scope"
-                " closed"
+                f"task {len(self._cols.kind)} uses a tensor of task {tensor.owner} after its"
+                " scope closed"
             )
         return tensor
 
@@ -360,7 +502,9 @@ class Orchestrator:
                     f" (span {task_id - owner} > H={self.limits.h})",
                 )
 
-    def _place(self, task_id: int, sizes: Sequence[int]) -> tuple[int, int, list[Region]]:
+    def _place(self, task_id: int, sizes: Sequence[int], scope: int) -> tuple[int, int, list]:
+        """Task ``task_id``'s heap slice ``[start, end)`` and its outputs (Tensors of scope
+        ``scope``)."""
         limits = self.limits
         align, ring = limits.align, limits.ring_bytes
         start = self._heap_next
@@ -374,94 +518,126 @@ class Orchestrator:
                 task_id,
                 f"task {task_id} needs {total} heap bytes, more than the heap ring's {ring}",
             )
+        if not total:
+            return start, start, []
         base = -(-start // align) * align
-        if total and base // ring != (base + total - 1) // ring:  # never straddle the end
+        if base // ring != (base + total - 1) // ring:  # never straddle the end
             base = (base // ring + 1) * ring
-        end = base + total
-        regions = [
-            Region.contiguous(HEAP, (base + off) // FLOAT32, size, FLOAT32)
+        span = Tensor._span
+        outputs = [
+            span(HEAP, base + off, base + off + size * FLOAT32, task_id, scope)
             for off, size in zip(offsets, sizes, strict=True)
         ]
-        return start, (end if total else start), regions
+        return start, base + total, outputs
+
+    def _tensors(self, tensors, role: str) -> list[Tensor]:
+        if isinstance(tensors, Tensor):
+            raise TypeError(f"{role} must be a sequence of Tensors, got one Tensor")
+        closed = self._closed_scopes
+        out = list(tensors)
+        for t in out:
+            if type(t) is not Tensor or (t.scope is not None and t.scope in closed):
+                self._check_tensor(t, role)
+        return out
 
     def _submit(self, kind, name, inputs, inouts, writes, outputs, cost_ns) -> TaskRefs:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a kernel's name must be a non-empty str, got {name!r}")
         if isinstance(outputs, (int, str)) or not hasattr(outputs, "__iter__"):
             raise TypeError(f"outputs must be a sequence of sizes, got {outputs!r}")
-        task_id = len(self._tasks)
-        args = {"inputs": inputs, "inouts": inouts, "writes": writes}
-        for role, tensors in args.items():
-            if isinstance(tensors, Tensor):
-                raise TypeError(f"{role} must be a sequence of Tensors, got one Tensor")
-            args[role] = [self._check_tensor(t, role) for t in tensors]
-        sizes = [integer(n, "output size") for n in outputs]
-        touched = args["inputs"] + args["inouts"] + args["writes"]
+        cols = self._cols
+        task_id = len(cols.kind)
+        inputs = self._tensors(inputs, "inputs")
+        inouts = self._tensors(inouts, "inouts")
+        writes = self._tensors(writes, "writes")
+        sizes = [n if type(n) is int and n >= 1 else integer(n, "output size") for n in outputs]
+        touched = inputs + inouts + writes
         owners = sorted({t.owner for t in touched if t.owner is not None}, reverse=True)
         if self.limits.reclaim == "window":
             self._check_span(task_id, owners)
-        start, end, regions = self._place(task_id, sizes)
+        scope = self._scopes[-1]
+        start, end, outs = self._place(task_id, sizes, scope.id)
+        tmap, written = self._tmap, inouts + writes
         try:
-            fanin = gather_fanin(
-                self._tmap,
-                task_id,
-                inputs=[t.region for t in args["inputs"]],
-                inouts=[t.region for t in args["inouts"]],
-                writes=[t.region for t in args["writes"]],
-                max_fanin=self.limits.max_fanin,
-            )
+            if all(t.flat for t in touched):  # contiguous accesses: spans, no Regions
+                fanin = gather_spans(
+                    tmap,
+                    task_id,
+                    inputs=[(t.buffer, t.lo, t.hi) for t in inputs],
+                    inouts=[(t.buffer, t.lo, t.hi) for t in inouts],
+                    writes=[(t.buffer, t.lo, t.hi) for t in writes],
+                    max_fanin=self.limits.max_fanin,
+                )
+            else:
+                fanin = gather_fanin(
+                    tmap,
+                    task_id,
+                    inputs=[t.region for t in inputs],
+                    inouts=[t.region for t in inouts],
+                    writes=[t.region for t in writes],
+                    max_fanin=self.limits.max_fanin,
+                )
         except FaninExceeded as exc:
             raise _PlanFatal(task_id, str(exc)) from None
-        for tensor in args["inouts"] + args["writes"]:
-            self._tmap.insert(tensor.region, task_id)
-        for region in regions:
-            self._tmap.insert(region, task_id)
+        for t in written:
+            if t.flat:
+                tmap.insert_span(t.buffer, t.lo, t.hi, task_id)
+            else:
+                tmap.insert(t.region, task_id)
+        for t in outs:
+            tmap.insert_span(HEAP, t.lo, t.hi, task_id)
         self._heap_next = end
-        scope = self._scopes[-1]
-        if regions:
+        consumers = self._consumers
+        if outs:
             scope.owners.append(task_id)
-            self._consumers[task_id] = []
+            consumers[task_id] = []
         for owner in owners:
-            self._consumers[owner].append(task_id)
-        deps = tuple(sorted(set(fanin) | set(owners), reverse=True))
-        self._tasks.append(
-            PlannedTask(
-                id=task_id,
-                kind=kind,
-                name=name,
-                start=start,
-                end=end,
-                outputs=tuple(regions),
-                reads=tuple(t.region for t in args["inputs"] + args["inouts"]),
-                writes=tuple(t.region for t in args["inouts"] + args["writes"]) + tuple(regions),
-                deps=deps,
-                touches=tuple(owners),
-                cost_ns=cost_ns,
-            )
-        )
-        self._refs.append(0)
-        outs = tuple(Tensor(r, task_id, scope.id) for r in regions)
-        return TaskRefs(task_id, outs, self._refs)
+            consumers[owner].append(task_id)
+        deps = tuple(sorted(set(fanin).union(owners), reverse=True)) if owners else fanin
+        cols.kind.append(kind)
+        cols.name.append(name)
+        cols.start.append(start)
+        cols.end.append(end)
+        cols.outputs.append(outs)
+        cols.reads.append(inputs + inouts)
+        cols.writes.append(written + outs)
+        cols.deps.append(deps)
+        cols.touches.append(tuple(owners))
+        cols.cost_ns.append(cost_ns)
+        cols.refs.append(0)
+        return TaskRefs(task_id, tuple(outs), cols.refs)
 
     def _finish(self, name: str, fatal: tuple[int, str] | None) -> Plan:
-        n = len(self._tasks)
-        tasks = tuple(
-            t if not self._refs[t.id] else _with_refs(t, self._refs[t.id]) for t in self._tasks
-        )
-        close_pos = tuple(self._close_pos.get(t.id, n + 1) for t in tasks)
+        cols = self._cols
+        n = len(cols.kind)
+        close_pos = tuple(self._close_pos.get(i, n + 1) for i in range(n))
         return Plan(
             name=name,
-            tasks=tasks,
+            tasks=PlannedTasks(cols),
             fatal=fatal,
             close_pos=close_pos,
             consumers={k: tuple(v) for k, v in self._consumers.items()},
             externals=dict(self._externals),
             limits=self.limits,
+            columns=cols,
         )
 
 
-def _with_refs(task: PlannedTask, refs: int) -> PlannedTask:
-    return PlannedTask(**{**task.__dict__, "refs": refs})
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (back on after it, if it was on).
+
+    Planning, simulating and checking allocate many small objects that live to the end, so
+    each collection would walk them all again for nothing (about half of a simulation's time);
+    what they allocate is freed by reference counting. Process-wide: other threads' objects
+    wait for the next collection after the block too."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def plan(workload: Callable[..., None], limits: PlanLimits, name: str = "", **params) -> Plan:
@@ -473,8 +649,9 @@ def plan(workload: Callable[..., None], limits: PlanLimits, name: str = "", **pa
     """
     orch = Orchestrator(limits)
     fatal = None
-    try:
-        workload(orch, **params)
-    except _PlanFatal as exc:
-        fatal = (exc.task, str(exc))
-    return orch._finish(name or getattr(workload, "__name__", "workload"), fatal)
+    with gc_paused():
+        try:
+            workload(orch, **params)
+        except _PlanFatal as exc:
+            fatal = (exc.task, str(exc))
+        return orch._finish(name or getattr(workload, "__name__", "workload"), fatal)

@@ -56,7 +56,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .._checks import integer
-from ._program import HEAP, RECLAIM_MODES, Plan, PlanLimits
+from ._program import HEAP, RECLAIM_MODES, Plan, PlanLimits, gc_paused
 
 __all__ = [
     "MASK64",
@@ -326,20 +326,28 @@ class _Engine:
                 f"the plan was made for {plan.limits}, not for this config's {config.limits()}"
             )
         self.plan, self.alloc, self.cfg = plan, alloc, config
-        tasks = plan.tasks
-        self.tasks = tasks
-        self.n = len(tasks)
+        self.tasks = plan.tasks
+        cols = plan.columns
+        self.n = n = len(cols.kind)
         self.positions = self.n + (1 if plan.fatal else 0)
-        self.vend = [t.end for t in tasks]
+        self.vend = cols.end
+        self.outputs, self.refs, self.cost = cols.outputs, cols.refs, cols.cost_ns
+        self.touches = cols.touches
+        self.accesses = [r or w for r, w in zip(cols.reads, cols.writes, strict=True)]
+        self.is_kernel = [k == "kernel" for k in cols.kind]
+        self.heap_bytes = [e - s for s, e in zip(cols.start, cols.end, strict=True)]
         # exact reclaim's boundary: a slice's first output byte (its padding is not live)
-        self.first_byte = [t.outputs[0].byte_range[0] if t.outputs else t.start for t in tasks]
+        self.first_byte = [
+            o[0].lo if o else s for o, s in zip(cols.outputs, cols.start, strict=True)
+        ]
         self.done = bytearray(self.n)
         self.frontier = -1
-        self.remaining = [len(t.deps) for t in tasks]
-        self.dependents: list[list[int]] = [[] for _ in tasks]
-        for t in tasks:
-            for d in t.deps:
-                self.dependents[d].append(t.id)
+        self.remaining = [len(d) for d in cols.deps]
+        self.dependents: list[list[int]] = [[] for _ in range(n)]
+        for t, deps in enumerate(cols.deps):
+            for d in deps:
+                self.dependents[d].append(t)
+        self.materialized: dict[int, list] = {}  # alloc task -> [views, cores still to take]
         self.owner = [-1] * self.n
         self.granted = bytearray(self.n)  # kernel tasks whose owner passed back-pressure
         self.kernel_cursor = [-1] * SHARDS
@@ -410,8 +418,9 @@ class _Engine:
                 owner = self.cores[self.owner[d]]
                 heapq.heappush(owner.ready, d)
                 self._wake(owner)
-        for p in self.tasks[task].touches:
-            self.users_left[p] -= 1
+        users_left = self.users_left
+        for p in self.touches[task]:
+            users_left[p] -= 1
         self._wake_blocked()
 
     def _wake_blocked(self) -> None:
@@ -425,12 +434,12 @@ class _Engine:
         if self.cfg.reclaim == "window":
             r = self.frontier - self.cfg.h
             return self.vend[r] if r >= 0 else 0
-        owners, tasks = self.heap_owners, self.tasks
+        owners = self.heap_owners
         while self.tail < len(owners) and self._dead(owners[self.tail]):
             self.tail += 1
         if self.tail < len(owners):
             return self.first_byte[owners[self.tail]]
-        return tasks[owners[-1]].end if owners else 0
+        return self.vend[owners[-1]] if owners else 0
 
     def _dead(self, p: int) -> bool:
         """Exact reclaim: task p's slice is dead when p and every task touching it are done
@@ -464,7 +473,6 @@ class _Engine:
         if self.tail >= len(owners):
             return "no slice is live"
         p = owners[self.tail]
-        t = self.tasks[p]
         waits = []
         if not self.done[p]:
             waits.append(f"task {p} itself")
@@ -477,8 +485,8 @@ class _Engine:
         elif self.max_pos < self.close[p]:
             waits.append(f"its scope to close (after task {self.close[p] - 1})")
         return (
-            f"the ring is held by task {p}'s slice [{self.first_byte[p]}, {t.end}), waiting for"
-            f" {' and '.join(waits)}"
+            f"the ring is held by task {p}'s slice [{self.first_byte[p]}, {self.vend[p]}),"
+            f" waiting for {' and '.join(waits)}"
         )
 
     def _set_fatal(self, task: int, message: str) -> None:
@@ -488,36 +496,46 @@ class _Engine:
 
     # -- materializing -----------------------------------------------------------------------
 
-    def _view(self, region):
-        lo, hi = region.byte_range
-        if region.buffer == HEAP:
+    def _view(self, tensor):
+        lo, hi = tensor.lo, tensor.hi
+        if tensor.buffer == HEAP:
             ring = self.cfg.ring_bytes
             return self.ring.view((lo % ring) // 4, (hi - lo) // 4)
-        return self.externals[region.buffer].view(lo // 4, (hi - lo) // 4)
+        return self.externals[tensor.buffer].view(lo // 4, (hi - lo) // 4)
 
     def _materialize(self, task: int) -> TaskOutputTensors:
-        return TaskOutputTensors(task, tuple(self._view(r) for r in self.tasks[task].outputs))
+        """Task ``task``'s outputs as views of the ring: every core computes the same views,
+        so the first core's are handed to the others."""
+        cached = self.materialized.get(task)
+        if cached is None:
+            views = tuple(self._view(t) for t in self.outputs[task])
+            if len(self.cores) > 1:
+                self.materialized[task] = [views, len(self.cores) - 1]
+        else:
+            views = cached[0]
+            cached[1] -= 1
+            if not cached[1]:
+                del self.materialized[task]
+        return TaskOutputTensors(task, views)
 
     def _take_refs(self, result: TaskOutputTensors) -> None:
-        for i in range(self.tasks[result.task].refs):  # the orchestration's get_ref calls
+        for i in range(self.refs[result.task]):  # the orchestration's get_ref calls
             result.get_ref(i)
 
     # -- a core's step ---------------------------------------------------------------------
 
     def _start(self, core: _Core, task: int) -> None:
-        t = self.tasks[task]
         self._event(core.id, _START, task)
         if self.cfg.replay == "kernel":
             alloc = self.alloc
-            regions = t.reads or t.writes
             elems = 0
-            for region in regions:
-                view = self._view(region)
+            for tensor in self.accesses[task]:
+                view = self._view(tensor)
                 alloc.release(alloc.mul(view, view))
                 elems += view.size
             cost = self.cfg.launch_ns + self.cfg.ns_per_element * elems
         else:
-            cost = t.cost_ns
+            cost = self.cost[task]
         core.running = task
         self._schedule(core, self.now + self._jitter(cost * core.speed))
 
@@ -535,16 +553,15 @@ class _Engine:
             task, message = self.plan.fatal
             self._set_fatal(task, message)
             raise _Stop
-        task = self.tasks[n]
         seed_rule = self.cfg.reclaim == "window"
-        if task.kind == "kernel":
+        if self.is_kernel[n]:
             owns = core.blocked
             if owns is None:
                 owns = self._claim(self.kernel_cursor, n)
                 if owns:
                     self.owner[n] = core.id
                     self._event(core.id, _CLAIM, n)
-            if owns and task.heap_bytes:
+            if owns and self.heap_bytes[n]:
                 fit = self._fits(core, n, owns, seed_rule)
                 if fit is _Fit.WAIT:
                     return False
@@ -628,7 +645,7 @@ class _Engine:
             f" more than the ring's {self.cfg.ring_bytes}, and no core can make progress"
             f" (frontier F={self.frontier}): {self._holder()}",
         )
-        if self.tasks[n].kind == "alloc":
+        if not self.is_kernel[n]:
             if self.cfg.alloc_election:
                 result, core.held = core.held, None
                 self._fatal_outputs(result)
@@ -703,4 +720,5 @@ def simulate(plan: Plan, alloc, config: RingConfig) -> RunResult:
     The pre-fix path (``alloc_election=False``) aborts the process (SIGABRT) where the seed's
     runtime did: run it in a death-test child.
     """
-    return _Engine(plan, alloc, config).run()
+    with gc_paused():
+        return _Engine(plan, alloc, config).run()

@@ -9,14 +9,24 @@ public names, and it imports nothing of the ring.
 Its modules (private; everything public is re-exported here):
 
 - ``_map``: :class:`Region`, :class:`TensorMap`, :class:`Overlap`, :class:`Producer`,
-  :func:`classify`, :func:`gather_fanin` and :class:`FaninExceeded`;
+  :func:`classify`, :func:`gather_fanin` (and :func:`gather_spans`, its form for
+  contiguous accesses) and :class:`FaninExceeded`;
 - ``_strided``: exact overlap of strided byte sets (:class:`ByteSet`, :func:`covers`,
   :func:`intersects`), which ``_map`` classifies with.
 """
 
 from __future__ import annotations
 
-from ._map import FaninExceeded, Overlap, Producer, Region, TensorMap, classify, gather_fanin
+from ._map import (
+    FaninExceeded,
+    Overlap,
+    Producer,
+    Region,
+    TensorMap,
+    classify,
+    gather_fanin,
+    gather_spans,
+)
 from ._strided import ByteSet, covers, intersects
 
 __all__ = [
@@ -29,5 +39,6 @@ __all__ = [
     "classify",
     "covers",
     "gather_fanin",
+    "gather_spans",
     "intersects",
 ]

@@ -54,6 +54,7 @@ __all__ = [
     "TensorMap",
     "classify",
     "gather_fanin",
+    "gather_spans",
 ]
 
 
@@ -193,19 +194,51 @@ class Producer:
     overlap: Overlap
 
 
-@dataclass(eq=False)
 class _Entry:
-    """One recorded access: ``region`` written (or read, in the readers' index) by task
-    ``producer``. ``lo, hi``: the region's bounding byte range. ``live``: ``None`` while every
-    byte of the region is live, else the live bytes as sorted disjoint ``[lo, hi)`` intervals
-    (the bytes no later write has overwritten)."""
+    """One recorded access: task ``producer`` wrote (or, in the readers' index, read) bytes of
+    ``buffer``. ``lo, hi``: the bounding byte range. ``live``: ``None`` while every byte of the
+    access is live, else the live bytes as sorted disjoint ``[lo, hi)`` intervals (the bytes no
+    later write has overwritten).
 
-    lo: int
-    hi: int
-    region: Region
-    producer: int
-    live: list[tuple[int, int]] | None = None
-    serial: int = field(default_factory=lambda: next(_serials))
+    An access is a :class:`Region` (``region`` given) or a span: the contiguous bytes
+    ``[lo, hi)`` (``region`` ``None``; :func:`gather_spans`, the ring's path, records those
+    without a Region, and :attr:`region` makes one of 1-byte elements when a strided test
+    needs it). ``flat``: its bytes are the one run ``[lo, hi)``."""
+
+    __slots__ = ("_bytes", "_region", "buffer", "flat", "hi", "live", "lo", "producer", "serial")
+
+    def __init__(
+        self,
+        buffer: Hashable,
+        lo: int,
+        hi: int,
+        region: Region | None,
+        producer: int,
+        live: list[tuple[int, int]] | None = None,
+    ) -> None:
+        self.buffer, self.lo, self.hi, self.producer, self.live = buffer, lo, hi, producer, live
+        self._region = region
+        self._bytes = None if region is None else region._bytes
+        self.flat = self._bytes is None or not self._bytes.dims
+        self.serial = next(_serials)
+
+    @property
+    def region(self) -> Region:
+        """The access as a :class:`Region` (a span's: 1-byte elements ``[lo, hi)``)."""
+        if self._region is None:
+            self._region = Region(self.buffer, self.lo, (self.hi - self.lo,), (1,), 1)
+        return self._region
+
+    @property
+    def bytes(self) -> ByteSet:
+        """Its bytes (:class:`ByteSet`)."""
+        if self._bytes is None:
+            self._bytes = ByteSet(self.lo, self.hi - self.lo, ())
+        return self._bytes
+
+    def pieces(self) -> list[tuple[int, int]]:
+        """What it is indexed by (:func:`_pieces`): a span is its one run."""
+        return [(self.lo, self.hi)] if self.flat else _pieces(self._bytes)
 
 
 _serials = itertools.count()
@@ -273,11 +306,11 @@ def _subtract(entry: _Entry, w: ByteSet) -> bool:
     Cost: O(1) exact tests when ``w`` covers the entry, else the entry's runs once (its live
     bytes are then kept as intervals) plus ``w``'s runs inside the live intervals it meets."""
     if entry.live is None:
-        if covers(w, entry.region._bytes):
+        if covers(w, entry.bytes):
             return False
-        if not intersects(w, entry.region._bytes):
+        if not intersects(w, entry.bytes):
             return True
-        entry.live = _runs(entry.region._bytes)
+        entry.live = _runs(entry.bytes)
     live = entry.live
     i = bisect.bisect_right(live, (w.lo, w.lo))
     if i and live[i - 1][1] > w.lo:
@@ -351,7 +384,7 @@ class _Bucket:
 
     def add(self, entry: _Entry) -> None:
         serial = entry.serial
-        for lo, hi in _pieces(entry.region._bytes):
+        for lo, hi in entry.pieces():
             c = (hi - lo).bit_length()
             pieces = self.classes.get(c)
             if pieces is None:
@@ -401,7 +434,7 @@ class _Bucket:
 
     def remove(self, entry: _Entry) -> None:
         serial = entry.serial
-        for lo, hi in _pieces(entry.region._bytes):
+        for lo, hi in entry.pieces():
             c = (hi - lo).bit_length()
             keys, pieces = self.classes[c]
             key = lo << SERIAL_BITS | serial
@@ -428,6 +461,10 @@ class _Bucket:
                 del self.classes[c]
         self.count -= len(dropped)
         return len(dropped)
+
+
+Span = tuple[Hashable, int, int]
+"""``(buffer, lo, hi)``: the contiguous bytes ``[lo, hi)`` of a buffer, ``lo < hi``."""
 
 
 class TensorMap:
@@ -471,7 +508,15 @@ class TensorMap:
             raise TypeError(f"region must be a Region, got {type(region).__name__}")
         producer = integer(producer, "producer", 0)
         lo, hi = region.byte_range
-        self._buckets.setdefault(region.buffer, _Bucket()).add(_Entry(lo, hi, region, producer))
+        self._buckets.setdefault(region.buffer, _Bucket()).add(
+            _Entry(region.buffer, lo, hi, region, producer)
+        )
+        self._count += 1
+
+    def insert_span(self, buffer: Hashable, lo: int, hi: int, producer: int) -> None:
+        """:meth:`insert` for the contiguous bytes ``[lo, hi)`` of ``buffer`` (``lo < hi``),
+        without a :class:`Region` (the ring's path; its arguments are not checked)."""
+        self._buckets.setdefault(buffer, _Bucket()).add(_Entry(buffer, lo, hi, None, producer))
         self._count += 1
 
     def _matches(self, region: Region, readers: bool = False) -> list[tuple[_Entry, Overlap]]:
@@ -509,7 +554,7 @@ class TensorMap:
     def _remove(self, entries: Sequence[_Entry], readers: bool = False) -> None:
         buckets = self._readers if readers else self._buckets
         for entry in entries:
-            buckets[entry.region.buffer].remove(entry)
+            buckets[entry.buffer].remove(entry)
         if not readers:
             self._count -= len(entries)
 
@@ -526,11 +571,20 @@ class TensorMap:
     def _record_read(self, region: Region, reader: int, written: Sequence[Region]) -> None:
         """Task ``reader`` read ``region`` (less the bytes it writes itself)."""
         lo, hi = region.byte_range
-        entry = _Entry(lo, hi, region, reader)
+        entry = _Entry(region.buffer, lo, hi, region, reader)
         for w in written:
             if w.buffer == region.buffer and not _subtract(entry, w._bytes):
                 return
         self._readers.setdefault(region.buffer, _Bucket()).add(entry)
+
+    def _record_read_span(self, span: Span, reader: int, written: Sequence[Span]) -> None:
+        """:meth:`_record_read` for a span (read, less the bytes it writes itself)."""
+        buffer, lo, hi = span
+        entry = _Entry(buffer, lo, hi, None, reader)
+        for wbuffer, wlo, whi in written:
+            if wbuffer == buffer and wlo < hi and lo < whi and not _cut(entry, wlo, whi):
+                return
+        self._readers.setdefault(buffer, _Bucket()).add(entry)
 
     def forget(self, buffer: Hashable, lo: int, hi: int) -> int:
         """Drop every entry, written or read, of ``buffer`` that lies within bytes ``[lo, hi)``:
@@ -574,6 +628,11 @@ class TensorMap:
                     del buckets[buffer]
         self._count -= removed
         return removed
+
+
+def _newest_first(tasks: set[int]) -> tuple[int, ...]:
+    """A fan-in's tasks, newest (highest id) first: both gather paths order theirs here."""
+    return tuple(sorted(tasks, reverse=True))
 
 
 def _by_producer(found: Iterable[tuple[_Entry, Overlap]]) -> list[Producer]:
@@ -635,7 +694,7 @@ def gather_fanin(
     for region in written:
         found += tmap._matches(region)
         found += tmap._matches(region, readers=True)
-    producers = tuple(p.task for p in _by_producer(found) if p.task != task)
+    producers = _newest_first({entry.producer for entry, _ in found} - {task})
     if max_fanin is not None and len(producers) > max_fanin:
         raise FaninExceeded(
             f"task {task} depends on {len(producers)} producers, more than"
@@ -645,4 +704,100 @@ def gather_fanin(
         tmap._supersede(region)
     for region in inputs:
         tmap._record_read(region, task, written)
+    return producers
+
+
+def _span_meets(entry: _Entry, lo: int, hi: int) -> bool:
+    """Whether the live bytes of ``entry``, a candidate of ``[lo, hi)`` (one of its pieces
+    meets it), meet ``[lo, hi)``: at once for a whole span (its piece is its bytes), by the
+    exact test for a strided entry, by bisection among live intervals."""
+    live = entry.live
+    if live is None:
+        return entry.flat or intersects(entry._bytes, ByteSet(lo, hi - lo, ()))
+    i = bisect.bisect_right(live, (lo, lo))
+    if i and live[i - 1][1] > lo:
+        return True
+    return i < len(live) and live[i][0] < hi
+
+
+def _cut(entry: _Entry, lo: int, hi: int) -> bool:
+    """:func:`_subtract` for the bytes ``[lo, hi)``, which meet ``entry``'s live bytes:
+    interval arithmetic. Whether any live bytes remain."""
+    live = entry.live
+    if live is None:
+        if lo <= entry.lo and entry.hi <= hi:
+            return False  # covered (a strided entry's bytes lie within its bounding range)
+        if not entry.flat:
+            return _subtract(entry, ByteSet(lo, hi - lo, ()))
+        live = entry.live = [(entry.lo, entry.hi)]
+    i = bisect.bisect_right(live, (lo, lo))
+    if i and live[i - 1][1] > lo:
+        i -= 1
+    j = bisect.bisect_left(live, (hi, hi), i)
+    kept = []
+    for a, b in live[i:j]:
+        if a < lo:
+            kept.append((a, lo))
+        if b > hi:
+            kept.append((hi, b))
+    live[i:j] = kept
+    return bool(live)
+
+
+def _meeting(bucket: _Bucket, lo: int, hi: int) -> list[_Entry]:
+    """The entries of ``bucket`` whose live bytes meet ``[lo, hi)``, each once."""
+    found = bucket.candidates(lo, hi)
+    if len(found) > 1:
+        found = list({id(e): e for e in found}.values())
+    return [e for e in found if _span_meets(e, lo, hi)]
+
+
+def gather_spans(
+    tmap: TensorMap,
+    task: int,
+    *,
+    inputs: Sequence[Span] = (),
+    inouts: Sequence[Span] = (),
+    writes: Sequence[Span] = (),
+    max_fanin: int | None = None,
+) -> tuple[int, ...]:
+    """:func:`gather_fanin` for accesses that are contiguous bytes, given as ``(buffer, lo,
+    hi)`` spans: the same fan-in and the same changes to the map, without a :class:`Region`
+    per access (the ring's path: its tensors are spans of float32 elements). The map may hold
+    strided entries too: they are tested exactly. Record the task's writes afterwards with
+    :meth:`TensorMap.insert_span` (or :meth:`TensorMap.insert`).
+
+    Raises:
+        FaninExceeded: more than ``max_fanin`` distinct tasks; the map is left unchanged.
+    """
+    if max_fanin is not None:
+        max_fanin = integer(max_fanin, "max_fanin")
+    writers, readers = tmap._buckets, tmap._readers
+    tasks: set[int] = set()
+    for buffer, lo, hi in (*inputs, *inouts):
+        bucket = writers.get(buffer)
+        if bucket is not None:
+            tasks.update(e.producer for e in _meeting(bucket, lo, hi))
+    written = (*inouts, *writes)
+    for buffer, lo, hi in written:
+        for index in (writers, readers):
+            bucket = index.get(buffer)
+            if bucket is not None:
+                tasks.update(e.producer for e in _meeting(bucket, lo, hi))
+    tasks.discard(task)
+    producers = _newest_first(tasks)
+    if max_fanin is not None and len(producers) > max_fanin:
+        raise FaninExceeded(
+            f"task {task} depends on {len(producers)} producers, more than"
+            f" max_fanin={max_fanin} (the seed's runtime silently kept 16)"
+        )
+    for buffer, lo, hi in written:  # supersede: the bytes leave every older entry
+        for flag, index in ((False, writers), (True, readers)):
+            bucket = index.get(buffer)
+            if bucket is not None:
+                dead = [e for e in _meeting(bucket, lo, hi) if not _cut(e, lo, hi)]
+                if dead:
+                    tmap._remove(dead, flag)
+    for span in inputs:
+        tmap._record_read_span(span, task, written)
     return producers

@@ -10,20 +10,29 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from runtime.ring import _program, _sim
-from runtime.tensormap import _map
+from runtime.tensormap import TensorMap, _map
 
 _real_by_producer = _map._by_producer
+_real_newest_first = _map._newest_first
 _real_candidates = _map._Bucket.candidates
+
+
+def _truncated(keep: int):
+    """Lookups and both gather paths (``gather_fanin``, ``gather_spans``) keep ``keep``."""
+    return [
+        (_map, "_by_producer", lambda found: _real_by_producer(found)[:keep]),
+        (_map, "_newest_first", lambda tasks: _real_newest_first(tasks)[:keep]),
+    ]
 
 
 def _newest_only_lookup():
     """The seed's ``MapEntry::lookup``: only the newest overlapping producer (``return best``)."""
-    return _map, "_by_producer", lambda found: _real_by_producer(found)[:1]
+    return _truncated(1)
 
 
 def _fanin_truncated_at_16():
     """The seed's fan-in array of 16: producers beyond it silently dropped."""
-    return _map, "_by_producer", lambda found: _real_by_producer(found)[:16]
+    return _truncated(16)
 
 
 def _no_span_check():
@@ -65,7 +74,7 @@ def _window_boundary_one_late():
 
 def _fanin_truncated_at_100():
     """A fan-in array of 100: producers beyond it silently dropped."""
-    return _map, "_by_producer", lambda found: _real_by_producer(found)[:100]
+    return _truncated(100)
 
 
 def _candidates_skip_one_byte_overlaps():
@@ -77,13 +86,37 @@ def _candidates_skip_one_byte_overlaps():
     return _map._Bucket, "candidates", candidates
 
 
+def _no_readers_recorded():
+    """The TensorMap before write-after-read was ordered: it records no readers (both the
+    Region path and the span path)."""
+    return [
+        (TensorMap, "_record_read", lambda self, *args: None),
+        (TensorMap, "_record_read_span", lambda self, *args: None),
+    ]
+
+
+def _fanin_without_writes():
+    """Planning before write-after-write was ordered: the fan-in lookup without the task's
+    ``writes=`` (both the Region path and the span path)."""
+    patches = []
+    for name in ("gather_fanin", "gather_spans"):
+        real = getattr(_program, name)
+
+        def without_writes(tmap, task, *, real=real, inputs=(), inouts=(), writes=(), **kw):
+            return real(tmap, task, inputs=inputs, inouts=inouts, **kw)
+
+        patches.append((_program, name, without_writes))
+    return patches
+
+
 def _lost_wake_up():
     """A simulator bug, not a seed's: a core idle until its task's producer ends is never
     woken (nor is a core blocked on back-pressure)."""
     return _sim._Engine, "_wake", lambda self, core: None
 
 
-MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {
+Patch = tuple[object, str, object]
+MUTANTS: dict[str, Callable[[], Patch | list[Patch]]] = {
     "newest_only_lookup": _newest_only_lookup,
     "fanin_truncated_at_16": _fanin_truncated_at_16,
     "no_span_check": _no_span_check,
@@ -93,6 +126,8 @@ MUTANTS: dict[str, Callable[[], tuple[object, str, object]]] = {
     "fanin_truncated_at_100": _fanin_truncated_at_100,
     "candidates_skip_one_byte_overlaps": _candidates_skip_one_byte_overlaps,
     "lost_wake_up": _lost_wake_up,
+    "no_readers_recorded": _no_readers_recorded,
+    "fanin_without_writes": _fanin_without_writes,
 }
 
 
@@ -106,8 +141,9 @@ def apply(name: str | None, monkeypatch=None) -> None:
         return
     if name not in MUTANTS:
         raise ValueError(f"unknown mutant {name!r}; expected one of {', '.join(MUTANTS)}")
-    owner, attribute, value = MUTANTS[name]()
-    if monkeypatch is not None:
-        monkeypatch.setattr(owner, attribute, value)
-    else:
-        setattr(owner, attribute, value)
+    patches = MUTANTS[name]()
+    for owner, attribute, value in patches if isinstance(patches, list) else [patches]:
+        if monkeypatch is not None:
+            monkeypatch.setattr(owner, attribute, value)
+        else:
+            setattr(owner, attribute, value)

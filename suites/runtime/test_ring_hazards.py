@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime import ring, tensormap
+from runtime import ring
 from runtime.ring import HEAP, RingConfig
 
-from . import _ring_programs
+from . import _ring_mutants, _ring_programs
 
 # -- the byte-level model ---------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ def test_external_programs_agree_with_the_byte_model(
     every region."""
     monkeypatch.setattr("runtime.ring._trace.PAGE_BITS", page_bits)
     if mutant:
-        monkeypatch.setattr(tensormap.TensorMap, "_record_read", lambda self, *args: None)
+        _ring_mutants.apply("no_readers_recorded", monkeypatch)
     flagged = []
 
     @_settings(stress_scale, 20)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from runtime import ring, tensormap
-from runtime.ring import RingConfig, _program
+from runtime import ring
+from runtime.ring import RingConfig
+
+from . import _ring_mutants
 
 
 def overwrites(rt, n: int = 17, slow_ns: int = 100_000) -> None:
@@ -37,12 +39,7 @@ def test_each_writer_waits_for_the_previous_one_and_fanin_stays_flat(make_alloc)
 def test_teeth_unordered_writers_are_flagged_by_the_trace_checker(make_alloc, monkeypatch):
     """Mutant probe: the TensorMap lookup without the writes (the code before the fix). On two
     cores a fast writer ends before the slow one it should follow: check_trace says so."""
-    real = tensormap.gather_fanin
-
-    def without_writes(tmap, task, *, inputs=(), inouts=(), writes=(), max_fanin=None):
-        return real(tmap, task, inputs=inputs, inouts=inouts, max_fanin=max_fanin)
-
-    monkeypatch.setattr(_program, "gather_fanin", without_writes)
+    _ring_mutants.apply("fanin_without_writes", monkeypatch)
     result = ring.run(overwrites, RingConfig(cores=2), make_alloc(), n=3)
     problems = ring.check_trace(result)
     assert any(
@@ -107,7 +104,7 @@ def test_a_writer_waits_for_the_readers_of_the_bytes_it_overwrites(make_alloc):
 def test_teeth_a_writer_inside_a_read_is_flagged_by_the_trace_checker(make_alloc, monkeypatch):
     """Mutant probe: a TensorMap that records no readers (the code before the fix). On two
     cores W runs while R still reads: check_trace names both."""
-    monkeypatch.setattr(tensormap.TensorMap, "_record_read", lambda self, *args: None)
+    _ring_mutants.apply("no_readers_recorded", monkeypatch)
     result = ring.run(read_then_overwrite, RingConfig(cores=2), make_alloc())
     assert result.plan.tasks[2].deps == (0,)
     r_start, r_end = _span(result, 1)
