@@ -103,7 +103,9 @@ def run_child(
       HarnessWarning: ``env`` sets a start-up variable and the style is fork or forkserver.
     """
     __tracebackhide__ = True
-    outcome = run_unobserved(target, *args, env=env, config=config, style=style, timeout=timeout)
+    outcome = run_unobserved(
+        target, *args, env=env, config=config, style=style, timeout=timeout, warn_threads=True
+    )
     for observer in list(_observers):
         observer(outcome)
     return outcome
@@ -116,10 +118,13 @@ def run_unobserved(
     config: Config | None = None,
     style: str = "auto",
     timeout: float | None = 60.0,
+    warn_threads: bool = False,
 ) -> Outcome:
     """:func:`run_child` without telling the observers (the plugin's count of death-test
     children): for a child that is not a death test, such as a test item run in a process
-    of its own (``harness._own_process``). Same arguments, result and errors."""
+    of its own (``harness._own_process``, which forks a pytest process, an xdist worker's
+    threads and all, by design: so no warning about threads unless ``warn_threads``). Same
+    arguments, result and errors."""
     __tracebackhide__ = True
     request = make_request(target, args, env=env, config=config, timeout=timeout)
     chosen = choose_style(
@@ -127,6 +132,7 @@ def run_unobserved(
         importable=request.target.importable,
         startup=startup_variables(request.overrides),
         path=path_variables(request.overrides),
+        warn_threads=warn_threads,
     )
     started = time.monotonic()
     with Capture(table()) as capture:

@@ -157,6 +157,7 @@ def choose_style(
     importable: bool,
     startup: Sequence[str] = (),
     path: Sequence[str] = (),
+    warn_threads: bool = True,
 ) -> str:
     """Resolve ``style`` to the one that will run the child.
 
@@ -168,6 +169,7 @@ def choose_style(
         :func:`harness._env.startup_variables`).
       path: the ``sys.path`` variables (``PYTHONPATH``, ``PYTHONHOME``) the env changes (see
         :func:`harness._env.path_variables`): only an exec child can honour them.
+      warn_threads: warn when ``fork`` is asked for while this process has other threads.
 
     Returns:
       ``"fork"``, ``"forkserver"`` or ``"exec"``. ``auto`` gives exec when ``startup`` or
@@ -215,7 +217,7 @@ def choose_style(
             return "exec"
         own = unsafe is None and thread_count() == 1 and sigchld_problem() is None
         style = "fork" if own else "forkserver"
-    if requested == "fork":
+    if requested == "fork" and warn_threads:
         threads = thread_count()
         if threads > 1:
             warnings.warn(

@@ -20,6 +20,7 @@ import pytest
 
 import harness
 from harness import _exec, _forkserver, _state
+from harness._styles import choose_style
 from suites.harness import _procs, _state_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -187,6 +188,9 @@ def test_an_explicit_fork_with_threads_runs_and_warns():
     try:
         with pytest.warns(harness.HarnessWarning, match=r"style='fork' with \d+ threads") as got:
             outcome = harness.run_child("os:getpid", style="fork", timeout=30)
+        with warnings.catch_warnings():  # the harness's own forks (own_process) do not warn
+            warnings.simplefilter("error", harness.HarnessWarning)
+            assert choose_style("fork", importable=True, warn_threads=False) == "fork"
     finally:
         stop.set()
         for thread in threads:
