@@ -21,7 +21,7 @@ import pytest
 import harness
 from harness import _exec, _forkserver, _state
 from harness._styles import choose_style
-from suites.harness import _procs, _state_targets
+from suites.harness import _procs, _state_targets, _targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -118,6 +118,29 @@ def test_a_state_the_child_cannot_take_is_a_note(style, run, monkeypatch):
         f"devmem-harness: the child could not take the test process's RLIMIT_NOFILE "
         f"({too_many}, {too_many})"
     )
+
+
+def test_a_warning_filter_the_child_cannot_set_is_a_note(style, run):
+    gone = type("GoneWarning", (UserWarning,), {"__module__": "no_such_module_36"})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=gone)
+        warnings.filterwarnings("error", category=pytest.PytestWarning)  # never in a child
+        warnings.filterwarnings("error", category=RuntimeWarning)
+        outcome = run(_state_targets.state).assert_clean()
+        seen = run(_targets.hygiene).assert_clean().returned
+
+    filters = outcome.returned["filters"]
+    assert filters[0] == ["error", "RuntimeWarning", None]
+    if style == "fork":  # a copy: every filter, the class itself
+        assert outcome.notes == ()
+        assert filters[1:3] == [["error", "PytestWarning", None], ["error", "GoneWarning", None]]
+        return
+    assert outcome.notes == (
+        "devmem-harness: the child could not set the test process's warning filters "
+        "error::no_such_module_36.GoneWarning: their categories could not be imported here",
+    )
+    assert "PytestWarning" not in str(filters) and "GoneWarning" not in str(filters)
+    assert seen["pytest_imported"] is False  # not imported to set a filter on its category
 
 
 # -- item 2: a class of the script run as __main__ ----------------------------------------------
