@@ -15,8 +15,9 @@ cpu and sim with pytest -n auto, the harness self-tests under -n 2 and --forked,
 suites with hostile settings).
 It ends with "check passed." and the command that runs the suites alone: .venv/bin/pytest -n auto
 
-  --ci-all    everything CI runs (.ci/run calls it with --interop): the above, plus importing
-              every module of allocator, harness and runtime
+  --ci-all    everything CI runs (.ci/run adds --interop --multihost --fake-cuda, then runs
+              ci/pythons.sh): the above, plus importing every module of allocator, harness
+              and runtime
   --cuda      also run every suite on the cuda backend, one GPU per xdist worker; fails at
               once when no GPU is visible. Installs the `cuda` extra (cupy-cuda12x) unless
               CuPy already imports; CUDA_EXTRA=cuda13 picks cupy-cuda13x
@@ -37,8 +38,8 @@ It ends with "check passed." and the command that runs the suites alone: .venv/b
   --nightly   stress scale x100 on every available backend; JUnit XML and a one-page summary
               written to reports/ (nightly.xml, nightly-summary.md), with the memory timelines
               and summaries of the arena stress and the cache-cap run (reports/memory/);
-              then mutation testing of allocator/, harness/_outcome.py, runtime/tensormap/
-              and runtime/zero3.py (ci/mutation.py, mutmut, hours on 2 cores): the score per
+              then mutation testing of the modules [tool.mutmut] in pyproject.toml lists
+              (docs/mutation.md; ci/mutation.py, mutmut, hours on 2 cores): the score per
               module and the equivalent mutants in reports/mutation.md
   --no-build  do not create or update .venv
   --no-test   skip the test suites

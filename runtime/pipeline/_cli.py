@@ -568,6 +568,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 os.execv(command[0], command)
             writes = _simulate(state, plan, action, scheduler)
             scheduler.complete(action)
+            if scheduler.next_action() is Action.STEP_DONE:  # the last update ends the run:
+                counts[Action.STEP_DONE] = 1  # its commit counts the end too, as the JSON does
             state.commit(
                 dataclasses.replace(header, scheduler=scheduler.state, action_counts=tuple(counts)),
                 writes,
@@ -576,8 +578,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
         kept = args.state
         if header.delete_when_done and not args.keep_state:
             kept = _remove(state)
-    counts = list(header.action_counts)
-    counts[Action.STEP_DONE] += 1
+    counts = header.action_counts  # what the file holds (a kept file shows the same)
     summary = {
         "model": config.name,
         "preset": config.preset,

@@ -161,3 +161,19 @@ def test_train_without_restarts_runs_in_process(tmp_path, capsys):
         assert state.header.scheduler.step == 1
         assert state.layer_grads(0)[0] == 0.0  # cleared by the weight update
         assert state.layer_weights(0)[0] == pytest.approx(-3e-4 * 10)  # lr * 10 passes
+
+
+def test_a_kept_state_file_counts_the_runs_end_as_its_json_does(tmp_path, capsys):
+    """``STEP_DONE`` is committed to the file at the run's end, once: a kept file's counters
+    are the run's JSON ``actions`` (before, the file said 0 where the JSON said 1), and a
+    ``--resume`` of a finished file counts it no second time."""
+    path = str(tmp_path / "run.state")
+    argv = ["train", "--layers", "1", "--budget", "1000", "--steps", "1", "--dry-run"]
+    argv += ["--sparse", "--keep-state", "--state", path]
+    for run in (argv, [*argv, "--resume"]):
+        assert main(run) == 0
+        actions = json.loads(capsys.readouterr().out.splitlines()[-1])["actions"]
+        with StateFile.open(path, readonly=True) as state:
+            in_file = dict(zip(actions, state.header.action_counts, strict=True))
+        assert actions["STEP_DONE"] == 1
+        assert in_file == actions
