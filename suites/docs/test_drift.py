@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import harness
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    tomllib = pytest.importorskip("tomli")
+
+def _toml(path: Path) -> dict:
+    """``path`` parsed (``tomllib`` from Python 3.11; ``tomli`` before, or the test skips)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover (Python 3.10)
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads(path.read_text())
+
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +55,7 @@ def test_check_sh_help_says_what_ci_run_adds():
 
 
 def _mutmut() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return _toml(ROOT / "pyproject.toml")["tool"]["mutmut"]
 
 
 def _configured_paths() -> set[str]:
