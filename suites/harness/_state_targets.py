@@ -28,6 +28,7 @@ def state() -> dict:
         "dev_mode": sys.flags.dev_mode,
         "debug": __debug__,
         "dont_write_bytecode": sys.dont_write_bytecode,
+        "int_max_str_digits": getattr(sys, "get_int_max_str_digits", lambda: None)(),
         "warnoptions": list(sys.warnoptions),
         "filters": [
             [action, category.__name__, getattr(module, "pattern", module)]

@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 import harness
-from harness import _exec, _forkserver, _state
+from harness import _child, _exec, _forkserver, _state
 from harness._styles import choose_style
 from suites.harness import _procs, _state_targets, _targets
 
@@ -38,6 +38,8 @@ def test_a_child_has_the_test_process_state_at_the_request(run):
     resource.setrlimit(resource.RLIMIT_STACK, (4 << 20, stack_hard))
     os.nice(3)
     sys.dont_write_bytecode = True
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(5000)
     warnings.simplefilter("error", UserWarning)  # the test's own filters, as pytest sets them
     try:
         expected = _state_targets.state()
@@ -141,6 +143,22 @@ def test_a_warning_filter_the_child_cannot_set_is_a_note(style, run):
     )
     assert "PytestWarning" not in str(filters) and "GoneWarning" not in str(filters)
     assert seen["pytest_imported"] is False  # not imported to set a filter on its category
+
+
+def test_a_nice_value_the_child_cannot_take_is_a_note(monkeypatch):
+    def refuse(*_args: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    have = os.getpriority(os.PRIO_PROCESS, 0)
+
+    notes = _child.apply_state({"nice": have - 1})
+
+    assert notes == [
+        f"devmem-harness: the child could not take the test process's nice value {have - 1} "
+        f"(Operation not permitted: lowering it takes a privilege); it runs at {have}"
+    ]
+    assert _child.apply_state({"nice": have}) == []  # the same: nothing to set
 
 
 # -- item 2: a class of the script run as __main__ ----------------------------------------------
