@@ -651,27 +651,81 @@ class _Engine:
                 self._fatal_outputs(result)
             self._seed_crash(n)
 
-    def _step(self, core: _Core) -> None:
-        # While a core steps, wakes aimed at it are no-ops: the step itself decides when it
-        # acts next (it stays marked scheduled until it blocks or idles).
-        if core.running is not None:
-            task, core.running = core.running, None
-            self._complete(core, task)
-        if core.ready:
-            self._start(core, heapq.heappop(core.ready))
-        elif core.pos < self.positions and self._replay(core):
-            self._schedule(core, self.now + self._jitter(self.cfg.replay_ns))
-        else:  # blocked on back-pressure, or idle until one of its tasks becomes ready
-            core.scheduled = False
+    def _loop(self) -> None:
+        """Step the cores in time order (ties in order of scheduling). A core completes its
+        running task, then starts a ready task, else replays its next task (and acts again
+        after ``replay_ns``), else stops until woken (blocked on back-pressure, or idle until
+        one of its tasks becomes ready). While a core steps, wakes aimed at it are no-ops: the
+        step itself decides when it acts next. The common cases are inline (a busy-wait
+        start; the replay of a kernel task: claim, back-pressure, grant, advance); the rest
+        goes through the methods above."""
+        queue, cores, trace = self.queue, self.cores, self.trace
+        heappop, heappush = heapq.heappop, heapq.heappush
+        is_kernel, heap_bytes, cost = self.is_kernel, self.heap_bytes, self.cost
+        remaining, granted, owner = self.remaining, self.granted, self.owner
+        cursors, closes = self.kernel_cursor, self.closes
+        random, jitter = self.rng.random, self.cfg.jitter
+        replay_ns, positions = self.cfg.replay_ns, self.positions
+        n_tasks, busy_wait = self.n, self.cfg.replay == "busy-wait"
+        while queue:
+            now, _, core_id = heappop(queue)
+            self.now = now
+            core = cores[core_id]
+            if core.running is not None:
+                task, core.running = core.running, None
+                self._complete(core, task)
+            if core.ready:
+                task = heappop(core.ready)
+                if not busy_wait:
+                    self._start(core, task)
+                    continue
+                trace.append((now, core_id, _START, task))
+                ns = cost[task] * core.speed  # _jitter, inline
+                ns = max(1, int(ns * (1.0 + jitter * (2.0 * random() - 1.0)))) if ns else 0
+                core.running = task
+                self.seq += 1
+                heappush(queue, (now + ns, self.seq, core_id))
+                continue
+            n = core.pos
+            if n >= positions:
+                core.scheduled = False
+                continue
+            if n == n_tasks or not is_kernel[n] or core.blocked is not None:
+                if self._replay(core):
+                    self._schedule(core, now + self._jitter(replay_ns))
+                else:
+                    core.scheduled = False
+                continue
+            shard = n % SHARDS  # the claim: a fetch-max on the shard's cursor
+            if n > cursors[shard]:
+                cursors[shard] = n
+                owner[n] = core_id
+                trace.append((now, core_id, _CLAIM, n))
+                if heap_bytes[n]:
+                    fit = self._fits(core, n, True, self.cfg.reclaim == "window")
+                    if fit is _Fit.WAIT:
+                        core.scheduled = False
+                        continue
+                    if fit is _Fit.FATAL:
+                        raise _Stop
+                granted[n] = 1
+                if not remaining[n]:
+                    heappush(core.ready, n)
+            core.pos = pos = n + 1
+            if pos > self.max_pos:
+                self.max_pos = pos
+            if pos in closes:  # the first core past a scope's end: exact reclaim may move
+                closes.remove(pos)
+                self._wake_blocked()
+            ns = max(1, int(replay_ns * (1.0 + jitter * (2.0 * random() - 1.0))))
+            self.seq += 1
+            heappush(queue, (now + ns, self.seq, core_id))
 
     def run(self) -> RunResult:
         for core in self.cores:
             self._schedule(core, 0)
-        queue, cores = self.queue, self.cores
         try:
-            while queue:
-                self.now, _, core_id = heapq.heappop(queue)
-                self._step(cores[core_id])
+            self._loop()
             if self.blocked and self.completed < self.n:
                 self._stalled()
         except _Stop:

@@ -123,6 +123,15 @@ class _Pages:
             return self._page(buffer, page)[row, sel]
         return np.concatenate([self._page(buffer, page)[row, sel] for page, sel in where])
 
+    def block(self, buffer, where) -> np.ndarray | None:
+        """Every row of the elements at ``where`` as one view, when they are one slice of one
+        page (most tensors); else ``None``."""
+        if len(where) == 1:
+            page, sel = where[0]
+            if type(sel) is slice:
+                return self._page(buffer, page)[:, sel]
+        return None
+
     def put(self, buffer, where, row: int, value: int) -> None:
         for page, sel in where:
             self._page(buffer, page)[row, sel] = value
@@ -205,6 +214,16 @@ def ground_truth_overwrites(plan: Plan) -> list[set[int]]:
         it. Each of them must end before task N starts (write-after-write order).
     """
     return [w[3] for w in _walk(plan)]
+
+
+def _block_owners(block: np.ndarray, hi: list[int], when: int, early: set[int]) -> set[int]:
+    """The heap owners in ``block`` (rows of elements; ``hi``: each row's maximum); those
+    that had not ended by ``when`` join ``early``."""
+    owner = block[_OWNER]
+    owners = {hi[_OWNER]} if owner.min() == hi[_OWNER] else _values(owner)
+    if when >= 0 and hi[_OEND] > when:
+        early |= _values(owner[block[_OEND] > when])
+    return owners
 
 
 class _Late(Exception):
@@ -382,10 +401,18 @@ class _Check:
             reads = [(x.buffer, locate(x)) for x in cols.reads[t]]
             written = [(x.buffer, locate(x)) for x in cols.writes[t]]
             owners: set[int] = set()
-            late: set[int] = set()  # producers (and owners) that had not ended, by kind
-            early: set[int] = set()
-            unordered: set[int] = set()
+            late: set[int] = set()  # readers of overwritten elements that had not ended
+            early: set[int] = set()  # producers (writers and owners) that had not ended
+            unordered: set[int] = set()  # writers of overwritten elements that had not ended
             for buffer, where in reads:
+                block = pages.block(buffer, where)
+                if block is not None:  # one slice of one page: every row at once
+                    hi = block.max(axis=1).tolist()
+                    if when >= 0 and hi[_WEND] > when:
+                        early |= _values(block[_WRITER][block[_WEND] > when])
+                    if buffer == HEAP:
+                        owners |= _block_owners(block, hi, when, early)
+                    continue
                 if when >= 0:
                     bad = get(buffer, where, _WEND) > when
                     if bad.any():
@@ -393,6 +420,17 @@ class _Check:
                 if buffer == HEAP:
                     owners |= self._owners(get, where, when, early)
             for buffer, where in written:
+                block = pages.block(buffer, where)
+                if block is not None:
+                    hi = block.max(axis=1).tolist()
+                    if buffer == HEAP:
+                        owners |= _block_owners(block, hi, when, early)
+                    if when >= 0:
+                        if hi[_WEND] > when:
+                            unordered |= _values(block[_WRITER][block[_WEND] > when])
+                        if hi[_LATEST] > when:
+                            late |= _values(block[_READER][block[_LATEST] > when])
+                    continue
                 if buffer == HEAP:
                     owners |= self._owners(get, where, when, early)
                 if when >= 0:
@@ -406,6 +444,17 @@ class _Check:
             early -= {-1, t}
             unordered -= {-1, t}
             for buffer, where in reads:
+                block = pages.block(buffer, where)
+                if block is not None:
+                    latest = block[_LATEST]
+                    if latest.max() < end:
+                        latest[:] = end
+                        block[_READER] = t
+                    else:
+                        mine = latest < end
+                        latest[mine] = end
+                        block[_READER][mine] = t
+                    continue
                 mine = get(buffer, where, _LATEST) < end
                 if mine.all():
                     put(buffer, where, _LATEST, end)
@@ -414,6 +463,13 @@ class _Check:
                     pages.put_where(buffer, where, _LATEST, mine, end)
                     pages.put_where(buffer, where, _READER, mine, t)
             for buffer, where in written:
+                block = pages.block(buffer, where)
+                if block is not None:
+                    block[_WRITER] = t
+                    block[_WEND] = end
+                    block[_LATEST] = -1
+                    block[_READER] = -1
+                    continue
                 put(buffer, where, _WRITER, t)
                 put(buffer, where, _WEND, end)
                 put(buffer, where, _LATEST, -1)

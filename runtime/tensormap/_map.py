@@ -774,16 +774,20 @@ def gather_spans(
         max_fanin = integer(max_fanin, "max_fanin")
     writers, readers = tmap._buckets, tmap._readers
     tasks: set[int] = set()
-    for buffer, lo, hi in (*inputs, *inouts):
+    for buffer, lo, hi in inputs:
         bucket = writers.get(buffer)
         if bucket is not None:
             tasks.update(e.producer for e in _meeting(bucket, lo, hi))
     written = (*inouts, *writes)
-    for buffer, lo, hi in written:
+    met = []  # per written span: the write and read entries its bytes meet
+    for buffer, lo, hi in written:  # an inout's writers are its reads' and its writes' alike
+        found = []
         for index in (writers, readers):
             bucket = index.get(buffer)
-            if bucket is not None:
-                tasks.update(e.producer for e in _meeting(bucket, lo, hi))
+            found.append(() if bucket is None else _meeting(bucket, lo, hi))
+        met.append(found)
+        for entries in found:
+            tasks.update(e.producer for e in entries)
     tasks.discard(task)
     producers = _newest_first(tasks)
     if max_fanin is not None and len(producers) > max_fanin:
@@ -791,13 +795,19 @@ def gather_spans(
             f"task {task} depends on {len(producers)} producers, more than"
             f" max_fanin={max_fanin} (the seed's runtime silently kept 16)"
         )
-    for buffer, lo, hi in written:  # supersede: the bytes leave every older entry
-        for flag, index in ((False, writers), (True, readers)):
+    for k, (buffer, lo, hi) in enumerate(written):  # supersede: the bytes leave older entries
+        # the entries met above, unless an earlier written span of the task overlaps this one
+        # (its cuts may have changed them); a disjoint one cannot change what meets this one
+        again = any(b == buffer and x < hi and lo < y for b, x, y in written[:k])
+        for flag, index, entries in ((False, writers, met[k][0]), (True, readers, met[k][1])):
             bucket = index.get(buffer)
-            if bucket is not None:
-                dead = [e for e in _meeting(bucket, lo, hi) if not _cut(e, lo, hi)]
-                if dead:
-                    tmap._remove(dead, flag)
+            if bucket is None:
+                continue
+            if again:
+                entries = _meeting(bucket, lo, hi)
+            dead = [e for e in entries if not _cut(e, lo, hi)]
+            if dead:
+                tmap._remove(dead, flag)
     for span in inputs:
         tmap._record_read_span(span, task, written)
     return producers
