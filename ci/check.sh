@@ -55,6 +55,8 @@ environment:
                     not compile the C stack capture (allocator/_cstacks.c; needs a C compiler
                     and the Python headers); 0: the pure-Python capture is accepted
   PYTEST_ARGS       extra arguments appended to every pytest run
+  CHECK_PROGRESS_S  how often a long silent command (pip, mutation testing) says it is still
+                    running, in seconds (default 60)
   pip's own PIP_NO_INDEX / PIP_FIND_LINKS work for offline installs
 USAGE
 }
@@ -86,14 +88,49 @@ root=$(pwd)
 venv="$root/.venv"
 py="$venv/bin/python"
 
+# Each step says how long it took when the next one starts (and at the end, or when the
+# script stops on a failure); a command that can run for minutes without printing (pip,
+# mutmut) says every CHECK_PROGRESS_S seconds (default 60) that it is still running.
+step_name="" step_start=0 check_start=$(date +%s)
+elapsed() {
+    local s=$1
+    if [ "$s" -ge 60 ]; then printf '%dm%02ds' $((s / 60)) $((s % 60)); else printf '%ds' "$s"; fi
+}
+step_done() {
+    if [ -n "$step_name" ]; then
+        echo "<== $step_name: $1 after $(elapsed $(($(date +%s) - step_start)))"
+        step_name=""
+    fi
+}
+trap 'status=$?; if [ "$status" != 0 ]; then step_done "failed (exit status $status)"; fi' EXIT
+
 step() {
+    step_done "done"
     echo
     echo "==> $*"
+    step_name="$*" step_start=$(date +%s)
 }
 
 run() {
     echo "+ $*"
     "$@"
+}
+
+# run "$@" as run does, printing a line every CHECK_PROGRESS_S seconds while it runs
+run_long() {
+    echo "+ $*"
+    local start every=${CHECK_PROGRESS_S:-60} status=0 ticker
+    start=$(date +%s)
+    (
+        while sleep "$every" </dev/null >/dev/null 2>&1; do
+            echo "    ... still running, $(elapsed $(($(date +%s) - start))) so far"
+        done
+    ) &
+    ticker=$!
+    "$@" || status=$?
+    kill "$ticker" 2>/dev/null || true
+    wait "$ticker" 2>/dev/null || true
+    return "$status"
 }
 
 if [ "$cuda" = 1 ]; then
@@ -133,16 +170,16 @@ if [ "$build" = 1 ]; then
             run "${PYTHON:-python3}" -m venv "$venv"
         fi
     fi
-    run "$py" -m pip install -qq --disable-pip-version-check --upgrade pip
+    run_long "$py" -m pip install -qq --disable-pip-version-check --upgrade pip
     # -qq: errors only; setuptools' editable install otherwise prints an 8-line notice each time
-    run "$py" -m pip install -qq --disable-pip-version-check -e ".[test,plot]"
+    run_long "$py" -m pip install -qq --disable-pip-version-check -e ".[test,plot]"
     if [ "$cuda" = 1 ] && ! "$py" -c "import cupy" >/dev/null 2>&1; then
-        run "$py" -m pip install -qq --disable-pip-version-check -e ".[test,plot,${CUDA_EXTRA:-cuda}]"
+        run_long "$py" -m pip install -qq --disable-pip-version-check -e ".[test,plot,${CUDA_EXTRA:-cuda}]"
     fi
     # torch==2.13.0 exactly: a CPU build from a local wheel here (any other spec downloads
     # several GB of CUDA packages); never a dependency of the project
     if [ "$interop" = 1 ] && [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "2.13.0" ]; then
-        run "$py" -m pip install -qq --disable-pip-version-check "torch==2.13.0"
+        run_long "$py" -m pip install -qq --disable-pip-version-check "torch==2.13.0"
     fi
 fi
 if [ ! -x "$py" ]; then
@@ -210,7 +247,7 @@ if [ "$test" = 1 ]; then
             exit "$pictures"
         fi
         step "nightly: mutation testing, one module at a time (ci/mutation.py)"
-        run "$py" ci/mutation.py --out reports/mutation.md
+        run_long "$py" ci/mutation.py --out reports/mutation.md
     else
         step "test: every suite on $first (pytest -n auto)"
         run "$py" -m pytest -n auto --backend "$first" "${not_interop[@]}" "${extra[@]}"
@@ -254,6 +291,8 @@ if [ "$test" = 1 ]; then
         "${not_interop[@]}" "${extra[@]}"
 fi
 
+step_done "done"
 echo
+echo "all steps: $(elapsed $(($(date +%s) - check_start)))"
 echo "check passed."
 echo "Run the suites again, in any shell: .venv/bin/pytest -n auto"

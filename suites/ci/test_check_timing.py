@@ -1,0 +1,69 @@
+"""``ci/check.sh`` says how long each step took, and that a long silent command still runs.
+
+On a small machine the first run takes half an hour, most of it in silent installs; a step
+that prints nothing for minutes looks hung. Each step ends with ``<== <step>: done after 1m05s``
+(or ``failed (exit status N) after ...``), the run with ``all steps: ...``, and pip and mutation
+testing print ``... still running, 2m00s so far`` every ``CHECK_PROGRESS_S`` seconds."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# a stand-in .venv/bin/python: pip takes 1.6 s, silently; the editable install fails when
+# $FAIL_INSTALL is set
+FAKE_PYTHON = """\
+#!/bin/sh
+case "$*" in
+    *"-m pip install"*) sleep 1.6; case "$*" in *-e*) [ -z "$FAIL_INSTALL" ] || exit 3 ;; esac ;;
+esac
+exit 0
+"""
+
+
+def _check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    repo = tmp_path / "repo"
+    (repo / "ci").mkdir(parents=True)
+    shutil.copy2(ROOT / "ci" / "check.sh", repo / "ci" / "check.sh")
+    python = repo / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    return subprocess.run(
+        ["bash", "ci/check.sh", "--no-lint", "--no-test"],
+        cwd=repo,
+        env={**os.environ, "CHECK_PROGRESS_S": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_each_step_says_how_long_it_took_and_a_long_one_that_it_still_runs(tmp_path):
+    done = _check(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert re.search(r"\n    \.\.\. still running, [12]s so far\n", done.stdout), done.stdout
+    ends = [line for line in lines if line.startswith("<== ")]
+    assert len(ends) == 1 and re.fullmatch(
+        r"<== build: \.venv with the project and its test and plot extras: done after [3-9]s",
+        ends[0],
+    ), done.stdout
+    assert re.fullmatch(r"all steps: [3-9]s", lines[-3]), done.stdout
+    assert lines[-2:] == [
+        "check passed.",
+        "Run the suites again, in any shell: .venv/bin/pytest -n auto",
+    ]
+
+
+def test_a_failed_step_says_so_with_its_time(tmp_path):
+    done = _check(tmp_path, FAIL_INSTALL="1")
+    assert done.returncode == 3
+    assert re.search(
+        r"\n<== build: [^\n]*: failed \(exit status 3\) after [2-9]s\n$", done.stdout
+    ), done.stdout
