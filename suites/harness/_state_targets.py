@@ -24,6 +24,7 @@ def state() -> dict:
         "umask": umask(),
         "rlimits": {name: list(resource.getrlimit(getattr(resource, name))) for name in LIMITS},
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "flags": {name: getattr(sys.flags, name) for name in dir(sys.flags) if _flag(name)},
         "optimize": sys.flags.optimize,
         "dev_mode": sys.flags.dev_mode,
         "debug": __debug__,
@@ -36,6 +37,16 @@ def state() -> dict:
         ],
         "user_warning_raises": _warns_raise(),
     }
+
+
+def _flag(name: str) -> bool:
+    return not name.startswith("_") and name not in (
+        "count",
+        "index",
+        "n_fields",
+        "n_sequence_fields",
+        "n_unnamed_fields",
+    )
 
 
 def _warns_raise() -> bool:

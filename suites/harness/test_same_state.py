@@ -53,7 +53,10 @@ def test_a_child_has_the_test_process_state_at_the_request(run):
     assert seen.notes == ()
 
 
-@pytest.mark.parametrize("flags", [["-O"], ["-X", "dev", "-W", "error::UserWarning"], ["-B"]])
+@pytest.mark.parametrize(
+    "flags",
+    [["-O"], ["-X", "dev", "-W", "error::UserWarning"], ["-B"], ["-OO", "-b", "-s", "-X", "utf8"]],
+)
 def test_interpreter_flags_reach_every_style(flags, tmp_path):
     script = tmp_path / "flags.py"
     script.write_text(
@@ -85,7 +88,7 @@ def test_interpreter_flags_reach_every_style(flags, tmp_path):
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     parent = seen.pop("parent")
-    assert parent["optimize"] == (1 if "-O" in flags else 0)
+    assert parent["optimize"] == (2 if "-OO" in flags else 1 if "-O" in flags else 0)
     assert parent["dev_mode"] == ("dev" in flags)
     assert seen == {"fork": parent, "forkserver": parent, "exec": parent}
 
