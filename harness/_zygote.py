@@ -1,7 +1,8 @@
 """Entry point of the zygote: ``python _zygote.py --fd FD --root-pid PID --root-start TICKS
 [--name NAME]``.
 
-The zygote is a clean interpreter, exec'd by a test process, that imports only the standard
+The zygote is a clean interpreter, exec'd by a test process with that process's interpreter
+flags (``-O``, ``-X dev``, ``-W``...: see ``harness._state``), that imports only the standard
 library, ``_child.py`` (by file path, not the ``harness`` package) and, at its first ``run``
 request, the modules of that request's preload list; it never initializes CUDA. It has two
 jobs, for every *client* (a test process connected to it):
@@ -36,7 +37,10 @@ Client to zygote:
   request it cannot serve gets ``{"event": "error", "id", "message"}`` instead.
   ``seal_offset`` is the child's page in the client's table. The request file holds two lines
   of JSON: the child's request (see ``_child.run_child``) less its setting, plus
-  ``preload``, the modules to import before the first fork; then the setting
+  ``preload``, the modules to import before the first fork, and ``state``, the client's
+  umask, resource limits, nice value and warning filters at the request, which the child
+  (forked or a spare) takes before anything of the request runs (``_child.apply_state``:
+  what it cannot take is a ``note`` record); then the setting
   (``_child.SETTING_KEYS``: environment, ``sys.path``, working directory), which the zygote
   applies before it forks and compares with its spare's. The zygote keeps its copies of the
   child's stdout and stderr until it has sent ``reaped``, so that the client wakes once per
