@@ -14,12 +14,14 @@ import functools
 import gc
 import importlib.util
 import os
+import shlex
 
 import pytest
 
 import harness
 from allocator import BACKENDS, Allocator, AllocatorConfig, fork_unsafe_reason
 from allocator.device import backend_unavailable_reason
+from suites import _skips
 from suites._memory_history import MemoryHistory
 from suites.allocator import _knobs
 
@@ -127,11 +129,54 @@ def pytest_configure(config: pytest.Config) -> None:
         "multihost: runs suites through xdist workers over ssh to a throwaway sshd on 127.0.0.1;"
         " runs only with --multihost (ci/check.sh --multihost), else skips saying so",
     )
+    _fold_skip_lines(config)
     if config.getoption("interop") and importlib.util.find_spec("torch") is None:
         raise pytest.UsageError(
             "--interop: PyTorch is not installed; pip install torch==2.13.0 (the CPU build;"
             " ci/check.sh --interop installs it)"
         )
+
+
+class _SkipSummary:
+    """The run's report ends with one line per missing capability (cuda, interop, multihost)
+    and how to get it, and one that counts the other skips (``suites/_skips.py``), instead of
+    pytest's ``SKIPPED`` line per reason; ``-rs`` on the command line lists them all again."""
+
+    def __init__(self) -> None:
+        self.active = False
+
+    @pytest.hookimpl(trylast=True)  # the terminal reporter is there by then
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        config = session.config
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None or "s" not in getattr(reporter, "reportchars", ""):
+            return  # an xdist worker, or no skip report asked for
+        args = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
+        if _skips.asks_for_skip_report([str(arg) for arg in args]):
+            return  # -rs (or -ra, -rA) given: pytest lists every skip with its reason
+        reporter.reportchars = reporter.reportchars.replace("s", "")
+        self.active = True
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # around the terminal's: after its summary
+    def pytest_terminal_summary(self, terminalreporter):
+        result = yield
+        if not self.active:
+            return result
+        reasons = [
+            str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else ""
+            for report in terminalreporter.stats.get("skipped", [])
+        ]
+        lines = _skips.summary_lines(reasons)
+        if lines:
+            terminalreporter.write_sep("=", "skipped: what it takes to run them", yellow=True)
+            for line in lines:
+                terminalreporter.write_line(line)
+        return result
+
+
+def _fold_skip_lines(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the xdist controller, or a run without xdist
+        config.pluginmanager.register(_SkipSummary(), "devmem-skip-summary")
 
 
 _folded_skip = pytest.StashKey[bool]()
