@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from runtime.tensormap import (
@@ -25,6 +25,7 @@ from runtime.tensormap import (
     _strided,
     classify,
     gather_fanin,
+    gather_spans,
 )
 
 from . import _ring_mutants
@@ -287,6 +288,121 @@ def test_gather_fanin_matches_a_byte_level_model(stress_scale, monkeypatch, max_
                 assert tmap.retire_below(op[1]) == model.retire_below(op[1])
             assert len(tmap) == len(model.writes)
             assert tmap.reader_count == len(model.reads)
+
+    check()
+
+
+@st.composite
+def runs(draw, buffers=("a", "b"), max_offset=24):
+    """Regions whose bytes are one run: 1-D, or row-major blocks that merge into one."""
+    elem = draw(st.sampled_from((1, 2, 4)))
+    n = draw(st.integers(1, 8))
+    start = draw(st.integers(0, max_offset))
+    if draw(st.booleans()):
+        return Region.contiguous(draw(st.sampled_from(buffers)), start, n, elem)
+    rows = draw(st.integers(1, 2))
+    return Region(draw(st.sampled_from(buffers)), start, (rows, n), (n, 1), elem)
+
+
+def _span(region: Region) -> tuple:
+    return (region.buffer, *region.byte_range)
+
+
+@pytest.mark.parametrize("max_pieces", [256, 2], ids=["runs", "blocks"])
+def test_the_span_path_agrees_with_the_region_path(stress_scale, monkeypatch, max_pieces):
+    """:func:`gather_spans` and :meth:`TensorMap.insert_span` (the ring's path for contiguous
+    tensors) against :func:`gather_fanin` and :meth:`TensorMap.insert` on a second map (which
+    the byte-level model checks above): random tasks of contiguous regions (through the span
+    path whenever all of a task's regions are one run) mixed with strided ones (through the
+    Region path, so the span path meets strided entries, whole or with live intervals),
+    lookups, forgets and retirements. Every fan-in, refusal, lookup, count and forget as the
+    Region path's."""
+    monkeypatch.setattr(_map, "MAX_PIECES", max_pieces)
+    region = st.one_of(runs(("a",), 12), runs(("a", "b"), 12), regions(("a", "b"), 3, 12))
+    ops = st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("task"),
+                st.lists(region, max_size=2),
+                st.lists(region, max_size=2),
+                st.lists(region, max_size=2),
+                st.one_of(st.none(), st.integers(1, 3)),
+            ),
+            st.tuples(st.just("lookup"), region, st.booleans()),
+            st.tuples(st.just("forget"), st.sampled_from(("a", "b")), st.integers(0, 40)),
+            st.tuples(st.just("retire"), st.integers(0, 12)),
+        ),
+        max_size=25,
+    )
+
+    whole, middle = Region.contiguous("a", 0, 12, 1), Region.contiguous("a", 4, 4, 1)
+    column = Region("a", 0, (3, 2), (4, 1), 1)  # bytes 0-1, 4-5, 8-9
+    cut = [  # a read of the bytes a write took from the middle of an older one
+        ("task", [], [], [whole], None),
+        ("task", [], [], [middle], None),
+        ("task", [middle], [], [], None),
+        ("task", [Region.contiguous("a", 8, 4, 1)], [], [], None),
+        ("task", [], [], [middle], None),
+    ]
+    strided = [  # spans against a strided entry, whole then cut
+        ("task", [], [], [column], None),
+        ("task", [middle], [], [], None),
+        ("task", [], [Region.contiguous("a", 0, 1, 1)], [], None),
+        ("task", [], [], [middle], None),
+        ("task", [whole], [], [], 2),
+    ]
+
+    @_settings(stress_scale, 150)
+    @given(ops)
+    @example(cut)
+    @example(strided)
+    def check(ops):
+        fast, slow = TensorMap(), TensorMap()
+        for task, op in enumerate(ops):
+            if op[0] == "task":
+                _, inputs, inouts, writes, cap = op
+                flat = all(not r._bytes.dims for r in (*inputs, *inouts, *writes))
+                try:
+                    want = gather_fanin(
+                        slow, task, inputs=inputs, inouts=inouts, writes=writes, max_fanin=cap
+                    )
+                except FaninExceeded as exc:
+                    want = str(exc)
+                try:
+                    if flat:
+                        got = gather_spans(
+                            fast,
+                            task,
+                            inputs=[_span(r) for r in inputs],
+                            inouts=[_span(r) for r in inouts],
+                            writes=[_span(r) for r in writes],
+                            max_fanin=cap,
+                        )
+                    else:
+                        got = gather_fanin(
+                            fast, task, inputs=inputs, inouts=inouts, writes=writes, max_fanin=cap
+                        )
+                except FaninExceeded as exc:
+                    got = str(exc)
+                assert got == want
+                if not isinstance(want, str):
+                    for r in (*inouts, *writes):
+                        slow.insert(r, task)
+                        if flat:
+                            fast.insert_span(*_span(r), task)
+                        else:
+                            fast.insert(r, task)
+            elif op[0] == "lookup":
+                assert fast.lookup(op[1], inout=op[2]) == slow.lookup(op[1], inout=op[2])
+            elif op[0] == "forget":
+                _, buffer, lo = op
+                assert fast.forget(buffer, lo, lo + 32) == slow.forget(buffer, lo, lo + 32)
+            else:
+                assert fast.retire_below(op[1]) == slow.retire_below(op[1])
+            assert len(fast) == len(slow)
+            assert fast.reader_count == slow.reader_count
+            probe = Region.contiguous("a", 0, 64, 1)
+            assert fast.lookup(probe) == slow.lookup(probe)
 
     check()
 
