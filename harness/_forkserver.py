@@ -36,7 +36,7 @@ from typing import Any
 
 from harness._capture import Capture, read_kept
 from harness._child import SETTING_KEYS, start_ticks
-from harness._coverage import with_child_config
+from harness._coverage import ENV_NAME, with_child_config
 from harness._errors import HarnessError
 from harness._fd import anonymous_fd
 from harness._guard import table
@@ -143,6 +143,10 @@ class Connection:
         """
         with self.lock:
             wire = request.wire(forked_from_parent=False)
+            # measuring coverage: the variable the zygote's coverage.py restarts from in each
+            # child (before 7.17 it reads it at the fork, from the environment applied then)
+            keep = ENV_NAME in request.overrides
+            wire["environ"] = with_child_config(wire["environ"], keep=keep)
             target = {key: value for key, value in wire.items() if key not in SETTING_KEYS}
             setting = {key: wire[key] for key in SETTING_KEYS if key in wire}
             target["preload"] = list(self.key)
