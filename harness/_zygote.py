@@ -3,9 +3,10 @@
 
 The zygote is a clean interpreter, exec'd by a test process with that process's interpreter
 flags (``-O``, ``-X dev``, ``-W``...: see ``harness._state``), that imports only the standard
-library, ``_child.py`` (by file path, not the ``harness`` package) and, at its first ``run``
-request, the modules of that request's preload list; it never initializes CUDA. It has two
-jobs, for every *client* (a test process connected to it):
+library (and coverage.py, to measure its children, when the test process measures coverage:
+see ``harness._coverage``), ``_child.py`` (by file path, not the ``harness`` package) and,
+at its first ``run`` request, the modules of that request's preload list; it never
+initializes CUDA. It has two jobs, for every *client* (a test process connected to it):
 
 - **forkserver**: it forks one death-test child per ``run`` request, reports the child's pid,
   and once the child has ended kills whatever is left in the child's process group, reaps the
