@@ -89,6 +89,12 @@ def test_every_entry_point_is_exercised():
     assert _entry_points() == set(COMMANDS), "add the new entry point's command to COMMANDS"
 
 
+def test_every_knob_has_a_bad_value_here():
+    from suites.docs.test_knobs import knobs_in_code
+
+    assert {**ERROR_KNOBS, **WARNING_KNOBS, **ON_KNOBS}.keys() == knobs_in_code()
+
+
 def _check_one_line(result: subprocess.CompletedProcess, prog: str, where: str) -> None:
     assert "Traceback" not in result.stderr, f"{where}: a traceback:\n{result.stderr}"
     assert result.returncode in (0, 1), f"{where}: exit status {result.returncode}"
