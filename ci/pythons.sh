@@ -36,6 +36,28 @@ find_python() { # the interpreter of version $1 that runs, or nothing (a pyenv s
     done
 }
 
+elapsed() {
+    local s=$1
+    if [ "$s" -ge 60 ]; then printf '%dm%02ds' $((s / 60)) $((s % 60)); else printf '%ds' "$s"; fi
+}
+
+# "$@", saying every CHECK_PROGRESS_S seconds (default 60) that it still runs: a first install
+# prints nothing for minutes
+with_progress() {
+    local start every=${CHECK_PROGRESS_S:-60} status=0 ticker
+    start=$(date +%s)
+    (
+        while sleep "$every" </dev/null >/dev/null 2>&1; do
+            echo "    ... still running, $(elapsed $(($(date +%s) - start))) so far"
+        done
+    ) &
+    ticker=$!
+    "$@" || status=$?
+    kill "$ticker" 2>/dev/null || true
+    wait "$ticker" 2>/dev/null || true
+    return "$status"
+}
+
 ran=() failed=()
 for version in 3.10 3.11 3.12 3.13; do
     if [ "$version" = "$built" ]; then
@@ -48,14 +70,15 @@ for version in 3.10 3.11 3.12 3.13; do
     fi
     echo
     echo "==> Python $version ($python): the allocator and harness suites on cpu and sim"
+    start=$(date +%s)
     venv="$root/.venv-$version"
     if [ ! -x "$venv/bin/python" ]; then
         echo "+ $python -m venv $venv"
         "$python" -m venv "$venv"
     fi
     echo "+ $venv/bin/python -m pip install -e .[test,plot]"
-    "$venv/bin/python" -m pip install -qq --disable-pip-version-check --upgrade pip
-    "$venv/bin/python" -m pip install -qq --disable-pip-version-check -e ".[test,plot]"
+    with_progress "$venv/bin/python" -m pip install -qq --disable-pip-version-check --upgrade pip
+    with_progress "$venv/bin/python" -m pip install -qq --disable-pip-version-check -e ".[test,plot]"
     # the editable install of .venv-3.X compiled the C stack capture for that Python too
     if (
         export PATH="$venv/bin:$PATH"
@@ -64,8 +87,10 @@ for version in 3.10 3.11 3.12 3.13; do
             -m "not interop and not multihost" "${suites[@]}"
     ); then
         ran+=("$version")
+        echo "<== Python $version: passed after $(elapsed $(($(date +%s) - start)))"
     else
         failed+=("$version") # the next versions still run: one report names every failure
+        echo "<== Python $version: failed after $(elapsed $(($(date +%s) - start)))"
     fi
 done
 echo

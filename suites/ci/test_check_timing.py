@@ -67,3 +67,49 @@ def test_a_failed_step_says_so_with_its_time(tmp_path):
     assert re.search(
         r"\n<== build: [^\n]*: failed \(exit status 3\) after [2-9]s\n$", done.stdout
     ), done.stdout
+
+
+# a stand-in Python 3.10 for ci/pythons.sh: says its version, makes a venv of itself, pip takes
+# 1.6 s, pytest passes
+FAKE_PYTHON_310 = """\
+#!/bin/sh
+case "$*" in
+    *version_info*) echo 3.10 ;;
+    *"-m venv"*) mkdir -p "$3/bin" && cp "$0" "$3/bin/python" ;;
+    *"-m pip install"*) sleep 1.6 ;;
+esac
+exit 0
+"""
+
+
+def test_pythons_sh_says_how_long_each_python_took_and_that_pip_still_runs(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "ci").mkdir(parents=True)
+    shutil.copy2(ROOT / "ci" / "pythons.sh", repo / "ci" / "pythons.sh")
+    fake = tmp_path / "pyenv" / "versions" / "3.10.0" / "bin" / "python3.10"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_PYTHON_310)
+    fake.chmod(0o755)
+    tools = tmp_path / "tools"  # the system's commands but its Pythons: only the fake 3.10 runs
+    tools.mkdir()
+    for directory in ("/usr/bin", "/bin"):
+        for name in os.listdir(directory) if os.path.isdir(directory) else ():
+            if not name.startswith("python") and not (tools / name).exists():
+                (tools / name).symlink_to(os.path.join(directory, name))
+    done = subprocess.run(
+        ["bash", "ci/pythons.sh"],
+        cwd=repo,
+        env={
+            "PATH": str(tools),
+            "HOME": str(tmp_path),
+            "PYENV_ROOT": str(tmp_path / "pyenv"),
+            "CHECK_PROGRESS_S": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\n    \.\.\. still running, [12]s so far\n", done.stdout), done.stdout
+    assert re.search(r"\n<== Python 3\.10: passed after [3-9]s\n", done.stdout), done.stdout
+    assert done.stdout.endswith("ci/pythons.sh: passed on Python 3.10\n"), done.stdout
