@@ -519,8 +519,11 @@ class _Engine:
         return TaskOutputTensors(task, views)
 
     def _take_refs(self, result: TaskOutputTensors) -> None:
-        for i in range(self.refs[result.task]):  # the orchestration's get_ref calls
-            result.get_ref(i)
+        """The orchestration's ``get_ref(0)`` .. ``get_ref(refs - 1)`` on ``result``: all
+        succeed when there are as many outputs, else the first index past them aborts."""
+        refs, count = self.refs[result.task], result.output_count
+        if refs > count:
+            result.get_ref(count)
 
     # -- a core's step ---------------------------------------------------------------------
 

@@ -372,7 +372,7 @@ class _Check:
         self.runs, self.hazards = _Capped(), _Capped()
         ring, align = result.config.ring_bytes, self.plan.limits.align
         self.ring, self.align = ring, align
-        self.occupant = np.full(ring // align, -1, dtype=np.int64)  # last slice per block
+        self.occupant = [-1] * (ring // align)  # the last slice on each aligned ring block
         self.slices: dict[int, list[int]] = {}  # open slice -> [last use, its last user]
         self.closing: list[tuple[int, int]] = []  # (close position, slice), a heap
         self.waiting: dict[int, list[tuple[int, int]]] = {}  # open slice -> [(reuser, alloc)]
@@ -385,7 +385,7 @@ class _Check:
         plan, cols = self.plan, self.plan.columns
         n = len(cols.kind)
         pages = _Pages(plan, _ROWS)
-        locate, get, put = pages.locate, pages.get, pages.put
+        locate, get, put, block = pages.locate, pages.get, pages.put, pages.block
         take, never, close_pos = self.events.take, self.never, plan.close_pos
         for t in range(n):
             ev = take(t)
@@ -400,18 +400,19 @@ class _Check:
                 put(HEAP, where, _OEND, end)
             reads = [(x.buffer, locate(x)) for x in cols.reads[t]]
             written = [(x.buffer, locate(x)) for x in cols.writes[t]]
+            reads = [(buffer, where, block(buffer, where)) for buffer, where in reads]
+            written = [(buffer, where, block(buffer, where)) for buffer, where in written]
             owners: set[int] = set()
             late: set[int] = set()  # readers of overwritten elements that had not ended
             early: set[int] = set()  # producers (writers and owners) that had not ended
             unordered: set[int] = set()  # writers of overwritten elements that had not ended
-            for buffer, where in reads:
-                block = pages.block(buffer, where)
-                if block is not None:  # one slice of one page: every row at once
-                    hi = block.max(axis=1).tolist()
+            for buffer, where, rows in reads:
+                if rows is not None:  # one slice of one page: every row at once
+                    hi = rows.max(axis=1).tolist()
                     if when >= 0 and hi[_WEND] > when:
-                        early |= _values(block[_WRITER][block[_WEND] > when])
+                        early |= _values(rows[_WRITER][rows[_WEND] > when])
                     if buffer == HEAP:
-                        owners |= _block_owners(block, hi, when, early)
+                        owners |= _block_owners(rows, hi, when, early)
                     continue
                 if when >= 0:
                     bad = get(buffer, where, _WEND) > when
@@ -419,17 +420,16 @@ class _Check:
                         early |= _values(get(buffer, where, _WRITER)[bad])
                 if buffer == HEAP:
                     owners |= self._owners(get, where, when, early)
-            for buffer, where in written:
-                block = pages.block(buffer, where)
-                if block is not None:
-                    hi = block.max(axis=1).tolist()
+            for buffer, where, rows in written:
+                if rows is not None:
+                    hi = rows.max(axis=1).tolist()
                     if buffer == HEAP:
-                        owners |= _block_owners(block, hi, when, early)
+                        owners |= _block_owners(rows, hi, when, early)
                     if when >= 0:
                         if hi[_WEND] > when:
-                            unordered |= _values(block[_WRITER][block[_WEND] > when])
+                            unordered |= _values(rows[_WRITER][rows[_WEND] > when])
                         if hi[_LATEST] > when:
-                            late |= _values(block[_READER][block[_LATEST] > when])
+                            late |= _values(rows[_READER][rows[_LATEST] > when])
                     continue
                 if buffer == HEAP:
                     owners |= self._owners(get, where, when, early)
@@ -443,17 +443,16 @@ class _Check:
             owners -= {-1, t}
             early -= {-1, t}
             unordered -= {-1, t}
-            for buffer, where in reads:
-                block = pages.block(buffer, where)
-                if block is not None:
-                    latest = block[_LATEST]
+            for buffer, where, rows in reads:
+                if rows is not None:
+                    latest = rows[_LATEST]
                     if latest.max() < end:
                         latest[:] = end
-                        block[_READER] = t
+                        rows[_READER] = t
                     else:
                         mine = latest < end
                         latest[mine] = end
-                        block[_READER][mine] = t
+                        rows[_READER][mine] = t
                     continue
                 mine = get(buffer, where, _LATEST) < end
                 if mine.all():
@@ -462,13 +461,12 @@ class _Check:
                 elif mine.any():
                     pages.put_where(buffer, where, _LATEST, mine, end)
                     pages.put_where(buffer, where, _READER, mine, t)
-            for buffer, where in written:
-                block = pages.block(buffer, where)
-                if block is not None:
-                    block[_WRITER] = t
-                    block[_WEND] = end
-                    block[_LATEST] = -1
-                    block[_READER] = -1
+            for buffer, where, rows in written:
+                if rows is not None:
+                    rows[_WRITER] = t
+                    rows[_WEND] = end
+                    rows[_LATEST] = -1
+                    rows[_READER] = -1
                     continue
                 put(buffer, where, _WRITER, t)
                 put(buffer, where, _WEND, end)
@@ -563,18 +561,20 @@ class _Check:
         if alloc < 0:  # never granted (the run ended first): it reused nothing
             return
         ring, align = self.ring, self.align
-        blocks = slice((lo % ring) // align, (lo % ring + hi - lo) // align)
-        previous, counts = np.unique(self.occupant[blocks], return_counts=True)
-        self.occupant[blocks] = q
-        self.held[q] = blocks.stop - blocks.start
-        for p, count in zip(previous.tolist(), counts.tolist(), strict=True):
+        first, stop = (lo % ring) // align, (lo % ring + hi - lo) // align
+        previous: dict[int, int] = {}  # older slice -> its blocks taken
+        for p in self.occupant[first:stop]:
+            previous[p] = previous.get(p, 0) + 1
+        self.occupant[first:stop] = [q] * (stop - first)
+        self.held[q] = stop - first
+        for p in sorted(previous):
             if p < 0:
                 continue
             if p in self.slices:
                 self.waiting.setdefault(p, []).append((q, alloc))
             else:
                 self._report(p, q, alloc, *self.final[p])
-            self.held[p] -= count
+            self.held[p] -= previous[p]
             if not self.held[p]:
                 del self.held[p]
                 self.final.pop(p, None)

@@ -373,16 +373,35 @@ class _Bucket:
     (the map's overlap depth there; writers supersede the bytes they overwrite, so it stays
     small). A strided entry is indexed by its rows (its runs), not by the bounding range from
     its first row to its last: column tiles of one matrix are not each other's candidates
-    (their bounding ranges all overlap: 1.6 s per lookup at 100,000 entries)."""
+    (their bounding ranges all overlap: 1.6 s per lookup at 100,000 entries).
 
-    __slots__ = ("classes", "count")
+    Entries added with :meth:`add_later` (reads) are indexed when the bucket is next looked at:
+    the reads of a buffer that nothing overwrites (a kernel's weights, its inputs) are never
+    indexed at all."""
+
+    __slots__ = ("classes", "count", "pending")
 
     def __init__(self) -> None:
         # class -> (sorted keys ``lo << SERIAL_BITS | serial``, key -> (hi, entry))
         self.classes: dict[int, tuple[SortedList, dict[int, tuple[int, _Entry]]]] = {}
         self.count = 0
+        self.pending: list[_Entry] = []  # added, not yet indexed
 
     def add(self, entry: _Entry) -> None:
+        self._index(entry)
+        self.count += 1
+
+    def add_later(self, entry: _Entry) -> None:
+        """:meth:`add`, the indexing left to the next look at the bucket."""
+        self.pending.append(entry)
+        self.count += 1
+
+    def _flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for entry in pending:
+            self._index(entry)
+
+    def _index(self, entry: _Entry) -> None:
         serial = entry.serial
         for lo, hi in entry.pieces():
             c = (hi - lo).bit_length()
@@ -392,7 +411,6 @@ class _Bucket:
             key = lo << SERIAL_BITS | serial
             pieces[0].add(key)
             pieces[1][key] = (hi, entry)
-        self.count += 1
 
     def candidates(self, lo: int, hi: int) -> list[_Entry]:
         """The entries with a piece ``[p.lo, p.hi)`` that meets ``[lo, hi)`` (repeats
@@ -401,6 +419,8 @@ class _Bucket:
         It reads the ``SortedList``'s sublists and their maxima (``_lists``, ``_maxes``, the
         layout of sortedcontainers 2.x) and bisects them itself: ``irange`` builds two
         generators per call, which was most of a lookup's time."""
+        if self.pending:
+            self._flush()
         found = []
         stop = hi << SERIAL_BITS
         for c, (keys, pieces) in self.classes.items():
@@ -433,6 +453,8 @@ class _Bucket:
         return list(unique.values())
 
     def remove(self, entry: _Entry) -> None:
+        if self.pending:
+            self._flush()
         serial = entry.serial
         for lo, hi in entry.pieces():
             c = (hi - lo).bit_length()
@@ -446,6 +468,8 @@ class _Bucket:
 
     def keep_only(self, keep) -> int:
         """Drop the entries for which ``keep(entry)`` is false; returns how many."""
+        if self.pending:
+            self._flush()
         dropped: set[int] = set()
         for c in list(self.classes):
             pieces = self.classes[c][1]
@@ -575,7 +599,7 @@ class TensorMap:
         for w in written:
             if w.buffer == region.buffer and not _subtract(entry, w._bytes):
                 return
-        self._readers.setdefault(region.buffer, _Bucket()).add(entry)
+        self._readers.setdefault(region.buffer, _Bucket()).add_later(entry)
 
     def _record_read_span(self, span: Span, reader: int, written: Sequence[Span]) -> None:
         """:meth:`_record_read` for a span (read, less the bytes it writes itself)."""
@@ -584,7 +608,7 @@ class TensorMap:
         for wbuffer, wlo, whi in written:
             if wbuffer == buffer and wlo < hi and lo < whi and not _cut(entry, wlo, whi):
                 return
-        self._readers.setdefault(buffer, _Bucket()).add(entry)
+        self._readers.setdefault(buffer, _Bucket()).add_later(entry)
 
     def forget(self, buffer: Hashable, lo: int, hi: int) -> int:
         """Drop every entry, written or read, of ``buffer`` that lies within bytes ``[lo, hi)``:
@@ -600,10 +624,11 @@ class TensorMap:
             if bucket is None:
                 continue
             inside = {id(e): e for e in bucket.candidates(lo, hi) if e.lo >= lo and e.hi <= hi}
-            for entry in inside.values():
-                bucket.remove(entry)
-            if not bucket.classes:
+            if len(inside) == bucket.count:  # all of them: the bucket goes whole
                 del buckets[buffer]
+            else:
+                for entry in inside.values():
+                    bucket.remove(entry)
             if buckets is self._buckets:
                 dropped = len(inside)
         self._count -= dropped
