@@ -90,17 +90,22 @@ def run_child(
         SIGTERM, and SIGKILL 0.5 s later.
 
     Returns:
-      The :class:`~harness.Outcome`. A harness failure after the child started is an outcome
-      of kind ``"harness_error"`` (never reported as a crash): the target's module failing to
-      import in the child, a returned value that is not plain data, a status the child could
-      not deliver, a zygote that could not be started or died.
+      The :class:`~harness.Outcome`; its ``notes`` say what of this process's state (umask,
+      limits, nice value, warning filters) a forkserver or exec child could not take, and
+      name a process that left the child's group still holding its output (a leak). A
+      harness failure after the child started is an outcome of kind ``"harness_error"``
+      (never reported as a crash): the target's module failing to import in the child, a
+      returned value that is not plain data, a status the child could not deliver, a zygote
+      that could not be started or died.
 
     Raises:
       HarnessError: before any child starts, for a bad argument (each message names it), or
         ``style="fork"`` after :func:`~harness.mark_fork_unsafe`.
 
     Warns:
-      HarnessWarning: ``env`` sets a start-up variable and the style is fork or forkserver.
+      HarnessWarning: ``env`` sets a start-up variable and the style is fork or forkserver;
+        or ``style="fork"`` while this process has other threads (the child runs: a lock
+        one of them held at the fork stays held in it).
     """
     __tracebackhide__ = True
     outcome = run_unobserved(
