@@ -379,6 +379,25 @@ class _Scope:
     owners: list[int] = field(default_factory=list)
 
 
+class _ScopeBlock:
+    """What :meth:`Orchestrator.scope` returns: the scope opens on entry and closes on exit
+    (an exception included)."""
+
+    __slots__ = ("_entered", "_orch")
+
+    def __init__(self, orch: Orchestrator) -> None:
+        self._orch, self._entered = orch, False
+
+    def __enter__(self) -> None:
+        if self._entered:
+            raise RuntimeError("a scope is entered once: call rt.scope() for another")
+        self._entered = True
+        self._orch._open()
+
+    def __exit__(self, *exc_info) -> None:
+        self._orch._close()
+
+
 class _PlanFatal(Exception):
     def __init__(self, task: int, message: str) -> None:
         super().__init__(message)
@@ -422,26 +441,28 @@ class Orchestrator:
         self._externals[name] = n = integer(n, "n")
         return Tensor(Region.contiguous(name, 0, n, FLOAT32))
 
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
-        """A scope: heap tensors allocated in it may be reclaimed (exact mode) only after it
-        closes, and may not be used after it closes."""
+    def scope(self) -> _ScopeBlock:
+        """A scope (a context manager, entered once): heap tensors allocated in it may be
+        reclaimed (exact mode) only after it closes, and may not be used after it closes."""
+        return _ScopeBlock(self)
+
+    def _open(self) -> _Scope:
         scope = _Scope(self._scope_ids)
         self._scope_ids += 1
         self._scopes.append(scope)
-        try:
-            yield
-        finally:
-            self._scopes.pop()
-            self._closed_scopes.add(scope.id)
-            if scope.owners:
-                n, cols = len(self._cols.kind), self._cols
-                for owner in scope.owners:
-                    self._close_pos[owner] = n
-                # no later task may use the scope's slices: their writers and readers leave
-                # the map (the slices are consecutive on the heap: a nested scope's, between
-                # them, closed first)
-                self._tmap.forget(HEAP, cols.start[scope.owners[0]], cols.end[scope.owners[-1]])
+        return scope
+
+    def _close(self) -> None:
+        scope = self._scopes.pop()
+        self._closed_scopes.add(scope.id)
+        if scope.owners:
+            n, cols = len(self._cols.kind), self._cols
+            for owner in scope.owners:
+                self._close_pos[owner] = n
+            # no later task may use the scope's slices: their writers and readers leave the
+            # map (the slices are consecutive on the heap: a nested scope's, between them,
+            # closed first)
+            self._tmap.forget(HEAP, cols.start[scope.owners[0]], cols.end[scope.owners[-1]])
 
     def alloc_tensors(self, *sizes: int) -> TaskRefs:
         """A kernel-less task that allocates heap tensors of ``sizes`` float32 elements and

@@ -403,7 +403,7 @@ class _Bucket:
 
     def _index(self, entry: _Entry) -> None:
         serial = entry.serial
-        for lo, hi in entry.pieces():
+        for lo, hi in ((entry.lo, entry.hi),) if entry.flat else entry.pieces():
             c = (hi - lo).bit_length()
             pieces = self.classes.get(c)
             if pieces is None:
@@ -774,7 +774,8 @@ def _meeting(bucket: _Bucket, lo: int, hi: int) -> list[_Entry]:
     found = bucket.candidates(lo, hi)
     if len(found) > 1:
         found = list({id(e): e for e in found}.values())
-    return [e for e in found if _span_meets(e, lo, hi)]
+    # a whole span meets at once (its one piece is its bytes): no call for it
+    return [e for e in found if (e.flat and e.live is None) or _span_meets(e, lo, hi)]
 
 
 def gather_spans(
@@ -802,7 +803,8 @@ def gather_spans(
     for buffer, lo, hi in inputs:
         bucket = writers.get(buffer)
         if bucket is not None:
-            tasks.update(e.producer for e in _meeting(bucket, lo, hi))
+            for e in _meeting(bucket, lo, hi):
+                tasks.add(e.producer)
     written = (*inouts, *writes)
     met = []  # per written span: the write and read entries its bytes meet
     for buffer, lo, hi in written:  # an inout's writers are its reads' and its writes' alike
@@ -812,7 +814,8 @@ def gather_spans(
             found.append(() if bucket is None else _meeting(bucket, lo, hi))
         met.append(found)
         for entries in found:
-            tasks.update(e.producer for e in entries)
+            for e in entries:
+                tasks.add(e.producer)
     tasks.discard(task)
     producers = _newest_first(tasks)
     if max_fanin is not None and len(producers) > max_fanin:
