@@ -71,11 +71,15 @@ def session_leader() -> bool:
     return os.getsid(0) == os.getpid()
 
 
+LATE_S = 1.5
+"""Seconds :func:`late_thread`'s thread waits before it writes."""
+
+
 def late_thread(path: str) -> None:
-    """Start a non-daemon thread that writes ``path`` after 0.5 s, and return at once."""
+    """Start a non-daemon thread that writes ``path`` after :data:`LATE_S`, and return at once."""
 
     def late() -> None:
-        time.sleep(0.5)
+        time.sleep(LATE_S)
         with open(path, "w") as file:
             file.write("the thread ran on")
 

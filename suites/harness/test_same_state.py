@@ -269,8 +269,8 @@ def test_a_non_daemon_thread_is_not_waited_for(run, tmp_path):
 
     outcome = run(_state_targets.late_thread, str(path)).assert_clean()
 
-    assert outcome.duration_s < 0.5  # the child did not wait for its thread
-    time.sleep(0.7)  # the thread would have written by now, had it lived on
+    assert outcome.duration_s < _state_targets.LATE_S  # the child did not wait for its thread
+    time.sleep(_state_targets.LATE_S + 0.2)  # the thread would have written, had it lived on
     assert not path.exists()
 
 
