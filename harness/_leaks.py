@@ -67,8 +67,8 @@ def _writers_gone(fd: int) -> bool:
 
 
 def _holders(fd: int, group: int | None, parents: tuple[int, ...]) -> list[tuple[int, str]]:
-    """``(pid, command name)`` of the processes, other than this one and the children of
-    ``parents``, outside process group ``group``, that have the pipe of ``fd`` open."""
+    """``(pid, command name)`` of the processes, other than ``parents`` and their children,
+    outside process group ``group``, that have the pipe of ``fd`` open."""
     try:
         wanted = f"pipe:[{os.fstat(fd).st_ino}]"
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
@@ -92,7 +92,7 @@ def _holders(fd: int, group: int | None, parents: tuple[int, ...]) -> list[tuple
         name = text[text.index(b"(") + 1 : text.rindex(b")")].decode(errors="replace")
         fields = text.rsplit(b")", 1)[1].split()
         ppid, pgrp = int(fields[1]), int(fields[2])
-        if ppid in parents or pgrp == group:
-            continue
+        if pid in parents or ppid in parents or pgrp == group:  # the zygote closes its copies
+            continue  # once it has reported the child's end: late, on a loaded machine
         found.append((pid, name))
     return found
