@@ -11,7 +11,9 @@ mutant with only the tests that reach it. Three things keep that map and those r
   each new name to a file; at the test's teardown the parent adds them to the test's hits.
   The forkserver zygote, a fresh interpreter, runs ``harness/_zygote.py`` under its module
   name (``suites/_mutmut_zygote.py``), so that its mutants apply, and reports its hits and
-  its children's the same way; each pytest process mutmut runs has zygotes of its own.
+  its children's the same way; each pytest process mutmut runs has zygotes of its own. An
+  inner pytest that a test starts with ``-p suites._mutmut`` (``_scenarios``) reports its
+  children's and its zygote's hits to that test.
   (Children started by exec are not covered.)
 - mutmut's call stack lives in a thread-local instead of a ``ContextVar``: its trampolines set
   it on every call, also inside the allocator's teardown finalizers, which the collector runs,
@@ -60,7 +62,10 @@ class _ChildHits:
 
     def __init__(self, state) -> None:
         self.state = state
-        self.directory = Path(tempfile.mkdtemp(prefix="devmem-mutmut-hits-"))
+        inherited = os.environ.get(_mutmut_zygote.HITS_VARIABLE)
+        # an inner pytest (a scenario's) writes to its test's directory, which that test reads
+        self.owner = not inherited
+        self.directory = Path(inherited or tempfile.mkdtemp(prefix="devmem-mutmut-hits-"))
         os.environ[_mutmut_zygote.HITS_VARIABLE] = str(self.directory)
         os.register_at_fork(after_in_child=self._in_child)
 
@@ -69,14 +74,17 @@ class _ChildHits:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item, nextitem) -> None:
+        if not self.owner:
+            return
         hits = self.state()._stats
         for path in list(self.directory.iterdir()):
             hits.update(path.read_text(encoding="utf-8").split())
             path.unlink()
 
     def pytest_unconfigure(self, config) -> None:
-        os.environ.pop(_mutmut_zygote.HITS_VARIABLE, None)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.owner:
+            os.environ.pop(_mutmut_zygote.HITS_VARIABLE, None)
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _own_zygotes() -> None:

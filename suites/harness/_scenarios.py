@@ -170,6 +170,8 @@ def sigkill_a_pytest_process(folder: str) -> dict:
             "no:cacheprovider",
             "-p",
             "no:hypothesispytest",
+            "-p",
+            "suites._mutmut",  # inert outside mutmut; in it, its zygote is mutated too
             "test_inner.py",
         ],
         cwd=folder,
