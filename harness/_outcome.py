@@ -187,9 +187,10 @@ class Outcome:
 
         GoogleTest's ``EXPECT_EXIT(statement, predicate, regex)``: ``predicate(outcome)`` sees
         this outcome and returns whether its ending is the expected one, e.g.
-        ``lambda o: o.exit_code in (3, 4)``. As for the other death assertions, a target
-        that raised, a timeout and a harness error fail before the predicate is asked; any
-        exit status, 0 included, and any signal are the predicate's to judge.
+        ``lambda o: o.exit_code in (3, 4)``. As for the other death assertions, a child that
+        exited because its target raised, a timeout and a harness error fail before the
+        predicate is asked; any exit status, 0 included, and any signal (also one that killed
+        the child after its target raised) are the predicate's to judge.
 
         Args:
           predicate: a callable taking the outcome and returning a truth value; its name

@@ -127,7 +127,6 @@ class PendingRepro:
         self._provider = provider
         self._command: str | None = None
         self._path: str | None = None
-        self._kept = False
 
     def command(self, *, keep: bool = False) -> str:
         """The shell command, its request file written at the first call (inline in the
@@ -146,13 +145,11 @@ class PendingRepro:
                     words[-2:] = ["--request-file", self._path]
                 except OSError:
                     pass
-                if fallback and not (keep or self._kept):
+                if fallback:
                     _unkept[self._path] = None
                 self._command = _quote(words) + self._suffix
-            if keep:
-                self._kept = True
-                if self._path is not None:
-                    _unkept.pop(self._path, None)
+            if keep and self._path is not None:
+                _unkept.pop(self._path, None)
             return self._command
 
     def __reduce__(self) -> tuple:

@@ -92,6 +92,7 @@ def test_an_unwritable_directory_leaves_the_request_inline(monkeypatch, tmp_path
 _SCRIPT = """
 import os, sys
 import harness
+import harness._repro
 from suites.harness import _targets
 
 def child(style):
@@ -108,6 +109,19 @@ for action in sys.argv[1:]:
             outcome.assert_exited(0)
         except harness.DeathTestFailure as failure:
             print("failed", outcome.repro.split()[-1], flush=True)
+    if action == "fork-copy-exits":  # a copy of this process runs its atexit handlers too
+        path = outcome.repro.split()[-1]
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        print("after-copy" if os.path.exists(path) else "gone-after-copy", path, flush=True)
+    if action == "provided-read":  # a provider's directory (pytest's) is not this clean-up's
+        provided = os.path.join(os.environ["TMPDIR"], "provided")
+        os.makedirs(provided, exist_ok=True)
+        harness._repro.set_request_dir(lambda: provided)
+        print("provided", child("forkserver").repro.split()[-1], flush=True)
+        harness._repro.set_request_dir(None)
     if action == "user-file":
         path = outcome.repro.split()[-1]
         with open(os.path.join(os.path.dirname(path), "mine.txt"), "w") as out:
@@ -153,6 +167,20 @@ def test_outside_pytest_a_failure_s_request_file_stays(tmp_path):
     (directory,) = _repro_dirs(tmp_path)
     assert sorted(directory.iterdir()) == sorted(kept)
     assert json.loads(kept[0].read_text())["args"] == ["z" * 20000]
+
+
+def test_outside_pytest_a_forked_copy_of_the_process_cleans_nothing(tmp_path):
+    printed = _outside_pytest(tmp_path, "fork-copy-exits")
+    assert "gone-after-copy" not in printed
+    assert len(printed["after-copy"]) == 1
+    assert _repro_dirs(tmp_path) == []  # the process itself cleaned it at its exit
+
+
+def test_outside_pytest_a_provided_directory_s_files_stay(tmp_path):
+    printed = _outside_pytest(tmp_path, "read", "provided-read")  # "read": a clean-up runs
+    (path,) = printed["provided"]
+    assert path.parent == tmp_path / "provided" and path.is_file()
+    assert _repro_dirs(tmp_path) == []
 
 
 def test_outside_pytest_the_clean_up_leaves_a_user_s_file_and_its_directory(tmp_path):
