@@ -74,7 +74,7 @@ def cut_entry_frames(stderr: str) -> str:
       The text, unchanged where no entry frame is found.
     """
     raw = stderr.splitlines(keepends=True)
-    lines = [line.rstrip("\r\n") for line in raw]
+    lines = stderr.splitlines()  # the same lines, without their line breaks (any of them)
     out: list[str] = []
     index = 0
     while index < len(lines):
@@ -82,7 +82,7 @@ def cut_entry_frames(stderr: str) -> str:
             out.append(raw[index])
             index += 1
             continue
-        if not out or _FRAME.fullmatch(out[-1].rstrip("\r\n")) is None:
+        if not out or _FRAME.fullmatch(lines[index - 1]) is None:
             out.append(raw[index])  # the top frame: the child died in the harness's entry
             index += 1
         end = index
