@@ -9,7 +9,8 @@ the completion frontier). Contract: ``../shared/DESIGN.md`` 5.3.
 Pieces (each in its own private module of this package, re-exported here):
 
 - :func:`plan` / :class:`Orchestrator` (``_program``): run a workload's orchestration once
-  and record tasks, heap addresses, dependencies (via :mod:`runtime.tensormap`) and scopes;
+  and record tasks, heap addresses, dependencies (via :mod:`runtime.tensormap`) and scopes,
+  as :class:`Columns` (its :class:`PlannedTask` objects made on access);
 - :func:`simulate` / :class:`RingConfig` / :class:`RunResult` (``_sim``): the seeded
   multi-core simulation over one ring storage from the allocator;
 - :func:`check_trace` (``_trace``): every task's inputs complete when it ran, no live heap
@@ -34,7 +35,18 @@ The command line: ``python -m runtime.ring run --workload paged_attention --batc
 
 from __future__ import annotations
 
-from ._program import HEAP, Orchestrator, Plan, PlanLimits, PlannedTask, TaskRefs, Tensor, plan
+from ._program import (
+    HEAP,
+    Columns,
+    Orchestrator,
+    Plan,
+    PlanLimits,
+    PlannedTask,
+    PlannedTasks,
+    TaskRefs,
+    Tensor,
+    plan,
+)
 from ._run import cli_parser, format_summary, main, run
 from ._sim import (
     MASK64,
@@ -58,10 +70,12 @@ __all__ = [
     "RECLAIM_MODES",
     "REPLAY_MODES",
     "WORKLOADS",
+    "Columns",
     "Orchestrator",
     "Plan",
     "PlanLimits",
     "PlannedTask",
+    "PlannedTasks",
     "RingConfig",
     "RunResult",
     "TaskOutputTensors",

@@ -20,6 +20,13 @@ an :class:`Orchestrator`, which
 A fatal found while planning (a task larger than the ring, a span beyond H in window mode, a
 fan-in over the cap) ends the plan there: the simulated runtime raises it when the first core
 replays that task.
+
+Planning is the ring's hot path (every task of a run goes through it once), so it keeps to
+plain data: a contiguous tensor is a span of bytes (:class:`Tensor` makes its
+:class:`~runtime.tensormap.Region` only when asked), a task whose tensors are all spans finds
+its fan-in with :func:`~runtime.tensormap.gather_spans` (the TensorMap's span path; strided
+tensors take the Region path), and the plan is kept as parallel lists (:class:`Columns`), its
+:class:`PlannedTask` objects made on access.
 """
 
 from __future__ import annotations
@@ -44,7 +51,6 @@ __all__ = [
     "PlannedTasks",
     "TaskRefs",
     "Tensor",
-    "gc_paused",
     "plan",
 ]
 
@@ -334,6 +340,14 @@ class PlannedTasks(Sequence):
     def __iter__(self) -> Iterator[PlannedTask]:
         for i in range(len(self._made)):
             yield self[i]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a sequence of the same tasks (a tuple of :class:`PlannedTask` included)."""
+        if not isinstance(other, (PlannedTasks, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable cache, compared by value
 
     def __repr__(self) -> str:
         return f"<{len(self)} planned tasks>"

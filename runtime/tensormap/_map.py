@@ -22,7 +22,10 @@ O(P C log n + k + d), flat in the number of entries, strided or not).
 :func:`gather_fanin`, the ring's path, orders every data hazard per byte: the writers of the
 live bytes a task reads or overwrites and the readers of the live bytes it overwrites; a write
 supersedes the bytes it overwrites (an entry keeps its live bytes once a write takes part of
-it).
+it). :func:`gather_spans` and :meth:`TensorMap.insert_span` do the same for accesses that are
+contiguous bytes, given as ``(buffer, lo, hi)`` spans, without a :class:`Region` per access
+(the ring plans its contiguous tensors so); both paths share the index, so a map may hold
+entries of either, and the suites check that they agree.
 
 Example::
 

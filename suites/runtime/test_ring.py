@@ -709,10 +709,11 @@ def test_the_cli_runs_a_workload_at_the_task_limit_exactly(monkeypatch, capsys):
 
 def test_check_trace_memory_follows_the_live_data_not_the_run_length(make_alloc):
     """Before: the checker kept int64 arrays over every virtual heap byte the run ever used
-    (773 MB at 100,000 tasks); now per-element state lives in pages dropped after their last
-    task, and what grows with the run is a dozen integers per task (bench/ring.py (f) shows
-    the growth at 100,000 tasks). Here, 256 then 2,560 tasks: at most twice the checker's peak
-    (tracemalloc: allocations, not time; before, 5.7x)."""
+    (773 MB at 100,000 tasks), then a dozen integers per task; now it streams the trace (a
+    task's events are kept from when they are read until the walk takes the task) and keeps
+    per-element state in pages dropped after their last task (bench/ring.py (f) shows 10,000
+    against 100,000 tasks). Here, 256 then 2,560 tasks: at most twice the checker's peak
+    (tracemalloc: allocations, not time; before the pages, 5.7x)."""
     import tracemalloc
 
     peaks = []
