@@ -63,9 +63,12 @@ class _ChildHits:
     def __init__(self, state) -> None:
         self.state = state
         inherited = os.environ.get(_mutmut_zygote.HITS_VARIABLE)
-        # an inner pytest (a scenario's) writes to its test's directory, which that test reads
         self.owner = not inherited
-        self.directory = Path(inherited or tempfile.mkdtemp(prefix="devmem-mutmut-hits-"))
+        if inherited:  # an inner pytest (a scenario's): its hits go to the outer test's files
+            self.directory = Path(inherited)
+            _mutmut_zygote.spill_hits_to(inherited)  # mutmut's own recorder needs its config
+            return
+        self.directory = Path(tempfile.mkdtemp(prefix="devmem-mutmut-hits-"))
         os.environ[_mutmut_zygote.HITS_VARIABLE] = str(self.directory)
         os.register_at_fork(after_in_child=self._in_child)
 
