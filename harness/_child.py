@@ -28,7 +28,9 @@ its death signal when it was forked, and does step 0 first once it has taken a r
 Status channel: a file of records, one JSON object per line; the ``event`` key names it:
 
 - ``{"event": "note", "message": str}``: a harness line for the outcome's notes (a part of the
-  test process's state the child could not take, see :func:`apply_state`); before ``started``.
+  test process's state the child could not take, see :func:`apply_state`); before ``started``,
+  but a warning filter's, which waits until the target is imported (its module may define
+  the category).
 - ``{"event": "started", "pid": int}``: the child is set up and about to import the target.
 - ``{"event": "returned", "value": <plain data>}``: the target returned; exit status 0.
 - ``{"event": "raised", "type", "bases", "message", "traceback"}``: the target raised; exit
@@ -488,9 +490,13 @@ def run_child(
         if not set_up_by_parent:
             _arm_faulthandler()
             _apply_request(request)
-        if request.get("state") is not None:
-            for note in apply_state(request["state"]):
+        state = request.get("state")
+        missed: list[str] = []
+        if state is not None:
+            for note in apply_state(state, filters=False):
                 status.emit("note", message=note)
+            if state.get("warnings") is not None:
+                missed = _apply_warning_filters(state["warnings"])
         if request.get("coverage") is not None:
             _restart_coverage(request["coverage"])
         status.started()
@@ -508,6 +514,15 @@ def run_child(
                 exc,
             )
             _leave(EXIT_HARNESS_ERROR)
+    if missed:  # a category of the target's module (the script run as __main__, loaded as
+        # __mp_main__; a test module loaded by path), which a fork child has too: now it is here
+        try:
+            missed = _apply_warning_filters(state["warnings"])
+        except BaseException as exc:
+            status.harness_error(f"could not set up the child: {type(exc).__name__}: {exc}", exc)
+            _leave(EXIT_HARNESS_ERROR)
+    for note in missed:
+        status.emit("note", message=note)
 
     args = request.get("args", ())
     if collecting:
@@ -720,7 +735,7 @@ def _apply_request(request: dict) -> None:
         importlib.invalidate_caches()
 
 
-def apply_state(state: dict) -> list[str]:
+def apply_state(state: dict, *, filters: bool = True) -> list[str]:
     """Give this child the test process's umask, resource limits, nice value, warning filters,
     ``sys.dont_write_bytecode`` and int-to-str digit limit (``harness._state.process_state``),
     where they differ from its own.
@@ -729,6 +744,9 @@ def apply_state(state: dict) -> list[str]:
       A note for each part that could not be applied (a hard limit above this process's own,
       which only a privileged process may raise; a nice value below its own; a warning filter
       whose category could not be found): the child runs with its own value there.
+      ``filters=False`` leaves the warning filters alone (``run_child`` sets them itself, and
+      again once the target is imported when a category was missing: the target's module, a
+      script run as ``__main__`` say, may define it).
     """
     notes: list[str] = []
     if state.get("umask") is not None:
@@ -766,7 +784,7 @@ def apply_state(state: dict) -> list[str]:
                     f"devmem-harness: the child could not take the test process's nice value "
                     f"{nice} ({exc.strerror}: lowering it takes a privilege); it runs at {have}"
                 )
-    if state.get("warnings") is not None:
+    if filters and state.get("warnings") is not None:
         notes.extend(_apply_warning_filters(state["warnings"]))
     if state.get("dont_write_bytecode") is not None:
         sys.dont_write_bytecode = bool(state["dont_write_bytecode"])

@@ -221,6 +221,45 @@ def test_assert_raised_with_a_class_of_the_script_run_as_main(tmp_path):
     ]
 
 
+WARNING_SCRIPT = """
+import warnings
+
+import harness
+
+
+class MyWarning(UserWarning):
+    pass
+
+
+def warn_it():
+    warnings.warn("mine", MyWarning)
+    return "not raised"
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("error", MyWarning)
+    for style in ("fork", "forkserver", "exec"):
+        outcome = harness.run_child(warn_it, style=style, timeout=30)
+        print(style, outcome.raised and outcome.raised.type, outcome.returned, outcome.notes)
+"""
+
+
+def test_a_warning_filter_on_a_category_of_the_script_run_as_main(tmp_path):
+    # the category is the child's once the target's module (__mp_main__) is loaded: the filter
+    # is set then, as a fork child has it, not left out with a note
+    script = tmp_path / "script.py"
+    script.write_text(WARNING_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{style} __main__.MyWarning None ()" for style in ("fork", "forkserver", "exec")
+    ]
+
+
 # -- item 5: an explicit fork with other threads running -----------------------------------------
 
 
