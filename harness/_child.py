@@ -928,7 +928,18 @@ def _load_by_path(module_name: str, path: str) -> object:
 
 
 def _load_main(path: str) -> object:
-    """Load the parent's ``__main__`` script as ``__mp_main__`` (what multiprocessing does)."""
+    """Load the parent's ``__main__`` script as ``__mp_main__`` (what multiprocessing does):
+    by its module's name when the parent ran it with ``python -m pkg.script`` (its relative
+    imports need its package: see :func:`_main_module_name`), else by its file's path."""
+    name = _main_module_name(path)
+    if name is not None:
+        import runpy
+        import types
+
+        module = types.ModuleType(MP_MAIN)
+        module.__dict__.update(runpy.run_module(name, run_name=MP_MAIN, alter_sys=True))
+        sys.modules[MP_MAIN] = sys.modules["__main__"] = module
+        return module
     spec = importlib.util.spec_from_file_location(MP_MAIN, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load the parent's __main__ from {path!r}")
@@ -936,6 +947,31 @@ def _load_main(path: str) -> object:
     sys.modules[MP_MAIN] = sys.modules["__main__"] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _main_module_name(path: str) -> str | None:
+    """The name the parent's ``__main__`` file ``path`` was run by, with ``python -m``: a
+    dotted name under an entry of ``sys.path`` (the parent's) that imports as that file. None
+    for a script run by its path, whose directory is then on ``sys.path`` (its first entry),
+    or a file no name imports as."""
+    directory = os.path.dirname(path)
+    entries = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    if any(_same_file(directory, entry) for entry in entries):
+        return None
+    for entry in entries:
+        relative = os.path.relpath(path, entry)
+        parts = os.path.splitext(relative)[0].split(os.sep)
+        if relative.startswith(os.pardir) or not all(part.isidentifier() for part in parts):
+            continue
+        name = ".".join(parts)
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = getattr(spec, "origin", None)
+        if isinstance(origin, str) and _same_file(origin, path):
+            return name
+    return None
 
 
 def _system_exit_code(exc: SystemExit) -> int:

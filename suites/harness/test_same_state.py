@@ -221,6 +221,55 @@ def test_assert_raised_with_a_class_of_the_script_run_as_main(tmp_path):
     ]
 
 
+MODULE_SCRIPT = """
+from .helper import VALUE
+
+import harness
+
+
+class MyError(Exception):
+    pass
+
+
+def raise_it():
+    raise MyError(VALUE)
+
+
+if __name__ == "__main__":
+    for style in ("fork", "forkserver", "exec"):
+        outcome = harness.run_child(raise_it, style=style, timeout=30)
+        try:
+            outcome.assert_raised(MyError, match="from the helper")
+            print(style, "passed", outcome.raised.type)
+        except harness.DeathTestFailure as failure:
+            print(style, "failed", str(failure).splitlines()[0])
+"""
+
+
+def test_assert_raised_with_a_class_of_a_module_run_with_python_m(tmp_path):
+    # python -m pkg.script: the child loads it by its name, as multiprocessing does (a relative
+    # import needs its package), not by its path
+    package = tmp_path / "mainpkg36"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("VALUE = 'from the helper'\n")
+    (package / "script.py").write_text(MODULE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run(
+        [sys.executable, "-m", "mainpkg36.script"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{style} passed __main__.MyError" for style in ("fork", "forkserver", "exec")
+    ]
+
+
 WARNING_SCRIPT = """
 import warnings
 
