@@ -824,22 +824,29 @@ def _apply_warning_filters(filters: list) -> list[str]:
 
 
 def _warning_category(name: str) -> type | None:
-    """The warning class named ``name`` (``UserWarning``, ``pkg.mod.MyWarning``): a builtin,
-    or one of a module imported here already, or importable; None if none is found."""
-    module_name, _, qualname = name.rpartition(".")
-    if not module_name:
-        module_name, qualname = "builtins", name
-    if module_name == "__main__":
-        module_name = MP_MAIN if MP_MAIN in sys.modules else module_name
-    if module_name.partition(".")[0] in NOT_IN_CHILD and module_name not in sys.modules:
-        return None
-    try:
-        obj: object = sys.modules.get(module_name) or importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except Exception:
-        return None
-    return obj if isinstance(obj, type) and issubclass(obj, Warning) else None
+    """The warning class named ``name`` (``UserWarning``, ``pkg.mod.MyWarning``, a nested
+    ``pkg.mod.Outer.MyWarning``): a builtin, or one of a module imported here already, or
+    importable; None if none is found. The longest prefix of ``name`` that is a module wins."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        parts = ["builtins", name]
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name, qualname = ".".join(parts[:cut]), parts[cut:]
+        if module_name == "__main__":
+            module_name = MP_MAIN if MP_MAIN in sys.modules else module_name
+        if module_name.partition(".")[0] in NOT_IN_CHILD and module_name not in sys.modules:
+            return None
+        try:
+            obj: object = sys.modules.get(module_name) or importlib.import_module(module_name)
+        except Exception:  # not a module (a class of a shorter prefix), or not importable
+            continue
+        try:
+            for part in qualname:
+                obj = getattr(obj, part)
+        except Exception:
+            return None
+        return obj if isinstance(obj, type) and issubclass(obj, Warning) else None
+    return None
 
 
 _coverage: tuple | None = None  # (pid, coverage.Coverage) to save at _leave (see below)

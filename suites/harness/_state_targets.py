@@ -112,3 +112,16 @@ def no_thread_fork_warning() -> list:
         warnings.simplefilter("always")
         harness.run_child("os:getpid", style="fork").assert_clean()
     return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+class Outer:
+    """A class whose nested class is a warning category (issue 36, item 1)."""
+
+    class NestedWarning(UserWarning):
+        """A warning category named ``suites.harness._state_targets.Outer.NestedWarning``."""
+
+
+def warn_nested() -> str:
+    """Warn with :class:`Outer.NestedWarning`; return if the warning did not raise."""
+    warnings.warn("nested", Outer.NestedWarning, stacklevel=1)
+    return "not raised"

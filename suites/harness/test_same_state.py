@@ -148,6 +148,16 @@ def test_a_warning_filter_the_child_cannot_set_is_a_note(style, run):
     assert seen["pytest_imported"] is False  # not imported to set a filter on its category
 
 
+def test_a_warning_filter_on_a_nested_category(run):
+    # pkg.mod.Outer.NestedWarning: its module is the longest importable prefix of the name
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", _state_targets.Outer.NestedWarning)
+        outcome = run(_state_targets.warn_nested)
+
+    outcome.assert_raised(_state_targets.Outer.NestedWarning, match="nested")
+    assert outcome.notes == ()
+
+
 def test_a_nice_value_the_child_cannot_take_is_a_note(monkeypatch):
     def refuse(*_args: object) -> None:
         raise PermissionError(1, "Operation not permitted")
