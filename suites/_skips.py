@@ -40,7 +40,10 @@ CAPABILITIES = (
     ),
 )
 
-_FLAGS_BEFORE_R = re.compile(r"-[vqxl]*r")
+_FLAGS_BEFORE_R = re.compile(r"-[dfhlqsvxV]*r")
+"""``-r`` after any of pytest's (and xdist's) one-letter flags that take no value, which argparse
+lets a user combine before it: ``-sra`` is ``-s -r a``. A flag that takes a value (``-k``,
+``-n``, ``-p``) takes the rest of the word, so ``-krs`` is no report."""
 
 
 def asks_for_skip_report(args: Sequence[str]) -> bool:

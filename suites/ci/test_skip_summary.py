@@ -44,6 +44,11 @@ def test_one_line_per_capability_and_one_for_the_rest():
         (["-ra"], True),
         (["-r", "fE"], True),
         (["-vrA"], True),
+        (["-sra"], True),  # -s -r a: pytest's flags without a value combine before -r
+        (["-xsvrs"], True),
+        (["-dfr", "s"], True),
+        (["-krs"], False),  # -k rs: a keyword, not a report
+        (["-nr"], False),  # -n r: a worker count
         (["--report-chars=s"], True),
         (["--runxfail"], False),
     ],
