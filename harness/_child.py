@@ -662,7 +662,7 @@ SIGPIPE is ignored, as in a fresh interpreter)."""
 def _make_streams() -> tuple:
     """New ``sys.stdin``, ``sys.stdout`` and ``sys.stderr`` objects over descriptors 0, 1, 2."""
     return (
-        io.TextIOWrapper(io.FileIO(0, "r", closefd=False)),
+        io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),  # /dev/null
         _text_stream(1, write_through=False),
         _text_stream(2, write_through=True),
     )

@@ -35,9 +35,16 @@ def interpreter_flags() -> list[str]:
     ``-O``, ``-OO``, ``-B``, ``-E``, ``-s``, ``-S``, ``-I``, ``-b``, ``-v``, ``-q``, each
     ``-W`` of :data:`sys.warnoptions` and each ``-X`` of :data:`sys._xoptions` (``-X dev``,
     ``-X utf8``, ...), as :mod:`multiprocessing` starts its processes
-    (``subprocess._args_from_interpreter_flags``).
+    (``subprocess._args_from_interpreter_flags``), and the ``-X`` options that function
+    leaves out (``-X warn_default_encoding``, ``-X int_max_str_digits=N``,
+    ``-X pycache_prefix=DIR``, ...).
     """
-    return list(subprocess._args_from_interpreter_flags())  # type: ignore[attr-defined]
+    args = list(subprocess._args_from_interpreter_flags())  # type: ignore[attr-defined]
+    given = {args[at + 1].partition("=")[0] for at, arg in enumerate(args[:-1]) if arg == "-X"}
+    for name, value in getattr(sys, "_xoptions", {}).items():
+        if name not in given:
+            args += ["-X", name if value is True else f"{name}={value}"]
+    return args
 
 
 def umask() -> int:

@@ -14,7 +14,7 @@ LIMITS = ("RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_
 
 def umask() -> int:
     """This process's umask, from ``/proc/self/status`` (without changing it)."""
-    with open("/proc/self/status") as status:
+    with open("/proc/self/status", encoding="ascii") as status:
         return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
 
 

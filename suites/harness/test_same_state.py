@@ -55,7 +55,22 @@ def test_a_child_has_the_test_process_state_at_the_request(run):
 
 @pytest.mark.parametrize(
     "flags",
-    [["-O"], ["-X", "dev", "-W", "error::UserWarning"], ["-B"], ["-OO", "-b", "-s", "-X", "utf8"]],
+    [
+        ["-O"],
+        ["-X", "dev", "-W", "error::UserWarning"],
+        ["-B"],
+        ["-OO", "-b", "-s", "-X", "utf8"],
+        # -X options subprocess._args_from_interpreter_flags leaves out; and the harness's own
+        # text streams give an encoding (no EncodingWarning, an error here, in the parent)
+        [
+            "-X",
+            "warn_default_encoding",
+            "-X",
+            "int_max_str_digits=1000",
+            "-W",
+            "error::EncodingWarning",
+        ],
+    ],
 )
 def test_interpreter_flags_reach_every_style(flags, tmp_path):
     script = tmp_path / "flags.py"
@@ -93,9 +108,15 @@ def test_interpreter_flags_reach_every_style(flags, tmp_path):
     assert seen == {"fork": parent, "forkserver": parent, "exec": parent}
 
 
-def test_the_flags_a_zygote_and_an_exec_child_start_with():
-    # this process's: what multiprocessing passes on too
-    assert _state.interpreter_flags() == subprocess._args_from_interpreter_flags()
+def test_the_flags_a_zygote_and_an_exec_child_start_with(monkeypatch):
+    # this process's: what multiprocessing passes on, and the -X options it leaves out
+    assert _state.interpreter_flags()[: len(subprocess._args_from_interpreter_flags())] == (
+        subprocess._args_from_interpreter_flags()
+    )
+    monkeypatch.setattr(sys, "_xoptions", {"dev": True, "int_max_str_digits": "1000"})
+    monkeypatch.setattr(sys, "warnoptions", [])
+    monkeypatch.setattr(subprocess, "_args_from_interpreter_flags", lambda: ["-X", "dev"])
+    assert _state.interpreter_flags() == ["-X", "dev", "-X", "int_max_str_digits=1000"]
 
 
 def test_a_state_the_child_cannot_take_is_a_note(style, run, monkeypatch):
