@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         try:  # the option stands for DEVMEM_BACKEND: the other DEVMEM_* knobs apply as well
             environ = {**os.environ, "DEVMEM_BACKEND": args.backend}
             alloc = Allocator(AllocatorConfig.from_env(environ))
-        except BackendUnavailable as exc:
-            parser.exit(2, f"{parser.prog}: error: --backend {args.backend}: {exc}\n")
+        except BackendUnavailable as exc:  # status 1, as DEVMEM_BACKEND's (not a usage error)
+            parser.exit(1, f"{parser.prog}: error: --backend {args.backend}: {exc}\n")
     result = run(args.workload, config, alloc, **params)
     summary = result.summary()
     summary["sizes"] = _sizes(args.workload, params)
