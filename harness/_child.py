@@ -120,10 +120,11 @@ STATE_RLIMITS = (
 """The resource limits a child takes from the test process's request (``request["state"]``,
 see :func:`apply_state`): all but ``RLIMIT_CORE``, which is 0 in every child."""
 
-NOT_IN_CHILD = ("pytest", "_pytest", "pluggy", "xdist", "execnet")
+NOT_IN_CHILD = ("pytest", "_pytest", "pluggy", "xdist", "execnet", "harness")
 """Top-level packages whose warning categories a child does not import to set a filter: the
-harness never imports pytest into a child (a filter on one of their categories acts only in a
-process that imported them, and such a child is told nothing of it)."""
+harness never imports pytest, nor its own package, into a child (a filter on one of their
+categories acts only in a process that imported them: the filter is set once the target's
+module is imported, if that imported them, and such a child is told nothing of it)."""
 
 _PR_SET_PDEATHSIG = 1
 _prctl = None  # libc's prctl, loaded by prepare() (in the parent, so a forked child need not)
@@ -492,11 +493,12 @@ def run_child(
             _apply_request(request)
         state = request.get("state")
         missed: list[str] = []
+        complete = True
         if state is not None:
             for note in apply_state(state, filters=False):
                 status.emit("note", message=note)
             if state.get("warnings") is not None:
-                missed = _apply_warning_filters(state["warnings"])
+                missed, complete = _apply_warning_filters(state["warnings"])
         if request.get("coverage") is not None:
             _restart_coverage(request["coverage"])
         status.started()
@@ -514,10 +516,11 @@ def run_child(
                 exc,
             )
             _leave(EXIT_HARNESS_ERROR)
-    if missed:  # a category of the target's module (the script run as __main__, loaded as
-        # __mp_main__; a test module loaded by path), which a fork child has too: now it is here
+    if not complete:  # a category of the target's module (the script run as __main__, loaded
+        # as __mp_main__; a test module loaded by path; the harness, for a nested death test),
+        # which a fork child has too: now it is here
         try:
-            missed = _apply_warning_filters(state["warnings"])
+            missed = _apply_warning_filters(state["warnings"])[0]
         except BaseException as exc:
             status.harness_error(f"could not set up the child: {type(exc).__name__}: {exc}", exc)
             _leave(EXIT_HARNESS_ERROR)
@@ -785,7 +788,7 @@ def apply_state(state: dict, *, filters: bool = True) -> list[str]:
                     f"{nice} ({exc.strerror}: lowering it takes a privilege); it runs at {have}"
                 )
     if filters and state.get("warnings") is not None:
-        notes.extend(_apply_warning_filters(state["warnings"]))
+        notes.extend(_apply_warning_filters(state["warnings"])[0])
     if state.get("dont_write_bytecode") is not None:
         sys.dont_write_bytecode = bool(state["dont_write_bytecode"])
     digits = state.get("int_max_str_digits")
@@ -798,16 +801,22 @@ def _limit_text(limit: tuple) -> str:
     return "(" + ", ".join("unlimited" if n == -1 else str(n) for n in limit) + ")"
 
 
-def _apply_warning_filters(filters: list) -> list[str]:
+def _apply_warning_filters(filters: list) -> tuple[list[str], bool]:
     """Replace this process's warning filters with ``filters`` (``[action, message, category,
-    module, lineno]``, first wins); a note names those whose category is not found (its module
-    not imported here, and not importable)."""
+    module, lineno]``, first wins).
+
+    Returns:
+      A note naming those whose category is not found (its module not imported here, and not
+      importable; none for the packages of :data:`NOT_IN_CHILD`), and whether every filter
+      was set.
+    """
     import warnings
 
-    made, missing = [], []
+    made, missing, complete = [], [], True
     for action, message, category, module, lineno in filters:
         found = _warning_category(category)
         if found is None:
+            complete = False
             if category.partition(".")[0] not in NOT_IN_CHILD:
                 missing.append(f"{action}::{category}")
             continue
@@ -816,11 +825,11 @@ def _apply_warning_filters(filters: list) -> list[str]:
     for action, message, category, module, lineno in made:
         warnings.filterwarnings(action, message, category, module, lineno, append=True)
     if not missing:
-        return []
+        return [], complete
     return [
         "devmem-harness: the child could not set the test process's warning filters "
         f"{', '.join(missing)}: their categories could not be imported here"
-    ]
+    ], complete
 
 
 def _warning_category(name: str) -> type | None:

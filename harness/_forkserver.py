@@ -50,7 +50,7 @@ from harness._reap import (
     wait_out,
 )
 from harness._request import ChildRequest
-from harness._state import interpreter_flags, process_state
+from harness._state import interpreter_flags, process_state, startup_environ
 
 ZYGOTE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
 STARTUP_S = 60.0
@@ -375,7 +375,8 @@ def _start(key: tuple[str, ...]) -> Connection:
             stderr=stderr_fd,
             pass_fds=[child_sock.fileno()],
             start_new_session=True,
-            env=with_child_config(dict(os.environ)),
+            # the start-up variables this process started with: the zygote is its interpreter
+            env=with_child_config(startup_environ(dict(os.environ))),
         )
     except (OSError, subprocess.SubprocessError) as exc:
         parent_sock.close()

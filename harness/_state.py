@@ -27,6 +27,7 @@ except ImportError:  # not on every platform
     resource = None  # type: ignore[assignment]
 
 from harness._child import STATE_RLIMITS, type_name
+from harness._env import startup_variables
 
 
 def interpreter_flags() -> list[str]:
@@ -45,6 +46,29 @@ def interpreter_flags() -> list[str]:
         if name not in given:
             args += ["-X", name if value is True else f"{name}={value}"]
     return args
+
+
+def startup_environ(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with the variables that act only at interpreter start-up
+    (:func:`harness._env.startup_variables`: ``PYTHONOPTIMIZE``, ``PYTHONHASHSEED``, ``LD_*``,
+    ...) as this process had them when it started (``/proc/self/environ``, which no change to
+    :data:`os.environ` touches): what a zygote starts with, so that it is the interpreter the
+    test process is, not one a test that set such a variable for a while happened to start
+    (every later forkserver child would have run with it). ``environ`` itself where the start
+    cannot be read (not Linux)."""
+    try:
+        with open("/proc/self/environ", "rb") as file:
+            data = file.read()
+    except OSError:
+        return environ
+    initial = {}
+    for item in data.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name:
+            initial[os.fsdecode(name)] = os.fsdecode(value)
+    made = {name: value for name, value in environ.items() if not startup_variables([name])}
+    made.update((name, value) for name, value in initial.items() if startup_variables([name]))
+    return made
 
 
 def umask() -> int:

@@ -220,3 +220,15 @@ def sigkill_a_pytest_process(folder: str) -> dict:
         "survivors": survivors,
         "in_groups": in_groups,
     }
+
+
+def harness_warning_filter() -> list:
+    """The filters on :class:`harness.HarnessWarning` this child has (its module imports the
+    harness, as a nested death test's does), as ``[action, message pattern]``."""
+    import warnings
+
+    return [
+        [action, getattr(message, "pattern", message)]
+        for action, message, category, _module, _lineno in warnings.filters
+        if category is harness.HarnessWarning
+    ]

@@ -21,7 +21,7 @@ import pytest
 import harness
 from harness import _child, _exec, _forkserver, _state
 from harness._styles import choose_style
-from suites.harness import _procs, _state_targets, _targets
+from suites.harness import _procs, _scenarios, _state_targets, _targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -108,6 +108,40 @@ def test_interpreter_flags_reach_every_style(flags, tmp_path):
     assert seen == {"fork": parent, "forkserver": parent, "exec": parent}
 
 
+ZYGOTE_STARTED_UNDER_A_VARIABLE = """
+import json
+import os
+import harness
+from suites.harness import _state_targets
+
+os.environ["PYTHONOPTIMIZE"] = "1"  # as a test's monkeypatch.setenv, when the zygote starts
+os.environ["PYTHONDEVMODE"] = "1"
+first = harness.run_child(_state_targets.state, style="forkserver", timeout=30).returned
+del os.environ["PYTHONOPTIMIZE"], os.environ["PYTHONDEVMODE"]
+later = harness.run_child(_state_targets.state, style="forkserver", timeout=30).returned
+print(json.dumps([_state_targets.state(), first, later]))
+"""
+
+
+def test_a_zygote_is_the_interpreter_the_test_process_started_as(tmp_path):
+    # a start-up variable set in os.environ when the zygote starts acts in no forkserver child:
+    # a fork child's interpreter started without it too
+    script = tmp_path / "zygote_env.py"
+    script.write_text(ZYGOTE_STARTED_UNDER_A_VARIABLE)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for name in ("COVERAGE_PROCESS_CONFIG", "PYTHONOPTIMIZE", "PYTHONDEVMODE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+
+    assert done.returncode == 0, done.stderr
+    parent, first, later = json.loads(done.stdout.splitlines()[-1])
+    assert (parent["optimize"], parent["dev_mode"]) == (0, False)
+    assert first == parent
+    assert later == parent
+
+
 def test_the_flags_a_zygote_and_an_exec_child_start_with(monkeypatch):
     # this process's: what multiprocessing passes on, and the -X options it leaves out
     assert _state.interpreter_flags()[: len(subprocess._args_from_interpreter_flags())] == (
@@ -176,6 +210,17 @@ def test_a_warning_filter_on_a_nested_category(run):
         outcome = run(_state_targets.warn_nested)
 
     outcome.assert_raised(_state_targets.Outer.NestedWarning, match="nested")
+    assert outcome.notes == ()
+
+
+def test_a_filter_on_the_harness_category_is_set_once_the_target_imports_it(run):
+    # the child never imports the harness for it (suites/harness/test_spare.py checks that);
+    # a target whose module imports the harness (a nested death test) has the filter
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "nested harness", harness.HarnessWarning)
+        outcome = run(_scenarios.harness_warning_filter).assert_clean()
+
+    assert outcome.returned[0] == ["error", "nested harness"]
     assert outcome.notes == ()
 
 
