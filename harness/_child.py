@@ -752,6 +752,11 @@ def apply_state(state: dict, *, filters: bool = True) -> list[str]:
       script run as ``__main__`` say, may define it).
     """
     notes: list[str] = []
+    for name, value in (state.get("environ") or {}).items():  # an exec child's start-up
+        if value is None:  # variables, which it started without (see harness._exec)
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     if state.get("umask") is not None:
         os.umask(state["umask"])
     for name, wanted in (state.get("rlimits") or {}).items():

@@ -9,11 +9,12 @@ import sys
 
 from harness._capture import Capture
 from harness._coverage import ENV_NAME, with_child_config
+from harness._env import startup_variables
 from harness._forkserver import guard
 from harness._reap import Deadline, Ending, wait_direct
 from harness._repro import RUNNER_PATH
 from harness._request import ChildRequest
-from harness._state import interpreter_flags, process_state
+from harness._state import interpreter_flags, process_state, startup_environ
 from harness._styles import sigchld_problem
 
 MAX_ARGUMENT_BYTES = 100_000
@@ -56,7 +57,21 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
         "--seal",
         f"{capture.table.fd}:{capture.seal_offset}",
     ]
-    argv += ["--state", json.dumps(process_state(), separators=(",", ":"))]
+    # the start-up variables this process started with, as a fork or forkserver child's
+    # interpreter did; a change since (a test's os.environ) is the child's os.environ only
+    environ = with_child_config(request.environ(), keep=ENV_NAME in request.overrides)
+    started = startup_environ(environ)
+    for name in startup_variables(request.overrides):  # the request's own: exec acts on it
+        if name in environ:
+            started[name] = environ[name]
+        else:
+            started.pop(name, None)
+    state = process_state()
+    names = [name for name in {*environ, *started} if startup_variables([name])]
+    changed = {name: environ.get(name) for name in names if environ.get(name) != started.get(name)}
+    if changed:
+        state["environ"] = changed
+    argv += ["--state", json.dumps(state, separators=(",", ":"))]
     pass_fds = [capture.status_fd, capture.table.fd]
     if len(data) <= MAX_ARGUMENT_BYTES:
         argv += ["--request", text]
@@ -73,7 +88,7 @@ def launch_exec(request: ChildRequest, capture: Capture) -> Ending:
             stderr=capture.stderr.write_fd,
             pass_fds=pass_fds,
             **_OWN_GROUP,
-            env=with_child_config(request.environ(), keep=ENV_NAME in request.overrides),
+            env=started,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return Ending(None, error=f"could not start {sys.executable!r}: {exc}")

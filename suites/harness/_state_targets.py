@@ -125,3 +125,9 @@ def warn_nested() -> str:
     """Warn with :class:`Outer.NestedWarning`; return if the warning did not raise."""
     warnings.warn("nested", Outer.NestedWarning, stacklevel=1)
     return "not raised"
+
+
+def optimize_and_env() -> list:
+    """``[sys.flags.optimize, os.environ.get("PYTHONOPTIMIZE")]``: the interpreter's own
+    optimization level, and the variable the child sees."""
+    return [sys.flags.optimize, os.environ.get("PYTHONOPTIMIZE")]

@@ -144,6 +144,17 @@ def test_a_zygote_is_the_interpreter_the_test_process_started_as(tmp_path):
     assert later == parent
 
 
+def test_a_start_up_variable_set_by_the_test_acts_in_no_style(run, style, monkeypatch):
+    # the test process's interpreter started without it, and so does every child's; the
+    # child sees it in os.environ, as a fork child does
+    monkeypatch.setenv("PYTHONOPTIMIZE", "1")
+    outcome = run(_state_targets.optimize_and_env).assert_clean()
+    assert outcome.returned == [sys.flags.optimize, "1"]
+    if style == "exec":  # asked for in env: an exec child acts on it (auto picks exec for it)
+        seen = run(_state_targets.optimize_and_env, env={"PYTHONOPTIMIZE": "2"}).assert_clean()
+        assert seen.returned == [2, "2"]
+
+
 def test_the_flags_a_zygote_and_an_exec_child_start_with(monkeypatch):
     # this process's: what multiprocessing passes on, and the -X options it leaves out
     assert _state.interpreter_flags()[: len(subprocess._args_from_interpreter_flags())] == (
