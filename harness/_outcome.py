@@ -487,7 +487,7 @@ def _compile(match: Pattern) -> re.Pattern[str] | None:
 def _as_text(match: bytes | bytearray | re.Pattern[bytes]) -> str:
     """A bytes pattern's text, for the error that refuses it (undecodable bytes escaped)."""
     raw = match.pattern if isinstance(match, re.Pattern) else bytes(match)
-    return raw.decode("utf-8", "backslashreplace")
+    return raw.decode(errors="backslashreplace")  # UTF-8
 
 
 def _as_signal(value: object) -> signal_module.Signals | int:
