@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -158,3 +160,87 @@ def test_a_closed_connection_says_no_goodbye(pair, monkeypatch):
     connection.shut_down(wait_s=0.0)
 
     assert pair[1].recv(100) == b""  # the end, no goodbye
+
+
+# -- greeting a zygote: what each broken greeting says -----------------------------------------
+
+
+def _greeted(pair, reply: bytes | None, within_s: float = 5.0) -> int:
+    """Greet the far end of ``pair`` (standing in for a zygote that answers ``reply``, or closes
+    its end after reading the hello, for None) and return what ``_hello`` returns."""
+    ours, theirs = pair
+    if reply is None:
+        theirs.shutdown(socket.SHUT_WR)  # the hello is sent, the reply is the end of file
+    else:
+        theirs.send(reply)
+    return _forkserver._hello(ours, time.monotonic() + within_s)
+
+
+def test_a_zygote_s_ready_message_gives_its_pid(pair):
+    assert _greeted(pair, b'{"event": "ready", "pid": 4242}') == 4242
+    message, fds, _, _ = socket.recv_fds(pair[1], 100, 1)
+    assert message == b'{"op": "hello"}'
+    assert len(fds) == 1  # the guard table, handed over with the hello
+    os.close(fds[0])
+
+
+def test_a_zygote_that_closes_before_it_is_ready_says_so(pair):
+    with pytest.raises(_forkserver.ZygoteFailure) as excinfo:
+        _greeted(pair, None)
+
+    assert str(excinfo.value) == "it exited before it was ready"
+
+
+def test_a_zygote_that_answers_something_else_is_quoted(pair):
+    with pytest.raises(_forkserver.ZygoteFailure) as excinfo:
+        _greeted(pair, b'{"event": "busy"}')
+
+    assert str(excinfo.value) == "expected a 'ready' message, got {'event': 'busy'}"
+
+
+def test_a_silent_zygote_is_given_up_on_at_the_deadline(pair):
+    started = time.monotonic()
+    with pytest.raises(_forkserver.ZygoteFailure) as excinfo:
+        _forkserver._hello(pair[0], time.monotonic() + 0.2)
+
+    assert str(excinfo.value) == f"it was not ready within {_forkserver.STARTUP_S:g} s"
+    assert time.monotonic() - started < _forkserver.REPLY_S
+
+
+def test_a_zygote_s_name_says_whose_it_is(monkeypatch):
+    monkeypatch.setattr(_forkserver, "ROOT", (12345, "678"))
+
+    name = _forkserver.zygote_name(("numpy",))
+
+    assert name.startswith(f"devmem-harness-{os.getuid()}-12345-678-")
+    assert name != _forkserver.zygote_name(())  # another preload list, another zygote
+
+
+def test_connecting_to_a_root_s_zygote_takes_its_pid_and_gives_up_on_a_silent_one(monkeypatch):
+    monkeypatch.setattr(_forkserver, "REPLY_S", 0.2)
+    name = f"devmem-test-{os.getpid()}-{time.monotonic_ns()}"
+    monkeypatch.setattr(_forkserver, "zygote_name", lambda key: name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind("\0" + name)
+    listener.listen(2)
+    try:
+        assert _forkserver._connect(()) is None  # it listens but never says it is ready
+
+        def answer() -> None:
+            peer, _ = listener.accept()
+            with peer:
+                _, fds, _, _ = socket.recv_fds(peer, 100, 1)
+                for fd in fds:
+                    os.close(fd)
+                peer.send(b'{"event": "ready", "pid": 777}')
+                peer.recv(100)  # until the connection is dropped
+
+        listener.accept()[0].close()  # the first, silent connection's
+        helper = threading.Thread(target=answer, daemon=True)  # a failed assert leaves it waiting
+        helper.start()
+        made = _forkserver._connect(())
+        assert made is not None and made.pid == 777 and made.popen is None
+        made.close()
+        helper.join(5)
+    finally:
+        listener.close()
