@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+
+
+def read_toml(path: Path) -> dict:
+    """``path`` parsed (``tomllib`` from Python 3.11; ``tomli`` before, or the calling test
+    skips: the check is in the test, not at import, so a module's other tests still run)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover (Python 3.10)
+        import pytest
+
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads(path.read_text())
 
 
 def path_without_a_driver(tmp_path) -> str:

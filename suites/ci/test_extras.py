@@ -8,17 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
-
-def _toml(path: Path) -> dict:
-    """``path`` parsed (``tomllib`` from Python 3.11; ``tomli`` before, or the test skips)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover (Python 3.10)
-        tomllib = pytest.importorskip("tomli")
-    return tomllib.loads(path.read_text())
-
+from suites.ci import read_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 OPT_IN = {
@@ -35,7 +25,7 @@ def _requirement_names(requirements: list[str]) -> set[str]:
 
 
 def _extras() -> dict[str, list[str]]:
-    return _toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]
+    return read_toml(ROOT / "pyproject.toml")["project"]["optional-dependencies"]
 
 
 def test_the_test_extra_has_what_the_suites_import_or_skip():

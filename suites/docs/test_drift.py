@@ -11,16 +11,7 @@ from pathlib import Path
 import pytest
 
 import harness
-
-
-def _toml(path: Path) -> dict:
-    """``path`` parsed (``tomllib`` from Python 3.11; ``tomli`` before, or the test skips)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover (Python 3.10)
-        tomllib = pytest.importorskip("tomli")
-    return tomllib.loads(path.read_text())
-
+from suites.ci import read_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +46,7 @@ def test_check_sh_help_says_what_ci_run_adds():
 
 
 def _mutmut() -> dict:
-    return _toml(ROOT / "pyproject.toml")["tool"]["mutmut"]
+    return read_toml(ROOT / "pyproject.toml")["tool"]["mutmut"]
 
 
 def _configured_paths() -> set[str]:
