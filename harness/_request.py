@@ -112,10 +112,27 @@ def make_request(
         args=list(args),
         overrides=overrides,
         config_id=config.id if config is not None else None,
-        sys_path=list(sys.path),
+        sys_path=[where_imports_look(entry) for entry in sys.path],
         cwd=os.getcwd(),
         timeout_s=timeout_s,
     )
+
+
+def where_imports_look(entry: str) -> str:
+    """The directory a relative ``sys.path`` entry stands for in this process, for a child.
+
+    An import caches a finder per entry, holding the entry's absolute directory as it was
+    when first used: after an ``os.chdir`` a relative entry still means that directory here,
+    and so it must in a forkserver or exec child (a fork child has the cache itself). An entry
+    no import has used yet means the current directory's, as it would here; ``""`` (the
+    current directory, whatever it is at each import) stays as it is.
+    """
+    if not entry or os.path.isabs(entry):
+        return entry
+    found = getattr(sys.path_importer_cache.get(entry), "path", None)
+    if isinstance(found, str) and os.path.isabs(found):
+        return found
+    return os.path.abspath(entry)
 
 
 def check_timeout(timeout: object, what: str = "run_child(timeout=...)") -> float | None:
