@@ -15,6 +15,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from harness._errors import HarnessError
 from harness._fd import anonymous_fd
 
 if TYPE_CHECKING:
@@ -218,6 +219,16 @@ class Stream:
             self.read_fd = -1
 
 
+def _channel_failure(exc: OSError) -> HarnessError:
+    """The error for a child's channel (a pipe, the status or request file) that cannot be
+    opened in this process."""
+    return HarnessError(
+        "cannot open a child's channels (its stdout and stderr pipes, status and request "
+        f"files): {exc.strerror or exc} (this process's RLIMIT_NOFILE, or the system's file "
+        "table, may be exhausted)"
+    )
+
+
 class Capture:
     """The channels of one child: stdout and stderr pipes, the status file, its page of the
     guard table (its seal), and (optionally) the request file.
@@ -228,7 +239,8 @@ class Capture:
       table: this process's guard table, from which the child's page is taken.
 
     Raises:
-      HarnessError: the guard table has no free page.
+      HarnessError: the guard table has no free page, or a descriptor cannot be opened (none
+        is left open then).
     """
 
     def __init__(self, table: GuardTable) -> None:
@@ -237,11 +249,20 @@ class Capture:
 
     def _open(self) -> None:
         self.fds: list[int] = []
-        self.seal_offset: int | None = self.table.allocate()
-        self.stdout = Stream("stdout")
-        self.stderr = Stream("stderr")
-        self.status_fd = self._new()
+        self.seal_offset: int | None = None
+        self.stdout = self.stderr = None  # type: ignore[assignment]
         self.request_fd: int | None = None
+        try:
+            self.seal_offset = self.table.allocate()
+            self.stdout = Stream("stdout")
+            self.stderr = Stream("stderr")
+            self.status_fd = self._new()
+        except OSError as exc:  # out of descriptors, say: close what was opened, then say so
+            self.close()
+            raise _channel_failure(exc) from exc
+        except HarnessError:
+            self.close()
+            raise
 
     @property
     def streams(self) -> tuple[Stream, Stream]:
@@ -249,7 +270,11 @@ class Capture:
         return self.stdout, self.stderr
 
     def write_request(self, data: bytes) -> int:
-        """Store ``data`` in a new request file; return its descriptor (also ``request_fd``)."""
+        """Store ``data`` in a new request file; return its descriptor (also ``request_fd``).
+
+        Raises:
+          HarnessError: no descriptor can be opened for it.
+        """
         self.request_fd = self._new()
         view = memoryview(data)
         while view:
@@ -257,7 +282,10 @@ class Capture:
         return self.request_fd
 
     def _new(self) -> int:
-        fd = anonymous_fd()
+        try:
+            fd = anonymous_fd()
+        except OSError as exc:
+            raise _channel_failure(exc) from exc
         self.fds.append(fd)
         return fd
 
@@ -300,7 +328,8 @@ class Capture:
     def close(self) -> None:
         """Close every descriptor and free the page (idempotent)."""
         for stream in self.streams:
-            stream.close()
+            if stream is not None:  # None: its opening failed
+                stream.close()
         while self.fds:
             os.close(self.fds.pop())
         if self.seal_offset is not None:
