@@ -58,6 +58,8 @@ HEAP = "heap"
 """The buffer name of heap-ring regions (their offsets are virtual: monotone, never reused)."""
 
 FLOAT32 = 4
+_NONE = ()
+"""The default of a submit's tensor arguments (the empty tuple, one object in CPython)."""
 RECLAIM_MODES = ("exact", "window")
 """Reclaim rules: dependency-exact (the default), or the seed's constant span H."""
 
@@ -508,9 +510,9 @@ class Orchestrator:
             TypeError: an argument is not a :class:`Tensor`.
             ValueError: a tensor is used after its scope closed, or a size is < 1.
         """
-        return self._submit(
-            "kernel", name, inputs, inouts, writes, outputs, integer(cost_ns, "cost_ns", 0)
-        )
+        if type(cost_ns) is not int or cost_ns < 0:
+            cost_ns = integer(cost_ns, "cost_ns", 0)
+        return self._submit("kernel", name, inputs, inouts, writes, outputs, cost_ns)
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -540,9 +542,11 @@ class Orchestrator:
     def _place(self, task_id: int, sizes: Sequence[int], scope: int) -> tuple[int, int, list]:
         """Task ``task_id``'s heap slice ``[start, end)`` and its outputs (Tensors of scope
         ``scope``)."""
+        start = self._heap_next
+        if not sizes:
+            return start, start, []
         limits = self.limits
         align, ring = limits.align, limits.ring_bytes
-        start = self._heap_next
         offsets, cursor = [], 0
         for size in sizes:
             offsets.append(cursor)
@@ -553,8 +557,6 @@ class Orchestrator:
                 task_id,
                 f"task {task_id} needs {total} heap bytes, more than the heap ring's {ring}",
             )
-        if not total:
-            return start, start, []
         base = -(-start // align) * align
         if base // ring != (base + total - 1) // ring:  # never straddle the end
             base = (base // ring + 1) * ring
@@ -578,30 +580,43 @@ class Orchestrator:
     def _submit(self, kind, name, inputs, inouts, writes, outputs, cost_ns) -> TaskRefs:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a kernel's name must be a non-empty str, got {name!r}")
-        if isinstance(outputs, (int, str)) or not hasattr(outputs, "__iter__"):
+        if type(outputs) is not tuple and (
+            isinstance(outputs, (int, str)) or not hasattr(outputs, "__iter__")
+        ):
             raise TypeError(f"outputs must be a sequence of sizes, got {outputs!r}")
         cols = self._cols
         task_id = len(cols.kind)
-        inputs = self._tensors(inputs, "inputs")
-        inouts = self._tensors(inouts, "inouts")
-        writes = self._tensors(writes, "writes")
+        # the arguments left out are the empty tuple: no copy or check for them
+        inputs = [] if inputs is _NONE else self._tensors(inputs, "inputs")
+        inouts = [] if inouts is _NONE else self._tensors(inouts, "inouts")
+        writes = [] if writes is _NONE else self._tensors(writes, "writes")
         sizes = [n if type(n) is int and n >= 1 else integer(n, "output size") for n in outputs]
-        touched = inputs + inouts + writes
-        owners = sorted({t.owner for t in touched if t.owner is not None}, reverse=True)
-        if self.limits.reclaim == "window":
+        written = inouts + writes if writes else inouts
+        touched = inputs + written if written else inputs
+        owners, flat = [], True
+        for t in touched:
+            owner = t.owner
+            if owner is not None and owner not in owners:
+                owners.append(owner)
+            if not t.flat:
+                flat = False
+        if len(owners) > 1:
+            owners.sort(reverse=True)
+        limits = self.limits
+        if limits.reclaim == "window":
             self._check_span(task_id, owners)
         scope = self._scopes[-1]
         start, end, outs = self._place(task_id, sizes, scope.id)
-        tmap, written = self._tmap, inouts + writes
+        tmap = self._tmap
         try:
-            if all(t.flat for t in touched):  # contiguous accesses: spans, no Regions
+            if flat:  # contiguous accesses: spans, no Regions
                 fanin = gather_spans(
                     tmap,
                     task_id,
                     inputs=[(t.buffer, t.lo, t.hi) for t in inputs],
                     inouts=[(t.buffer, t.lo, t.hi) for t in inouts],
                     writes=[(t.buffer, t.lo, t.hi) for t in writes],
-                    max_fanin=self.limits.max_fanin,
+                    max_fanin=limits.max_fanin,
                 )
             else:
                 fanin = gather_fanin(
@@ -610,34 +625,40 @@ class Orchestrator:
                     inputs=[t.region for t in inputs],
                     inouts=[t.region for t in inouts],
                     writes=[t.region for t in writes],
-                    max_fanin=self.limits.max_fanin,
+                    max_fanin=limits.max_fanin,
                 )
         except FaninExceeded as exc:
             raise _PlanFatal(task_id, str(exc)) from None
+        insert_span = tmap.insert_span
         for t in written:
             if t.flat:
-                tmap.insert_span(t.buffer, t.lo, t.hi, task_id)
+                insert_span(t.buffer, t.lo, t.hi, task_id)
             else:
                 tmap.insert(t.region, task_id)
         for t in outs:
-            tmap.insert_span(HEAP, t.lo, t.hi, task_id)
+            insert_span(HEAP, t.lo, t.hi, task_id)
         self._heap_next = end
         consumers = self._consumers
         if outs:
             scope.owners.append(task_id)
             consumers[task_id] = []
-        for owner in owners:
-            consumers[owner].append(task_id)
-        deps = tuple(sorted(set(fanin).union(owners), reverse=True)) if owners else fanin
+            written = written + outs
+        if owners:
+            for owner in owners:
+                consumers[owner].append(task_id)
+            deps = tuple(sorted(set(fanin).union(owners), reverse=True))
+            owners = tuple(owners)
+        else:
+            deps, owners = fanin, ()
         cols.kind.append(kind)
         cols.name.append(name)
         cols.start.append(start)
         cols.end.append(end)
         cols.outputs.append(outs)
-        cols.reads.append(inputs + inouts)
-        cols.writes.append(written + outs)
+        cols.reads.append(inputs + inouts if inouts else inputs)
+        cols.writes.append(written)
         cols.deps.append(deps)
-        cols.touches.append(tuple(owners))
+        cols.touches.append(owners)
         cols.cost_ns.append(cost_ns)
         cols.refs.append(0)
         return TaskRefs(task_id, tuple(outs), cols.refs)
@@ -664,14 +685,21 @@ def gc_paused() -> Iterator[None]:
 
     Planning, simulating and checking allocate many small objects that live to the end, so
     each collection would walk them all again for nothing (about half of a simulation's time);
-    what they allocate is freed by reference counting. Process-wide: other threads' objects
-    wait for the next collection after the block too."""
+    what they allocate is freed by reference counting. On the way out, what the block left
+    alive joins the oldest generation (``gc.freeze`` then ``gc.unfreeze``: a splice of the
+    collector's lists, no walk): re-enabled as it was, the collector's next young collection
+    would otherwise walk every object the block made (a plan's 750,000 at 100,000 tasks:
+    0.4 s) to find none to free. Process-wide: other threads' objects wait for the next
+    collection after the block too, and a cycle left over from before or during the block
+    waits for the next full one."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 

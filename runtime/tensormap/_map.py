@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import enum
 import itertools
+import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -244,10 +245,25 @@ class _Entry:
         return [(self.lo, self.hi)] if self.flat else _pieces(self._bytes)
 
 
+def _span_entry(buffer: Hashable, lo: int, hi: int, producer: int) -> _Entry:
+    """``_Entry(buffer, lo, hi, None, producer)``, made without the general constructor's
+    tests (the span path's entries)."""
+    entry = object.__new__(_Entry)
+    entry.buffer, entry.lo, entry.hi, entry.producer = buffer, lo, hi, producer
+    entry.live = entry._region = entry._bytes = None
+    entry.flat = True
+    entry.serial = next(_serials)
+    return entry
+
+
 _serials = itertools.count()
 """Entries' serial numbers: the index's sort key after the first byte (never a tie)."""
 SERIAL_BITS = 48
 """An index key is ``first byte << SERIAL_BITS | serial`` (a plain int compares fastest)."""
+
+SMALL_CLASS = 2048
+"""The most keys a length class of a bucket keeps in a plain sorted list (beyond, a
+``SortedList``)."""
 
 MAX_PIECES = 256
 """The most pieces a region is indexed (and looked up) by: its runs, or, for a region of more
@@ -367,37 +383,73 @@ class _Bucket:
     Class ``c`` holds the pieces ``[lo, hi)`` that are ``2**(c-1)`` to ``2**c - 1`` bytes long,
     so a piece of class ``c`` that reaches byte ``lo`` starts after ``lo - 2**c``: a lookup
     takes each class's window for each of its own pieces and reads only the pieces in it.
-    Each class is a ``sortedcontainers.SortedList`` of keys ``lo << SERIAL_BITS | serial``: O(log n)
-    to add or remove a piece wherever it falls (a plain sorted list moved every later piece:
-    minutes to index 2,000 column tiles of a 200-row matrix). Cost of a lookup:
-    O(P C log n + k + d) for P pieces of the lookup (at most :data:`MAX_PIECES`), C classes
-    (at most 64; one or two in practice), n pieces in the bucket, k entries that meet the
-    lookup, and d pieces of one class stacked over a single byte just before a lookup piece
-    (the map's overlap depth there; writers supersede the bytes they overwrite, so it stays
-    small). A strided entry is indexed by its rows (its runs), not by the bounding range from
-    its first row to its last: column tiles of one matrix are not each other's candidates
-    (their bounding ranges all overlap: 1.6 s per lookup at 100,000 entries).
+    Each class keeps its keys ``lo << SERIAL_BITS | serial`` sorted: a plain list while it
+    holds at most :data:`SMALL_CLASS` of them (a C-level insertion or deletion, cheaper than
+    any tree at that size; a task's live map is usually a few entries per buffer), a
+    ``sortedcontainers.SortedList`` beyond, O(log n) to add or remove a piece wherever it
+    falls (a plain sorted list moved every later piece: minutes to index 2,000 column tiles
+    of a 200-row matrix). Cost of a lookup: O(P C log n + k + d) for P pieces of the lookup
+    (at most :data:`MAX_PIECES`), C classes (at most 64; one or two in practice), n pieces in
+    the bucket, k entries that meet the lookup, and d pieces of one class stacked over a
+    single byte just before a lookup piece (the map's overlap depth there; writers supersede
+    the bytes they overwrite, so it stays small). A strided entry is indexed by its rows (its
+    runs), not by the bounding range from its first row to its last: column tiles of one
+    matrix are not each other's candidates (their bounding ranges all overlap: 1.6 s per
+    lookup at 100,000 entries).
 
     Entries added with :meth:`add_later` (reads) are indexed when the bucket is next looked at:
     the reads of a buffer that nothing overwrites (a kernel's weights, its inputs) are never
-    indexed at all."""
+    indexed at all. ``multi`` counts the indexed entries with more than one piece: while it
+    is 0, a lookup of one piece meets every entry at most once (no deduplication). ``lo, hi``
+    bound the bytes of every entry added since the bucket was last emptied (they never
+    shrink otherwise): a lookup outside them meets nothing, at once."""
 
-    __slots__ = ("classes", "count", "pending")
+    __slots__ = ("classes", "count", "hi", "lo", "multi", "pending")
 
     def __init__(self) -> None:
-        # class -> (sorted keys ``lo << SERIAL_BITS | serial``, key -> (hi, entry))
-        self.classes: dict[int, tuple[SortedList, dict[int, tuple[int, _Entry]]]] = {}
+        # class -> (sorted keys ``lo << SERIAL_BITS | serial``, key -> (hi, entry)); the keys
+        # a list up to SMALL_CLASS of them, else a SortedList
+        self.classes: dict[int, tuple[list | SortedList, dict[int, tuple[int, _Entry]]]] = {}
         self.count = 0
+        self.multi = 0
+        self.lo, self.hi = math.inf, -1
         self.pending: list[_Entry] = []  # added, not yet indexed
 
     def add(self, entry: _Entry) -> None:
-        self._index(entry)
+        lo, hi = entry.lo, entry.hi
+        if entry.flat:  # one piece, its bytes: indexed here (the ring's common case)
+            c = (hi - lo).bit_length()
+            key = lo << SERIAL_BITS | entry.serial
+            cls = self.classes.get(c)
+            if cls is None:
+                self.classes[c] = ([key], {key: (hi, entry)})
+            else:
+                keys, pieces = cls
+                if type(keys) is not list:
+                    keys.add(key)
+                elif key > keys[-1]:
+                    keys.append(key)  # a later address, or a newer entry
+                else:
+                    bisect.insort(keys, key)
+                    if len(keys) > SMALL_CLASS:
+                        self.classes[c] = (SortedList(keys), pieces)
+                pieces[key] = (hi, entry)
+        else:
+            self._index(entry)
         self.count += 1
+        if lo < self.lo:
+            self.lo = lo
+        if hi > self.hi:
+            self.hi = hi
 
     def add_later(self, entry: _Entry) -> None:
         """:meth:`add`, the indexing left to the next look at the bucket."""
         self.pending.append(entry)
         self.count += 1
+        if entry.lo < self.lo:
+            self.lo = entry.lo
+        if entry.hi > self.hi:
+            self.hi = entry.hi
 
     def _flush(self) -> None:
         pending, self.pending = self.pending, []
@@ -405,35 +457,61 @@ class _Bucket:
             self._index(entry)
 
     def _index(self, entry: _Entry) -> None:
-        serial = entry.serial
-        for lo, hi in ((entry.lo, entry.hi),) if entry.flat else entry.pieces():
+        serial, classes = entry.serial, self.classes
+        if entry.flat:
+            pieces_of = ((entry.lo, entry.hi),)
+        else:
+            pieces_of = entry.pieces()
+            if len(pieces_of) > 1:
+                self.multi += 1
+        for lo, hi in pieces_of:
             c = (hi - lo).bit_length()
-            pieces = self.classes.get(c)
-            if pieces is None:
-                pieces = self.classes[c] = (SortedList(), {})
             key = lo << SERIAL_BITS | serial
-            pieces[0].add(key)
-            pieces[1][key] = (hi, entry)
+            cls = classes.get(c)
+            if cls is None:
+                classes[c] = ([key], {key: (hi, entry)})
+                continue
+            keys, pieces = cls
+            if type(keys) is list:
+                if key > keys[-1]:
+                    keys.append(key)  # the common case: a later address, or a newer entry
+                else:
+                    bisect.insort(keys, key)
+                if len(keys) > SMALL_CLASS:
+                    classes[c] = (SortedList(keys), pieces)
+            else:
+                keys.add(key)
+            pieces[key] = (hi, entry)
 
     def candidates(self, lo: int, hi: int) -> list[_Entry]:
         """The entries with a piece ``[p.lo, p.hi)`` that meets ``[lo, hi)`` (repeats
         possible).
 
-        It reads the ``SortedList``'s sublists and their maxima (``_lists``, ``_maxes``, the
-        layout of sortedcontainers 2.x) and bisects them itself: ``irange`` builds two
-        generators per call, which was most of a lookup's time."""
+        For a large class it reads the ``SortedList``'s sublists and their maxima (``_lists``,
+        ``_maxes``, the layout of sortedcontainers 2.x) and bisects them itself: ``irange``
+        builds two generators per call, which was most of a lookup's time."""
+        if hi <= self.lo or self.hi <= lo:  # outside every entry's bytes
+            return []
         if self.pending:
             self._flush()
         found = []
         stop = hi << SERIAL_BITS
+        bisect_left = bisect.bisect_left
         for c, (keys, pieces) in self.classes.items():
             first = (lo - (1 << c) + 1) << SERIAL_BITS
+            if type(keys) is list:
+                i = bisect_left(keys, first)
+                for key in keys[i : bisect_left(keys, stop, i)]:
+                    end, entry = pieces[key]
+                    if end > lo:
+                        found.append(entry)
+                continue
             maxes, lists = keys._maxes, keys._lists
-            at = bisect.bisect_left(maxes, first)
+            at = bisect_left(maxes, first)
             while at < len(lists):
                 sub = lists[at]
-                i = bisect.bisect_left(sub, first) if sub[0] < first else 0
-                j = bisect.bisect_left(sub, stop, i)
+                i = bisect_left(sub, first) if sub[0] < first else 0
+                j = bisect_left(sub, stop, i)
                 for key in sub[i:j]:
                     end, entry = pieces[key]
                     if end > lo:
@@ -442,6 +520,17 @@ class _Bucket:
                     break
                 at += 1
         return found
+
+    def meeting(self, lo: int, hi: int) -> list[_Entry]:
+        """The entries whose live bytes meet ``[lo, hi)``, each once (the span path's
+        lookup)."""
+        if hi <= self.lo or self.hi <= lo:  # outside every entry's bytes
+            return []
+        found = self.candidates(lo, hi)
+        if self.multi and len(found) > 1:
+            found = list({id(e): e for e in found}.values())
+        # a whole span meets at once (its one piece is its bytes): no call for it
+        return [e for e in found if (e.flat and e.live is None) or _span_meets(e, lo, hi)]
 
     def lookup(self, s: ByteSet) -> list[_Entry]:
         """The entries with a piece that meets one of ``s``'s pieces, each once."""
@@ -458,35 +547,67 @@ class _Bucket:
     def remove(self, entry: _Entry) -> None:
         if self.pending:
             self._flush()
-        serial = entry.serial
-        for lo, hi in entry.pieces():
+        serial, classes = entry.serial, self.classes
+        pieces_of = ((entry.lo, entry.hi),) if entry.flat else entry.pieces()
+        if len(pieces_of) > 1:
+            self.multi -= 1
+        for lo, hi in pieces_of:
             c = (hi - lo).bit_length()
-            keys, pieces = self.classes[c]
+            keys, pieces = classes[c]
             key = lo << SERIAL_BITS | serial
-            keys.remove(key)
             del pieces[key]
             if not pieces:
-                del self.classes[c]
+                del classes[c]
+            elif type(keys) is list:
+                del keys[bisect.bisect_left(keys, key)]
+            else:
+                keys.remove(key)
         self.count -= 1
+
+    def take_inside(self, lo: int, hi: int) -> int:
+        """Drop the entries that lie within bytes ``[lo, hi)``; how many. The reads not yet
+        indexed are filtered as they are, not indexed first."""
+        pending = self.pending
+        if pending:
+            kept = [e for e in pending if e.lo < lo or e.hi > hi]
+            dropped = len(pending) - len(kept)
+            self.pending = kept
+            self.count -= dropped
+        else:
+            dropped = 0
+        inside = {id(e): e for e in self.candidates(lo, hi) if e.lo >= lo and e.hi <= hi}
+        if len(inside) == self.count:  # all of them: the index goes whole
+            self.classes.clear()
+            self.count = self.multi = 0
+            self.lo, self.hi = math.inf, -1
+        else:
+            for entry in inside.values():
+                self.remove(entry)
+        return dropped + len(inside)
 
     def keep_only(self, keep) -> int:
         """Drop the entries for which ``keep(entry)`` is false; returns how many."""
         if self.pending:
             self._flush()
         dropped: set[int] = set()
+        multi: set[int] = set()
         for c in list(self.classes):
             pieces = self.classes[c][1]
             kept = {}
             for key, (hi, entry) in pieces.items():
                 if keep(entry):
                     kept[key] = (hi, entry)
+                    if not entry.flat and len(entry.pieces()) > 1:
+                        multi.add(entry.serial)
                 else:
                     dropped.add(entry.serial)
             if kept:
-                self.classes[c] = (SortedList(kept), kept)
+                keys = sorted(kept)
+                self.classes[c] = (keys if len(keys) <= SMALL_CLASS else SortedList(keys), kept)
             else:
                 del self.classes[c]
         self.count -= len(dropped)
+        self.multi = len(multi)
         return len(dropped)
 
 
@@ -543,7 +664,10 @@ class TensorMap:
     def insert_span(self, buffer: Hashable, lo: int, hi: int, producer: int) -> None:
         """:meth:`insert` for the contiguous bytes ``[lo, hi)`` of ``buffer`` (``lo < hi``),
         without a :class:`Region` (the ring's path; its arguments are not checked)."""
-        self._buckets.setdefault(buffer, _Bucket()).add(_Entry(buffer, lo, hi, None, producer))
+        bucket = self._buckets.get(buffer)
+        if bucket is None:
+            bucket = self._buckets[buffer] = _Bucket()
+        bucket.add(_span_entry(buffer, lo, hi, producer))
         self._count += 1
 
     def _matches(self, region: Region, readers: bool = False) -> list[tuple[_Entry, Overlap]]:
@@ -607,11 +731,20 @@ class TensorMap:
     def _record_read_span(self, span: Span, reader: int, written: Sequence[Span]) -> None:
         """:meth:`_record_read` for a span (read, less the bytes it writes itself)."""
         buffer, lo, hi = span
-        entry = _Entry(buffer, lo, hi, None, reader)
+        entry = _span_entry(buffer, lo, hi, reader)
         for wbuffer, wlo, whi in written:
             if wbuffer == buffer and wlo < hi and lo < whi and not _cut(entry, wlo, whi):
                 return
-        self._readers.setdefault(buffer, _Bucket()).add_later(entry)
+        bucket = self._readers.get(buffer)
+        if bucket is None:
+            bucket = self._readers[buffer] = _Bucket()
+        bucket.pending.append(entry)  # bucket.add_later(entry), inline
+        bucket.count += 1
+        lo, hi = entry.lo, entry.hi  # its bounding range (a cut keeps it)
+        if lo < bucket.lo:
+            bucket.lo = lo
+        if hi > bucket.hi:
+            bucket.hi = hi
 
     def forget(self, buffer: Hashable, lo: int, hi: int) -> int:
         """Drop every entry, written or read, of ``buffer`` that lies within bytes ``[lo, hi)``:
@@ -626,14 +759,11 @@ class TensorMap:
             bucket = buckets.get(buffer)
             if bucket is None:
                 continue
-            inside = {id(e): e for e in bucket.candidates(lo, hi) if e.lo >= lo and e.hi <= hi}
-            if len(inside) == bucket.count:  # all of them: the bucket goes whole
+            taken = bucket.take_inside(lo, hi)
+            if not bucket.count:
                 del buckets[buffer]
-            else:
-                for entry in inside.values():
-                    bucket.remove(entry)
             if buckets is self._buckets:
-                dropped = len(inside)
+                dropped = taken
         self._count -= dropped
         return dropped
 
@@ -772,15 +902,6 @@ def _cut(entry: _Entry, lo: int, hi: int) -> bool:
     return bool(live)
 
 
-def _meeting(bucket: _Bucket, lo: int, hi: int) -> list[_Entry]:
-    """The entries of ``bucket`` whose live bytes meet ``[lo, hi)``, each once."""
-    found = bucket.candidates(lo, hi)
-    if len(found) > 1:
-        found = list({id(e): e for e in found}.values())
-    # a whole span meets at once (its one piece is its bytes): no call for it
-    return [e for e in found if (e.flat and e.live is None) or _span_meets(e, lo, hi)]
-
-
 def gather_spans(
     tmap: TensorMap,
     task: int,
@@ -801,26 +922,29 @@ def gather_spans(
     """
     if max_fanin is not None:
         max_fanin = integer(max_fanin, "max_fanin")
-    writers, readers = tmap._buckets, tmap._readers
+    writers = tmap._buckets
     tasks: set[int] = set()
     for buffer, lo, hi in inputs:
         bucket = writers.get(buffer)
         if bucket is not None:
-            for e in _meeting(bucket, lo, hi):
+            for e in bucket.meeting(lo, hi):
                 tasks.add(e.producer)
     written = (*inouts, *writes)
-    met = []  # per written span: the write and read entries its bytes meet
-    for buffer, lo, hi in written:  # an inout's writers are its reads' and its writes' alike
-        found = []
-        for index in (writers, readers):
-            bucket = index.get(buffer)
-            found.append(() if bucket is None else _meeting(bucket, lo, hi))
-        met.append(found)
-        for entries in found:
-            for e in entries:
+    if written:
+        readers = tmap._readers
+        met = []  # per written span: the write and read entries its bytes meet
+        for buffer, lo, hi in written:  # an inout's writers are its reads' and writes' alike
+            bucket = writers.get(buffer)
+            wrote = () if bucket is None else bucket.meeting(lo, hi)
+            bucket = readers.get(buffer)
+            read = () if bucket is None else bucket.meeting(lo, hi)
+            met.append((wrote, read))
+            for e in wrote:
                 tasks.add(e.producer)
-    tasks.discard(task)
-    producers = _newest_first(tasks)
+            for e in read:
+                tasks.add(e.producer)
+        tasks.discard(task)
+    producers = _newest_first(tasks) if tasks else ()
     if max_fanin is not None and len(producers) > max_fanin:
         raise FaninExceeded(
             f"task {task} depends on {len(producers)} producers, more than"
@@ -829,14 +953,22 @@ def gather_spans(
     for k, (buffer, lo, hi) in enumerate(written):  # supersede: the bytes leave older entries
         # the entries met above, unless an earlier written span of the task overlaps this one
         # (its cuts may have changed them); a disjoint one cannot change what meets this one
-        again = any(b == buffer and x < hi and lo < y for b, x, y in written[:k])
+        again = k and any(b == buffer and x < hi and lo < y for b, x, y in written[:k])
         for flag, index, entries in ((False, writers, met[k][0]), (True, readers, met[k][1])):
-            bucket = index.get(buffer)
-            if bucket is None:
-                continue
             if again:
-                entries = _meeting(bucket, lo, hi)
-            dead = [e for e in entries if not _cut(e, lo, hi)]
+                bucket = index.get(buffer)
+                if bucket is None:
+                    continue
+                entries = bucket.meeting(lo, hi)
+            elif not entries:
+                continue
+            # an entry wholly inside the span dies at once (a whole span, or a strided entry
+            # within its bounding range); others are cut
+            dead = [
+                e
+                for e in entries
+                if (e.live is None and lo <= e.lo and e.hi <= hi) or not _cut(e, lo, hi)
+            ]
             if dead:
                 tmap._remove(dead, flag)
     for span in inputs:
