@@ -11,8 +11,8 @@ usage: ci/check.sh [--ci-all] [--cuda] [--fake-cuda] [--nightly] [--interop] [--
 
 With no option: build (create .venv if absent, install the project with its test and plot
 extras), lint (ruff; .github/workflows/*.yml against GitHub's schema), and test (every suite on
-cpu and sim with pytest -n auto, the harness self-tests under -n 2 and --forked, the allocator
-suites with hostile settings).
+cpu and sim with pytest -n auto, the harness self-tests again with each test in a fork of its
+own (-n 2 --forked), the allocator suites with hostile settings).
 It ends with "check passed." and the command that runs the suites alone: .venv/bin/pytest -n auto
 
   --ci-all    everything CI runs (.ci/run adds --interop --multihost --fake-cuda, then runs
@@ -263,10 +263,11 @@ if [ "$test" = 1 ]; then
         run "$py" -m pytest -q -s -m multihost --multihost suites/harness/test_multihost.py "${extra[@]}"
     fi
 
-    step "test: the harness self-tests under -n 2 and under --forked"
-    # no -q beside -n: xdist's quiet status is "bringing up nodes..." twice
-    run "$py" -m pytest -n 2 suites/harness "${not_interop[@]}" "${extra[@]}"
-    run "$py" -m pytest -q --forked suites/harness "${not_interop[@]}" "${extra[@]}"
+    # the main step ran them under xdist already; here every test runs in a fork of its worker
+    # (pytest-forked), two workers at once (no -q beside -n: xdist's quiet status is "bringing up
+    # nodes..." twice)
+    step "test: the harness self-tests again, each test in a fork of its own (-n 2 --forked)"
+    run "$py" -m pytest -n 2 --forked suites/harness "${not_interop[@]}" "${extra[@]}"
 
     if [ "$fake_cuda" = 1 ]; then
         step "test: every suite on the cuda backend of a fake GPU (ci/fake_gpu: fake CuPy, stand-in nvidia-smi)"

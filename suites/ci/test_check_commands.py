@@ -72,20 +72,22 @@ def test_with_interop_only_the_interop_step_runs_interop_tests(tmp_path, nightly
     interop = [run for run in runs if "--interop" in run]
     assert interop == [["-n", "2", "-m", "interop", "--interop"]]
     others = [run for run in runs if "--interop" not in run]
-    assert len(others) == 4  # every suite (or the nightly's), the harness twice, hostile
+    assert len(others) == 3  # every suite (or the nightly's), the harness forked, hostile
     for run in others:
         assert run[run.index("-m") + 1] == "not interop", run  # no "run with --interop" skips
 
 
 def test_without_interop_the_interop_tests_skip_with_the_reason(tmp_path):
     runs = _pytest_runs(tmp_path)
-    assert len(runs) == 4 and not any("-m" in run for run in runs)
+    assert len(runs) == 3 and not any("-m" in run for run in runs)
+    # the main step runs the harness under xdist; the second pass forks every test of it
+    assert ["-n", "2", "--forked", "suites/harness"] in runs
 
 
 def test_no_xdist_run_is_quiet(tmp_path):
     # pytest-xdist under -q prints "bringing up nodes..." twice instead of its status lines
     runs = _pytest_runs(tmp_path, "--interop")
-    assert sum("-n" in run for run in runs) == 4
+    assert sum("-n" in run for run in runs) == 4  # every suite, interop, harness, hostile
     assert not [run for run in runs if "-n" in run and "-q" in run]
 
 
@@ -131,4 +133,4 @@ def test_nightly_writes_reports_then_runs_mutation_testing(tmp_path):
 
 def test_pytest_args_reach_every_pytest_run(tmp_path):
     runs = _pytest_runs(tmp_path, pytest_args="-x --maxfail 3")
-    assert len(runs) == 4 and all(run[-3:] == ["-x", "--maxfail", "3"] for run in runs)
+    assert len(runs) == 3 and all(run[-3:] == ["-x", "--maxfail", "3"] for run in runs)
