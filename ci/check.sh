@@ -56,7 +56,7 @@ environment:
                     and the Python headers); 0: the pure-Python capture is accepted
   PYTEST_ARGS       extra arguments appended to every pytest run
   CHECK_PROGRESS_S  how often a long silent command (pip, mutation testing) says it is still
-                    running, in seconds (default 60)
+                    running: whole seconds above 0 (default 60)
   pip's own PIP_NO_INDEX / PIP_FIND_LINKS work for offline installs
 USAGE
 }
@@ -77,6 +77,14 @@ for arg in "$@"; do
         *) echo "ci/check.sh: unknown option '$arg'" >&2; usage >&2; exit 2 ;;
     esac
 done
+
+case "${CHECK_PROGRESS_S:-60}" in
+    '' | *[!0-9]* | 0*)
+        echo "ci/check.sh: CHECK_PROGRESS_S must be a whole number of seconds above 0," \
+            "got '$CHECK_PROGRESS_S'" >&2
+        exit 2
+        ;;
+esac
 
 if [ "$cuda" = 1 ] && [ "$fake_cuda" = 1 ]; then
     echo "ci/check.sh: --cuda and --fake-cuda exclude each other (a real GPU, or the fake one)" >&2
@@ -102,7 +110,9 @@ step_done() {
         step_name=""
     fi
 }
-trap 'status=$?; if [ "$status" != 0 ]; then step_done "failed (exit status $status)"; fi' EXIT
+# a failure ends the step with its status, and the run with its total
+trap 'status=$?; if [ "$status" != 0 ]; then step_done "failed (exit status $status)"
+    echo "all steps: $(elapsed $(($(date +%s) - check_start))), check failed."; fi' EXIT
 
 step() {
     step_done "done"

@@ -19,6 +19,14 @@ if [ "$#" != 0 ]; then
     exit 2
 fi
 
+case "${CHECK_PROGRESS_S:-60}" in
+    '' | *[!0-9]* | 0*)
+        echo "ci/pythons.sh: CHECK_PROGRESS_S must be a whole number of seconds above 0," \
+            "got '$CHECK_PROGRESS_S'" >&2
+        exit 2
+        ;;
+esac
+
 cd "$(dirname "$0")/.."
 root=$(pwd)
 suites=(suites/allocator suites/harness)

@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # a stand-in .venv/bin/python: pip takes 1.6 s, silently; the editable install fails when
@@ -61,12 +63,36 @@ def test_each_step_says_how_long_it_took_and_a_long_one_that_it_still_runs(tmp_p
     ]
 
 
-def test_a_failed_step_says_so_with_its_time(tmp_path):
+def test_a_failed_step_says_so_with_its_time_and_the_run_its_total(tmp_path):
     done = _check(tmp_path, FAIL_INSTALL="1")
     assert done.returncode == 3
     assert re.search(
-        r"\n<== build: [^\n]*: failed \(exit status 3\) after [2-9]s\n$", done.stdout
+        r"\n<== build: [^\n]*: failed \(exit status 3\) after [2-9]s\n"
+        r"all steps: [2-9]s, check failed\.\n$",
+        done.stdout,
     ), done.stdout
+
+
+@pytest.mark.parametrize("script", ["check.sh", "pythons.sh"])
+@pytest.mark.parametrize("every", ["0", "-5", "1.5", "sixty", "060"])
+def test_a_bad_progress_interval_is_refused_by_name(tmp_path, script, every):
+    # before, the ticker's sleep failed at once and the progress lines were silently lost
+    repo = tmp_path / "repo"
+    (repo / "ci").mkdir(parents=True)
+    shutil.copy2(ROOT / "ci" / script, repo / "ci" / script)
+    done = subprocess.run(
+        ["bash", f"ci/{script}"],
+        cwd=repo,
+        env={**os.environ, "CHECK_PROGRESS_S": every},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"ci/{script}: CHECK_PROGRESS_S must be a whole number of seconds above 0, got '{every}'\n"
+    )
 
 
 # a stand-in Python 3.10 for ci/pythons.sh: says its version, makes a venv of itself, pip takes
