@@ -73,7 +73,8 @@ class Tensor:
         owner: the id of the task whose heap slice holds it; ``None`` for external tensors.
         scope: the id of the scope it was allocated in: 0 for the root scope, then 1, 2, ... in
             the order scopes open (``None`` for external tensors).
-        buffer, lo, hi: its buffer and bounding byte range ``[lo, hi)``.
+        buffer, lo, hi: its buffer and bounding byte range ``[lo, hi)``; span: the three as a
+            tuple.
         flat: whether its bytes are the one run ``[lo, hi)`` (planning then tracks it as a
             span, without a :class:`Region`).
 
@@ -81,7 +82,7 @@ class Tensor:
     makes its :class:`Region` only when asked for (planning does not need it).
     """
 
-    __slots__ = ("_region", "buffer", "flat", "hi", "lo", "owner", "scope")
+    __slots__ = ("_region", "buffer", "flat", "hi", "lo", "owner", "scope", "span")
 
     def __init__(self, region: Region, owner: int | None = None, scope: int | None = None):
         if not isinstance(region, Region):
@@ -89,6 +90,7 @@ class Tensor:
         self._region = region
         self.buffer = region.buffer
         self.lo, self.hi = region.byte_range
+        self.span = (self.buffer, self.lo, self.hi)
         self.flat = not region._bytes.dims
         self.owner, self.scope = owner, scope
 
@@ -99,6 +101,7 @@ class Tensor:
         tensor = object.__new__(cls)
         tensor._region = None
         tensor.buffer, tensor.lo, tensor.hi, tensor.flat = buffer, lo, hi, True
+        tensor.span = (buffer, lo, hi)
         tensor.owner, tensor.scope = owner, scope
         return tensor
 
@@ -547,11 +550,10 @@ class Orchestrator:
             return start, start, []
         limits = self.limits
         align, ring = limits.align, limits.ring_bytes
-        offsets, cursor = [], 0
+        ends, total = [], 0  # each output's end, from the slice's base
         for size in sizes:
-            offsets.append(cursor)
-            cursor += -(-size * FLOAT32 // align) * align
-        total = cursor
+            total += -(-size * FLOAT32 // align) * align
+            ends.append(total)
         if total > ring:
             raise _PlanFatal(
                 task_id,
@@ -560,11 +562,10 @@ class Orchestrator:
         base = -(-start // align) * align
         if base // ring != (base + total - 1) // ring:  # never straddle the end
             base = (base // ring + 1) * ring
-        span = Tensor._span
-        outputs = [
-            span(HEAP, base + off, base + off + size * FLOAT32, task_id, scope)
-            for off, size in zip(offsets, sizes, strict=True)
-        ]
+        span, outputs, lo = Tensor._span, [], base
+        for size, end in zip(sizes, ends):  # noqa: B905 (as long by construction)
+            outputs.append(span(HEAP, lo, lo + size * FLOAT32, task_id, scope))
+            lo = base + end
         return start, base + total, outputs
 
     def _tensors(self, tensors, role: str) -> list[Tensor]:
@@ -609,13 +610,15 @@ class Orchestrator:
         start, end, outs = self._place(task_id, sizes, scope.id)
         tmap = self._tmap
         try:
-            if flat:  # contiguous accesses: spans, no Regions
+            if not touched:
+                fanin = ()
+            elif flat:  # contiguous accesses: spans, no Regions
                 fanin = gather_spans(
                     tmap,
                     task_id,
-                    inputs=[(t.buffer, t.lo, t.hi) for t in inputs],
-                    inouts=[(t.buffer, t.lo, t.hi) for t in inouts],
-                    writes=[(t.buffer, t.lo, t.hi) for t in writes],
+                    inputs=[t.span for t in inputs] if inputs else _NONE,
+                    inouts=[t.span for t in inouts] if inouts else _NONE,
+                    writes=[t.span for t in writes] if writes else _NONE,
                     max_fanin=limits.max_fanin,
                 )
             else:
@@ -629,14 +632,17 @@ class Orchestrator:
                 )
         except FaninExceeded as exc:
             raise _PlanFatal(task_id, str(exc)) from None
-        insert_span = tmap.insert_span
-        for t in written:
-            if t.flat:
-                insert_span(t.buffer, t.lo, t.hi, task_id)
-            else:
-                tmap.insert(t.region, task_id)
-        for t in outs:
-            insert_span(HEAP, t.lo, t.hi, task_id)
+        if flat:
+            if written or outs:
+                tmap.insert_spans([t.span for t in written + outs], task_id)
+        else:
+            for t in written:
+                if t.flat:
+                    tmap.insert_span(t.buffer, t.lo, t.hi, task_id)
+                else:
+                    tmap.insert(t.region, task_id)
+            for t in outs:
+                tmap.insert_span(HEAP, t.lo, t.hi, task_id)
         self._heap_next = end
         consumers = self._consumers
         if outs:

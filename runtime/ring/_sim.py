@@ -48,12 +48,16 @@ from __future__ import annotations
 
 import enum
 import heapq
+import itertools
 import math
 import numbers
 import os
 import random
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .._checks import integer
 from ._program import HEAP, RECLAIM_MODES, Plan, PlanLimits, gc_paused
@@ -319,6 +323,21 @@ class _Stop(Exception):
     pass
 
 
+def _factors(state: tuple, jitter: float) -> Iterator[list[float]]:
+    """The jitter factors ``1 + jitter * (2 * u - 1)`` of the draws u that
+    ``random.Random.random()`` makes from ``state`` (its ``getstate()``), in order, in lists
+    made by NumPy: its MT19937 set to that state draws the same doubles (the same two 32-bit
+    words per double, the same formula), and the factor's float64 operations round as
+    Python's do. (A function, not a method: the engine holds it, and must not be held by it.)"""
+    _, words, _ = state
+    gen = np.random.RandomState()
+    gen.set_state(("MT19937", np.array(words[:-1], dtype=np.uint32), words[-1]))
+    size = 256
+    while True:
+        yield (1.0 + jitter * (2.0 * gen.random_sample(size) - 1.0)).tolist()
+        size = min(2 * size, 1 << 16)
+
+
 class _Engine:
     def __init__(self, plan: Plan, alloc, config: RingConfig) -> None:
         if plan.limits != config.limits():
@@ -359,6 +378,10 @@ class _Engine:
         self.closes = set(plan.close_pos)
         self.max_pos = 0
         self.rng = random.Random(config.seed)
+        # the jitter factors ``1 + jitter * (2 * u - 1)`` of rng's draws u, in order
+        self.factor = itertools.chain.from_iterable(
+            _factors(self.rng.getstate(), config.jitter)
+        ).__next__
         self.cores = [_Core(i, s) for i, s in enumerate(config.speeds())]
         self.queue: list[tuple[int, int, int]] = []
         self.seq = 0
@@ -378,8 +401,7 @@ class _Engine:
     # -- scheduling --------------------------------------------------------------------------
 
     def _jitter(self, ns: float) -> int:
-        j = self.cfg.jitter
-        return max(1, int(ns * (1.0 + j * (2.0 * self.rng.random() - 1.0)))) if ns else 0
+        return max(1, int(ns * self.factor())) if ns else 0
 
     def _schedule(self, core: _Core, at: int) -> None:
         core.scheduled = True
@@ -666,63 +688,101 @@ class _Engine:
         heappop, heappush = heapq.heappop, heapq.heappush
         is_kernel, heap_bytes, cost = self.is_kernel, self.heap_bytes, self.cost
         remaining, granted, owner = self.remaining, self.granted, self.owner
+        done, dependents, touches = self.done, self.dependents, self.touches
+        users_left, vend = self.users_left, self.vend
         cursors, closes = self.kernel_cursor, self.closes
-        random, jitter = self.rng.random, self.cfg.jitter
+        factor, ring_bytes = self.factor, self.cfg.ring_bytes
         replay_ns, positions = self.cfg.replay_ns, self.positions
         n_tasks, busy_wait = self.n, self.cfg.replay == "busy-wait"
-        while queue:
-            now, _, core_id = heappop(queue)
+        seed_rule = self.cfg.reclaim == "window"
+        core, at = None, 0  # a core that acts next without a trip through the queue, and when
+        while True:
+            if core is None:
+                if not queue:
+                    break
+                now, _, core_id = heappop(queue)
+                core = cores[core_id]
+            else:
+                now = at
+                core_id = core.id
             self.now = now
-            core = cores[core_id]
-            if core.running is not None:
-                task, core.running = core.running, None
-                self._complete(core, task)
+            task = core.running
+            if task is not None:  # _complete, inline
+                core.running = None
+                done[task] = 1
+                self.completed += 1
+                trace.append((now, core_id, _END, task))
+                f = self.frontier
+                while f + 1 < n_tasks and done[f + 1]:
+                    f += 1
+                self.frontier = f
+                for d in dependents[task]:
+                    remaining[d] -= 1
+                    if not remaining[d] and granted[d]:
+                        other = cores[owner[d]]
+                        heappush(other.ready, d)
+                        self._wake(other)
+                for p in touches[task]:
+                    users_left[p] -= 1
+                if self.blocked:
+                    self._wake_blocked()
             if core.ready:
                 task = heappop(core.ready)
                 if not busy_wait:
                     self._start(core, task)
+                    core = None
                     continue
                 trace.append((now, core_id, _START, task))
                 ns = cost[task] * core.speed  # _jitter, inline
-                ns = max(1, int(ns * (1.0 + jitter * (2.0 * random() - 1.0)))) if ns else 0
+                at = now + (int(ns * factor()) or 1 if ns else 0)
                 core.running = task
-                self.seq += 1
-                heappush(queue, (now + ns, self.seq, core_id))
-                continue
-            n = core.pos
-            if n >= positions:
-                core.scheduled = False
-                continue
-            if n == n_tasks or not is_kernel[n] or core.blocked is not None:
-                if self._replay(core):
-                    self._schedule(core, now + self._jitter(replay_ns))
-                else:
+            else:
+                n = core.pos
+                if n >= positions:
                     core.scheduled = False
-                continue
-            shard = n % SHARDS  # the claim: a fetch-max on the shard's cursor
-            if n > cursors[shard]:
-                cursors[shard] = n
-                owner[n] = core_id
-                trace.append((now, core_id, _CLAIM, n))
-                if heap_bytes[n]:
-                    fit = self._fits(core, n, True, self.cfg.reclaim == "window")
-                    if fit is _Fit.WAIT:
+                    core = None
+                    continue
+                if n == n_tasks or not is_kernel[n] or core.blocked is not None:
+                    if self._replay(core):
+                        self._schedule(core, now + self._jitter(replay_ns))
+                    else:
                         core.scheduled = False
-                        continue
-                    if fit is _Fit.FATAL:
-                        raise _Stop
-                granted[n] = 1
-                if not remaining[n]:
-                    heappush(core.ready, n)
-            core.pos = pos = n + 1
-            if pos > self.max_pos:
-                self.max_pos = pos
-            if pos in closes:  # the first core past a scope's end: exact reclaim may move
-                closes.remove(pos)
-                self._wake_blocked()
-            ns = max(1, int(replay_ns * (1.0 + jitter * (2.0 * random() - 1.0))))
-            self.seq += 1
-            heappush(queue, (now + ns, self.seq, core_id))
+                    core = None
+                    continue
+                shard = n % SHARDS  # the claim: a fetch-max on the shard's cursor
+                if n > cursors[shard]:
+                    cursors[shard] = n
+                    owner[n] = core_id
+                    trace.append((now, core_id, _CLAIM, n))
+                    if heap_bytes[n]:  # _fits, inline while the slice fits
+                        window = (vend[n] - self._boundary()) & MASK64
+                        if window <= ring_bytes:
+                            if window > self.max_window:
+                                self.max_window = window
+                            core.blocked = None
+                            trace.append((now, core_id, _ALLOC, n))
+                        else:
+                            fit = self._fits(core, n, True, seed_rule)
+                            if fit is _Fit.WAIT:
+                                core.scheduled = False
+                                core = None
+                                continue
+                            raise _Stop  # _Fit.FATAL: the window cannot shrink meanwhile
+                    granted[n] = 1
+                    if not remaining[n]:
+                        heappush(core.ready, n)
+                core.pos = pos = n + 1
+                if pos > self.max_pos:
+                    self.max_pos = pos
+                if pos in closes:  # the first core past a scope's end: exact reclaim may move
+                    closes.remove(pos)
+                    self._wake_blocked()
+                at = now + (int(replay_ns * factor()) or 1)
+            if queue and queue[0][0] <= at:  # another core acts first
+                self.seq += 1
+                heappush(queue, (at, self.seq, core_id))
+                core = None
+            # else: this core is the next to act (a tie goes to the core already queued)
 
     def run(self) -> RunResult:
         for core in self.cores:

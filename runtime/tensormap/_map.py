@@ -526,7 +526,19 @@ class _Bucket:
         lookup)."""
         if hi <= self.lo or self.hi <= lo:  # outside every entry's bytes
             return []
-        found = self.candidates(lo, hi)
+        if self.pending:
+            self._flush()
+        found = []
+        stop = hi << SERIAL_BITS
+        for c, (keys, pieces) in self.classes.items():  # candidates(), inline for small classes
+            if type(keys) is not list:
+                found = self.candidates(lo, hi)
+                break
+            i = bisect.bisect_left(keys, (lo - (1 << c) + 1) << SERIAL_BITS)
+            for key in keys[i : bisect.bisect_left(keys, stop, i)]:
+                end, entry = pieces[key]
+                if end > lo:
+                    found.append(entry)
         if self.multi and len(found) > 1:
             found = list({id(e): e for e in found}.values())
         # a whole span meets at once (its one piece is its bytes): no call for it
@@ -669,6 +681,16 @@ class TensorMap:
             bucket = self._buckets[buffer] = _Bucket()
         bucket.add(_span_entry(buffer, lo, hi, producer))
         self._count += 1
+
+    def insert_spans(self, spans: Iterable[Span], producer: int) -> None:
+        """:meth:`insert_span` for each ``(buffer, lo, hi)`` of ``spans``."""
+        buckets = self._buckets
+        for buffer, lo, hi in spans:
+            bucket = buckets.get(buffer)
+            if bucket is None:
+                bucket = buckets[buffer] = _Bucket()
+            bucket.add(_span_entry(buffer, lo, hi, producer))
+            self._count += 1
 
     def _matches(self, region: Region, readers: bool = False) -> list[tuple[_Entry, Overlap]]:
         if not isinstance(region, Region):
