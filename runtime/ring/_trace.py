@@ -19,6 +19,7 @@ again with every task's events gathered first (:class:`_Indexed`), with the same
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 
 import numpy as np
 
@@ -33,10 +34,11 @@ PAGE_BITS = 12
 first touch and dropped after the last task that touches it (program order): its memory follows
 the program's live data, not its length (the virtual heap grows with every task). Read when a
 check starts."""
-_WRITER, _WEND, _OWNER, _OEND, _LATEST, _READER = range(6)
+_WRITER, _WEND, _LATEST, _READER, _OWNER, _OEND = range(6)
 """Rows of a page: each element's last writer and that writer's end (its first end event's
-index), its heap owner and the owner's end, the latest end among the tasks that read it since
-its last write, and that reader."""
+index), the latest end among the tasks that read it since its last write and that reader, and
+its heap owner and the owner's end (a write sets the first four rows at once, a read the
+middle two, an allocation the last two)."""
 _ROWS = 6
 
 # a task's events: first claim (index, core), first alloc, first start (index, core), first
@@ -44,6 +46,10 @@ _ROWS = 6
 _CLAIM, _CLAIM_CORE, _ALLOC, _START, _START_CORE, _END, _NSTART, _NEND, _LAST = range(9)
 _NONE = (-1, -1, -1, -1, -1, -1, 0, 0, -1)
 _KINDS = {"claim": _CLAIM, "alloc": _ALLOC, "start": _START, "end": _END}
+
+
+_greatest, _least = np.maximum.reduce, np.minimum.reduce
+"""``ndarray.max`` and ``min`` without their Python wrapper (a block's rows are never empty)."""
 
 
 def _elements(region) -> np.ndarray:
@@ -122,6 +128,15 @@ class _Pages:
             page, sel = where[0]
             return self._page(buffer, page)[row, sel]
         return np.concatenate([self._page(buffer, page)[row, sel] for page, sel in where])
+
+    def located(self, tensor: Tensor) -> tuple[list, np.ndarray | None]:
+        """``(where, block)``: :meth:`locate` and :meth:`block` of ``tensor`` at once."""
+        where = self.locate(tensor)
+        if len(where) == 1:
+            page, sel = where[0]
+            if type(sel) is slice:
+                return where, self._page(tensor.buffer, page)[:, sel]
+        return where, None
 
     def block(self, buffer, where) -> np.ndarray | None:
         """Every row of the elements at ``where`` as one view, when they are one slice of one
@@ -220,7 +235,7 @@ def _block_owners(block: np.ndarray, hi: list[int], when: int, early: set[int]) 
     """The heap owners in ``block`` (rows of elements; ``hi``: each row's maximum); those
     that had not ended by ``when`` join ``early``."""
     owner = block[_OWNER]
-    owners = {hi[_OWNER]} if owner.min() == hi[_OWNER] else _values(owner)
+    owners = {hi[_OWNER]} if _least(owner) == hi[_OWNER] else _values(owner)
     if when >= 0 and hi[_OEND] > when:
         early |= _values(owner[block[_OEND] > when])
     return owners
@@ -386,7 +401,12 @@ class _Check:
         n = len(cols.kind)
         pages = _Pages(plan, _ROWS)
         locate, get, put, block = pages.locate, pages.get, pages.put, pages.block
+        located = pages.located
         take, never, close_pos = self.events.take, self.never, plan.close_pos
+        # column vectors a write, a read and an allocation set their rows of a block to
+        wrote = np.full((_READER + 1, 1), -1, dtype=np.int64)
+        read = np.empty((2, 1), dtype=np.int64)
+        owned = np.empty((2, 1), dtype=np.int64)
         for t in range(n):
             ev = take(t)
             kernel = cols.kind[t] == "kernel"
@@ -394,21 +414,26 @@ class _Check:
             end = ev[_END] if ev[_END] >= 0 else never
             when = ev[_START] if kernel else ev[_END]
             outs = cols.outputs[t]
-            for tensor in outs:
-                where = locate(tensor)
-                put(HEAP, where, _OWNER, t)
-                put(HEAP, where, _OEND, end)
-            reads = [(x.buffer, locate(x)) for x in cols.reads[t]]
-            written = [(x.buffer, locate(x)) for x in cols.writes[t]]
-            reads = [(buffer, where, block(buffer, where)) for buffer, where in reads]
-            written = [(buffer, where, block(buffer, where)) for buffer, where in written]
+            if outs:
+                owned[0, 0], owned[1, 0] = t, end
+                for tensor in outs:
+                    where = locate(tensor)
+                    rows = block(HEAP, where)
+                    if rows is not None:
+                        rows[_OWNER:] = owned
+                    else:
+                        put(HEAP, where, _OWNER, t)
+                        put(HEAP, where, _OEND, end)
+            reads = [(x.buffer, *located(x)) for x in cols.reads[t]]
+            written = [(x.buffer, *located(x)) for x in cols.writes[t]]
+            maxima = {}  # id of a read's rows -> each row's maximum before the task's updates
             owners: set[int] = set()
             late: set[int] = set()  # readers of overwritten elements that had not ended
             early: set[int] = set()  # producers (writers and owners) that had not ended
             unordered: set[int] = set()  # writers of overwritten elements that had not ended
             for buffer, where, rows in reads:
                 if rows is not None:  # one slice of one page: every row at once
-                    hi = rows.max(axis=1).tolist()
+                    hi = maxima[id(rows)] = _greatest(rows, 1).tolist()
                     if when >= 0 and hi[_WEND] > when:
                         early |= _values(rows[_WRITER][rows[_WEND] > when])
                     if buffer == HEAP:
@@ -422,7 +447,7 @@ class _Check:
                     owners |= self._owners(get, where, when, early)
             for buffer, where, rows in written:
                 if rows is not None:
-                    hi = rows.max(axis=1).tolist()
+                    hi = _greatest(rows, 1).tolist()
                     if buffer == HEAP:
                         owners |= _block_owners(rows, hi, when, early)
                     if when >= 0:
@@ -443,13 +468,15 @@ class _Check:
             owners -= {-1, t}
             early -= {-1, t}
             unordered -= {-1, t}
+            read[0, 0], read[1, 0] = end, t
             for buffer, where, rows in reads:
                 if rows is not None:
-                    latest = rows[_LATEST]
-                    if latest.max() < end:
-                        latest[:] = end
-                        rows[_READER] = t
+                    # the maximum before this task's updates: an earlier read of the task that
+                    # overlaps these elements set them to (end, t), which either branch keeps
+                    if maxima[id(rows)][_LATEST] < end:
+                        rows[_LATEST : _READER + 1] = read
                     else:
+                        latest = rows[_LATEST]
                         mine = latest < end
                         latest[mine] = end
                         rows[_READER][mine] = t
@@ -461,19 +488,17 @@ class _Check:
                 elif mine.any():
                     pages.put_where(buffer, where, _LATEST, mine, end)
                     pages.put_where(buffer, where, _READER, mine, t)
+            wrote[0, 0], wrote[1, 0] = t, end
             for buffer, where, rows in written:
                 if rows is not None:
-                    rows[_WRITER] = t
-                    rows[_WEND] = end
-                    rows[_LATEST] = -1
-                    rows[_READER] = -1
+                    rows[_WRITER : _READER + 1] = wrote  # t, end, -1, -1
                     continue
                 put(buffer, where, _WRITER, t)
                 put(buffer, where, _WEND, end)
                 put(buffer, where, _LATEST, -1)
                 put(buffer, where, _READER, -1)
             self._touch(t, ev[_LAST], owners)
-            if when >= 0:
+            if when >= 0 and (early or unordered or late):
                 self._hazards(t, early, unordered, late)
             if outs:
                 self._slice(t, outs[0].lo, cols.end[t], ev[_ALLOC], ev[_LAST], close_pos[t])
@@ -562,9 +587,7 @@ class _Check:
             return
         ring, align = self.ring, self.align
         first, stop = (lo % ring) // align, (lo % ring + hi - lo) // align
-        previous: dict[int, int] = {}  # older slice -> its blocks taken
-        for p in self.occupant[first:stop]:
-            previous[p] = previous.get(p, 0) + 1
+        previous = Counter(self.occupant[first:stop])  # older slice -> its blocks taken
         self.occupant[first:stop] = [q] * (stop - first)
         self.held[q] = stop - first
         for p in sorted(previous):
