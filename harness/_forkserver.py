@@ -127,7 +127,6 @@ class Connection:
         self.pid = pid
         self.popen = popen
         self.stderr_fd = stderr_fd
-        self.owner = os.getpid()
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
         self.closed = False
