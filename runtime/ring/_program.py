@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import numbers
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -59,6 +60,7 @@ HEAP = "heap"
 
 FLOAT32 = 4
 _NONE = ()
+_SPAN = operator.attrgetter("span")
 """The default of a submit's tensor arguments (the empty tuple, one object in CPython)."""
 RECLAIM_MODES = ("exact", "window")
 """Reclaim rules: dependency-exact (the default), or the seed's constant span H."""
@@ -183,14 +185,18 @@ class TaskRefs:
         Raises:
             IndexError: ``index`` is not below the number of outputs.
         """
-        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        if type(index) is not int and (
+            isinstance(index, bool) or not isinstance(index, numbers.Integral)
+        ):
             raise TypeError(f"index must be an integer, got {type(index).__name__}")
         if not 0 <= index < len(self.outputs):
             raise IndexError(
                 f"task {self.task} has {len(self.outputs)} outputs; get_ref({index}) is out of"
                 " range"
             )
-        self._counts[self.task] = max(self._counts[self.task], index + 1)
+        counts, task = self._counts, self.task
+        if counts[task] <= index:
+            counts[task] = index + 1
         return self.outputs[index]
 
 
@@ -550,6 +556,15 @@ class Orchestrator:
             return start, start, []
         limits = self.limits
         align, ring = limits.align, limits.ring_bytes
+        if len(sizes) == 1:  # one output: the slice is its rounded size
+            size = sizes[0]
+            total = -(-size * FLOAT32 // align) * align
+            if total <= ring:
+                base = -(-start // align) * align
+                if base // ring != (base + total - 1) // ring:  # never straddle the end
+                    base = (base // ring + 1) * ring
+                out = Tensor._span(HEAP, base, base + size * FLOAT32, task_id, scope)
+                return start, base + total, [out]
         ends, total = [], 0  # each output's end, from the slice's base
         for size in sizes:
             total += -(-size * FLOAT32 // align) * align
@@ -588,10 +603,20 @@ class Orchestrator:
         cols = self._cols
         task_id = len(cols.kind)
         # the arguments left out are the empty tuple: no copy or check for them
-        inputs = [] if inputs is _NONE else self._tensors(inputs, "inputs")
+        if inputs is _NONE:
+            inputs = []
+        else:  # self._tensors(inputs, "inputs"), inline
+            if isinstance(inputs, Tensor):
+                raise TypeError("inputs must be a sequence of Tensors, got one Tensor")
+            inputs, closed = list(inputs), self._closed_scopes
+            for t in inputs:
+                if type(t) is not Tensor or (t.scope is not None and t.scope in closed):
+                    self._check_tensor(t, "inputs")
         inouts = [] if inouts is _NONE else self._tensors(inouts, "inouts")
         writes = [] if writes is _NONE else self._tensors(writes, "writes")
-        sizes = [n if type(n) is int and n >= 1 else integer(n, "output size") for n in outputs]
+        sizes = []
+        for n in outputs:
+            sizes.append(n if type(n) is int and n >= 1 else integer(n, "output size"))
         written = inouts + writes if writes else inouts
         touched = inputs + written if written else inputs
         owners, flat = [], True
@@ -616,9 +641,9 @@ class Orchestrator:
                 fanin = gather_spans(
                     tmap,
                     task_id,
-                    inputs=[t.span for t in inputs] if inputs else _NONE,
-                    inouts=[t.span for t in inouts] if inouts else _NONE,
-                    writes=[t.span for t in writes] if writes else _NONE,
+                    inputs=list(map(_SPAN, inputs)) if inputs else _NONE,
+                    inouts=list(map(_SPAN, inouts)) if inouts else _NONE,
+                    writes=list(map(_SPAN, writes)) if writes else _NONE,
                     max_fanin=limits.max_fanin,
                 )
             else:
@@ -634,7 +659,7 @@ class Orchestrator:
             raise _PlanFatal(task_id, str(exc)) from None
         if flat:
             if written or outs:
-                tmap.insert_spans([t.span for t in written + outs], task_id)
+                tmap.insert_spans(map(_SPAN, written + outs), task_id)
         else:
             for t in written:
                 if t.flat:
@@ -652,7 +677,12 @@ class Orchestrator:
         if owners:
             for owner in owners:
                 consumers[owner].append(task_id)
-            deps = tuple(sorted(set(fanin).union(owners), reverse=True))
+            for owner in owners:  # most often each owner is a producer already
+                if owner not in fanin:
+                    deps = tuple(sorted({*fanin, *owners}, reverse=True))
+                    break
+            else:
+                deps = fanin
             owners = tuple(owners)
         else:
             deps, owners = fanin, ()

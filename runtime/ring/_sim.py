@@ -51,6 +51,7 @@ import heapq
 import itertools
 import math
 import numbers
+import operator
 import os
 import random
 import sys
@@ -323,6 +324,33 @@ class _Stop(Exception):
     pass
 
 
+class _Dependents:
+    """``dependents[task]``: the tasks that list ``task`` among their deps, in increasing
+    order (CSR: one flat list and each task's start in it, built by NumPy)."""
+
+    __slots__ = ("flat", "starts")
+
+    def __init__(self, flat: list[int], starts: list[int]) -> None:
+        self.flat, self.starts = flat, starts
+
+    def __getitem__(self, task: int) -> list[int]:
+        starts = self.starts
+        return self.flat[starts[task] : starts[task + 1]]
+
+
+def _dependents(deps: list[tuple[int, ...]]) -> tuple[list[int], _Dependents]:
+    """Each task's number of deps, and every task's dependents (:class:`_Dependents`)."""
+    n = len(deps)
+    counts = np.fromiter(map(len, deps), dtype=np.int64, count=n)
+    edges = int(counts.sum())
+    on = np.fromiter(itertools.chain.from_iterable(deps), dtype=np.int64, count=edges)
+    of = np.repeat(np.arange(n, dtype=np.int64), counts)  # the dependent task of each edge
+    order = np.argsort(on, kind="stable")  # by dep, then by dependent (stable: increasing)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(on, minlength=n), out=starts[1:])
+    return counts.tolist(), _Dependents(of[order].tolist(), starts.tolist())
+
+
 def _factors(state: tuple, jitter: float) -> Iterator[list[float]]:
     """The jitter factors ``1 + jitter * (2 * u - 1)`` of the draws u that
     ``random.Random.random()`` makes from ``state`` (its ``getstate()``), in order, in lists
@@ -347,31 +375,26 @@ class _Engine:
         self.plan, self.alloc, self.cfg = plan, alloc, config
         self.tasks = plan.tasks
         cols = plan.columns
-        self.n = n = len(cols.kind)
+        self.n = len(cols.kind)
         self.positions = self.n + (1 if plan.fatal else 0)
         self.vend = cols.end
         self.outputs, self.refs, self.cost = cols.outputs, cols.refs, cols.cost_ns
         self.touches = cols.touches
-        self.accesses = [r or w for r, w in zip(cols.reads, cols.writes, strict=True)]
+        if config.replay == "kernel":
+            self.accesses = [r or w for r, w in zip(cols.reads, cols.writes, strict=True)]
         self.is_kernel = [k == "kernel" for k in cols.kind]
-        self.heap_bytes = [e - s for s, e in zip(cols.start, cols.end, strict=True)]
-        # exact reclaim's boundary: a slice's first output byte (its padding is not live)
-        self.first_byte = [
-            o[0].lo if o else s for o, s in zip(cols.outputs, cols.start, strict=True)
-        ]
+        self.heap_bytes = list(map(operator.sub, cols.end, cols.start))
+        self.start = cols.start
         self.done = bytearray(self.n)
         self.frontier = -1
-        self.remaining = [len(d) for d in cols.deps]
-        self.dependents: list[list[int]] = [[] for _ in range(n)]
-        for t, deps in enumerate(cols.deps):
-            for d in deps:
-                self.dependents[d].append(t)
+        self.remaining, self.dependents = _dependents(cols.deps)
         self.materialized: dict[int, list] = {}  # alloc task -> [views, cores still to take]
         self.owner = [-1] * self.n
         self.granted = bytearray(self.n)  # kernel tasks whose owner passed back-pressure
         self.kernel_cursor = [-1] * SHARDS
         self.alloc_cursor = [-1] * SHARDS
-        self.users_left = {p: len(c) for p, c in plan.consumers.items()}
+        consumers = plan.consumers
+        self.users_left = dict(zip(consumers, map(len, consumers.values()), strict=True))
         self.heap_owners = sorted(plan.consumers)
         self.tail = 0
         self.close = plan.close_pos
@@ -460,8 +483,14 @@ class _Engine:
         while self.tail < len(owners) and self._dead(owners[self.tail]):
             self.tail += 1
         if self.tail < len(owners):
-            return self.first_byte[owners[self.tail]]
+            return self._first_byte(owners[self.tail])
         return self.vend[owners[-1]] if owners else 0
+
+    def _first_byte(self, p: int) -> int:
+        """Exact reclaim's boundary while task p's slice is the oldest live one: its first
+        output byte (the padding before it is not live)."""
+        outputs = self.outputs[p]
+        return outputs[0].lo if outputs else self.start[p]
 
     def _dead(self, p: int) -> bool:
         """Exact reclaim: task p's slice is dead when p and every task touching it are done
@@ -507,7 +536,7 @@ class _Engine:
         elif self.max_pos < self.close[p]:
             waits.append(f"its scope to close (after task {self.close[p] - 1})")
         return (
-            f"the ring is held by task {p}'s slice [{self.first_byte[p]}, {self.vend[p]}),"
+            f"the ring is held by task {p}'s slice [{self._first_byte(p)}, {self.vend[p]}),"
             f" waiting for {' and '.join(waits)}"
         )
 
@@ -688,7 +717,8 @@ class _Engine:
         heappop, heappush = heapq.heappop, heapq.heappush
         is_kernel, heap_bytes, cost = self.is_kernel, self.heap_bytes, self.cost
         remaining, granted, owner = self.remaining, self.granted, self.owner
-        done, dependents, touches = self.done, self.dependents, self.touches
+        done, touches = self.done, self.touches
+        dep_flat, dep_starts = self.dependents.flat, self.dependents.starts
         users_left, vend = self.users_left, self.vend
         cursors, closes = self.kernel_cursor, self.closes
         factor, ring_bytes = self.factor, self.cfg.ring_bytes
@@ -716,7 +746,7 @@ class _Engine:
                 while f + 1 < n_tasks and done[f + 1]:
                     f += 1
                 self.frontier = f
-                for d in dependents[task]:
+                for d in dep_flat[dep_starts[task] : dep_starts[task + 1]]:  # dependents
                     remaining[d] -= 1
                     if not remaining[d] and granted[d]:
                         other = cores[owner[d]]

@@ -532,17 +532,21 @@ class _Bucket:
         stop = hi << SERIAL_BITS
         for c, (keys, pieces) in self.classes.items():  # candidates(), inline for small classes
             if type(keys) is not list:
-                found = self.candidates(lo, hi)
+                found = [
+                    e
+                    for e in self.candidates(lo, hi)
+                    if (e.flat and e.live is None) or _span_meets(e, lo, hi)
+                ]
                 break
             i = bisect.bisect_left(keys, (lo - (1 << c) + 1) << SERIAL_BITS)
             for key in keys[i : bisect.bisect_left(keys, stop, i)]:
                 end, entry = pieces[key]
-                if end > lo:
+                # a whole span meets at once (its one piece is its bytes): no call for it
+                if end > lo and ((entry.flat and entry.live is None) or _span_meets(entry, lo, hi)):
                     found.append(entry)
         if self.multi and len(found) > 1:
             found = list({id(e): e for e in found}.values())
-        # a whole span meets at once (its one piece is its bytes): no call for it
-        return [e for e in found if (e.flat and e.live is None) or _span_meets(e, lo, hi)]
+        return found
 
     def lookup(self, s: ByteSet) -> list[_Entry]:
         """The entries with a piece that meets one of ``s``'s pieces, each once."""
