@@ -773,11 +773,15 @@ class _Engine:
                     core = None
                     continue
                 if n == n_tasks or not is_kernel[n] or core.blocked is not None:
-                    if self._replay(core):
-                        self._schedule(core, now + self._jitter(replay_ns))
-                    else:
+                    if not self._replay(core):
                         core.scheduled = False
-                    core = None
+                        core = None
+                        continue
+                    at = now + (int(replay_ns * factor()) or 1)  # _jitter(replay_ns), inline
+                    if queue and queue[0][0] <= at:  # another core acts first
+                        self.seq += 1
+                        heappush(queue, (at, self.seq, core_id))
+                        core = None
                     continue
                 shard = n % SHARDS  # the claim: a fetch-max on the shard's cursor
                 if n > cursors[shard]:

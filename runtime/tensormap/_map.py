@@ -688,12 +688,17 @@ class TensorMap:
 
     def insert_spans(self, spans: Iterable[Span], producer: int) -> None:
         """:meth:`insert_span` for each ``(buffer, lo, hi)`` of ``spans``."""
-        buckets = self._buckets
+        buckets, new, serials = self._buckets, object.__new__, _serials
         for buffer, lo, hi in spans:
             bucket = buckets.get(buffer)
             if bucket is None:
                 bucket = buckets[buffer] = _Bucket()
-            bucket.add(_span_entry(buffer, lo, hi, producer))
+            entry = new(_Entry)  # _span_entry(buffer, lo, hi, producer), inline
+            entry.buffer, entry.lo, entry.hi, entry.producer = buffer, lo, hi, producer
+            entry.live = entry._region = entry._bytes = None
+            entry.flat = True
+            entry.serial = next(serials)
+            bucket.add(entry)
             self._count += 1
 
     def _matches(self, region: Region, readers: bool = False) -> list[tuple[_Entry, Overlap]]:
@@ -952,7 +957,8 @@ def gather_spans(
     tasks: set[int] = set()
     for buffer, lo, hi in inputs:
         bucket = writers.get(buffer)
-        if bucket is not None:
+        # (a span outside the bucket's bounds meets nothing: tested here, without a call)
+        if bucket is not None and lo < bucket.hi and bucket.lo < hi:
             for e in bucket.meeting(lo, hi):
                 tasks.add(e.producer)
     written = (*inouts, *writes)
@@ -961,15 +967,21 @@ def gather_spans(
         met = []  # per written span: the write and read entries its bytes meet
         for buffer, lo, hi in written:  # an inout's writers are its reads' and writes' alike
             bucket = writers.get(buffer)
-            wrote = () if bucket is None else bucket.meeting(lo, hi)
+            if bucket is not None and lo < bucket.hi and bucket.lo < hi:
+                wrote = bucket.meeting(lo, hi)
+                for e in wrote:
+                    tasks.add(e.producer)
+            else:
+                wrote = ()
             bucket = readers.get(buffer)
-            read = () if bucket is None else bucket.meeting(lo, hi)
+            if bucket is not None and lo < bucket.hi and bucket.lo < hi:
+                read = bucket.meeting(lo, hi)
+                for e in read:
+                    tasks.add(e.producer)
+            else:
+                read = ()
             met.append((wrote, read))
-            for e in wrote:
-                tasks.add(e.producer)
-            for e in read:
-                tasks.add(e.producer)
-        tasks.discard(task)
+    tasks.discard(task)
     producers = _newest_first(tasks) if tasks else ()
     if max_fanin is not None and len(producers) > max_fanin:
         raise FaninExceeded(
@@ -980,23 +992,30 @@ def gather_spans(
         # the entries met above, unless an earlier written span of the task overlaps this one
         # (its cuts may have changed them); a disjoint one cannot change what meets this one
         again = k and any(b == buffer and x < hi and lo < y for b, x, y in written[:k])
-        for flag, index, entries in ((False, writers, met[k][0]), (True, readers, met[k][1])):
-            if again:
-                bucket = index.get(buffer)
-                if bucket is None:
-                    continue
-                entries = bucket.meeting(lo, hi)
-            elif not entries:
-                continue
-            # an entry wholly inside the span dies at once (a whole span, or a strided entry
-            # within its bounding range); others are cut
+        wrote, read = met[k]
+        if again:
+            bucket = writers.get(buffer)
+            wrote = () if bucket is None else bucket.meeting(lo, hi)
+            bucket = readers.get(buffer)
+            read = () if bucket is None else bucket.meeting(lo, hi)
+        # an entry wholly inside the span dies at once (a whole span, or a strided entry
+        # within its bounding range); others are cut
+        if wrote:
             dead = [
                 e
-                for e in entries
+                for e in wrote
                 if (e.live is None and lo <= e.lo and e.hi <= hi) or not _cut(e, lo, hi)
             ]
             if dead:
-                tmap._remove(dead, flag)
+                tmap._remove(dead, False)
+        if read:
+            dead = [
+                e
+                for e in read
+                if (e.live is None and lo <= e.lo and e.hi <= hi) or not _cut(e, lo, hi)
+            ]
+            if dead:
+                tmap._remove(dead, True)
     for span in inputs:
         tmap._record_read_span(span, task, written)
     return producers
