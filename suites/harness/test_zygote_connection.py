@@ -100,6 +100,7 @@ def test_close_closes_the_socket_and_the_kept_stderr_once(pair):
 
 def test_close_without_a_kept_stderr(pair):
     connection = _forkserver.Connection((), pair[0], 1, None, None)
+    assert connection.closed is False and connection.alive() is True
 
     connection.close()
 
@@ -244,3 +245,67 @@ def test_connecting_to_a_root_s_zygote_takes_its_pid_and_gives_up_on_a_silent_on
         helper.join(5)
     finally:
         listener.close()
+
+
+# -- a request the zygote does not answer, or that cannot be sent ------------------------------
+
+
+def _request_and_capture():
+    from harness._capture import Capture
+    from harness._guard import table
+    from harness._request import make_request
+
+    target = "suites.harness._targets:give_back"
+    request = make_request(target, (), env=None, config=None, timeout=30)
+    return request, Capture(table())
+
+
+def test_a_zygote_that_does_not_say_it_forked_is_given_up_on_at_startup_s(pair, monkeypatch):
+    monkeypatch.setattr(_forkserver, "STARTUP_S", 0.3)
+    connection = _forkserver.Connection((), pair[0], 1, None, None)
+    request, capture = _request_and_capture()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            connection.run(request, capture)
+        except BaseException as exc:  # handed to the test's thread
+            raised.append(exc)
+
+    with capture:
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        message, fds, _flags, _address = socket.recv_fds(pair[1], 1 << 16, 8)
+        for fd in fds:
+            os.close(fd)
+        runner.join(10)
+        if runner.is_alive():  # it would wait for ever: hang up, so the thread ends
+            pair[1].close()
+            runner.join(10)
+            pytest.fail("no deadline for the zygote's 'forked' reply")
+
+    assert b'"op": "run"' in message and len(fds) == 4  # the request was handed over
+    assert len(raised) == 1 and type(raised[0]) is _forkserver.NotForked
+    assert str(raised[0]) == "it did not fork a child within 0.3 s"
+    assert connection.closed is True
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [(ConnectionResetError(), "ConnectionResetError"), (OSError("boom"), "boom")],
+    ids=["no-message", "message"],
+)
+def test_a_request_that_cannot_be_sent_is_not_forked_and_says_why(pair, monkeypatch, error, said):
+    def send_fds(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(_forkserver.socket, "send_fds", send_fds)
+    connection = _forkserver.Connection((), pair[0], 1, None, None)
+    request, capture = _request_and_capture()
+
+    with capture, pytest.raises(_forkserver.NotForked) as excinfo:
+        connection.run(request, capture)
+
+    assert str(excinfo.value) == said  # an error with no words is named by its type
+    assert excinfo.value.__cause__ is error
+    assert connection.closed is True
