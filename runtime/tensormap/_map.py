@@ -261,6 +261,11 @@ _serials = itertools.count()
 SERIAL_BITS = 48
 """An index key is ``first byte << SERIAL_BITS | serial`` (a plain int compares fastest)."""
 
+TILED_SCAN = 8
+"""The most spans a tiled bucket scans to look up or add a span that is not one of them."""
+TILED_FORGET = 64
+"""The most spans a tiled bucket scans to drop those within a range (:meth:`TensorMap.forget`)."""
+
 SMALL_CLASS = 2048
 """The most keys a length class of a bucket keeps in a plain sorted list (beyond, a
 ``SortedList``)."""
@@ -402,9 +407,19 @@ class _Bucket:
     indexed at all. ``multi`` counts the indexed entries with more than one piece: while it
     is 0, a lookup of one piece meets every entry at most once (no deduplication). ``lo, hi``
     bound the bytes of every entry added since the bucket was last emptied (they never
-    shrink otherwise): a lookup outside them meets nothing, at once."""
+    shrink otherwise): a lookup outside them meets nothing, at once.
 
-    __slots__ = ("classes", "count", "hi", "lo", "multi", "pending")
+    Tiled mode, before the index: while every entry of the bucket is a whole span (contiguous
+    bytes, all live) and any two spans are the same or disjoint (a ring's tensors, read and
+    written whole), ``tiles`` holds the entries by span, ``(lo, hi) -> entries`` (a span whose
+    entries were all superseded stays, empty), and the
+    span path's lookup of one of them is a dictionary look-up (no other span can meet it); a
+    lookup of another span scans the spans while there are at most :data:`TILED_SCAN`.
+    Anything else (a span that overlaps one partly, a cut, a strided entry, the Region path,
+    a scan of more spans) indexes the entries first (``tiles`` is then ``None``) until the
+    bucket is emptied. ``bottom, top``: bounds of the spans since it was last emptied."""
+
+    __slots__ = ("bottom", "classes", "count", "hi", "lo", "multi", "pending", "tiles", "top")
 
     def __init__(self) -> None:
         # class -> (sorted keys ``lo << SERIAL_BITS | serial``, key -> (hi, entry)); the keys
@@ -414,8 +429,61 @@ class _Bucket:
         self.multi = 0
         self.lo, self.hi = math.inf, -1
         self.pending: list[_Entry] = []  # added, not yet indexed
+        self.tiles: dict[tuple[int, int], list[_Entry]] | None = {}
+        self.bottom, self.top = math.inf, -1
+
+    def leave_tiles(self) -> None:
+        """Leave tiled mode (an entry was cut: it is no longer a whole span)."""
+        if self.pending:
+            self._flush()
+        if self.tiles is not None:
+            self._untile()
+
+    def _untile(self) -> None:
+        """Leave tiled mode: index every entry."""
+        tiles, self.tiles = self.tiles, None
+        for entries in tiles.values():
+            for entry in entries:
+                self._index(entry)
+
+    def _place(self, entry: _Entry) -> None:
+        """File ``entry`` (already counted): among the tiles while it keeps them tiles, else
+        in the index."""
+        tiles = self.tiles
+        if tiles is not None:
+            if entry.flat and entry.live is None:
+                lo, hi = entry.lo, entry.hi
+                same = tiles.get((lo, hi))
+                if same is not None:
+                    same.append(entry)
+                    return
+                if (
+                    lo >= self.top
+                    or hi <= self.bottom
+                    or (len(tiles) <= TILED_SCAN and all(b <= lo or hi <= a for a, b in tiles))
+                ):
+                    tiles[lo, hi] = [entry]
+                    if hi > self.top:
+                        self.top = hi
+                    if lo < self.bottom:
+                        self.bottom = lo
+                    return
+            self._untile()
+        self._index(entry)
+
+    def add_span(self, entry: _Entry) -> None:
+        """:meth:`add` for a whole span's entry (the span path's): among the tiles while it
+        keeps them tiles."""
+        self._place(entry)
+        self.count += 1
+        if entry.lo < self.lo:
+            self.lo = entry.lo
+        if entry.hi > self.hi:
+            self.hi = entry.hi
 
     def add(self, entry: _Entry) -> None:
+        if self.tiles is not None:
+            self._untile()
         lo, hi = entry.lo, entry.hi
         if entry.flat:  # one piece, its bytes: indexed here (the ring's common case)
             c = (hi - lo).bit_length()
@@ -454,7 +522,7 @@ class _Bucket:
     def _flush(self) -> None:
         pending, self.pending = self.pending, []
         for entry in pending:
-            self._index(entry)
+            self._place(entry)
 
     def _index(self, entry: _Entry) -> None:
         serial, classes = entry.serial, self.classes
@@ -494,6 +562,8 @@ class _Bucket:
             return []
         if self.pending:
             self._flush()
+        if self.tiles is not None:
+            self._untile()
         found = []
         stop = hi << SERIAL_BITS
         bisect_left = bisect.bisect_left
@@ -528,6 +598,14 @@ class _Bucket:
             return []
         if self.pending:
             self._flush()
+        tiles = self.tiles
+        if tiles is not None:  # whole spans, any two the same or disjoint
+            same = tiles.get((lo, hi))
+            if same is not None:  # one of the spans: no other can meet it
+                return same[:]
+            if len(tiles) <= TILED_SCAN:
+                return [e for (a, b), same in tiles.items() if a < hi and lo < b for e in same]
+            self._untile()
         found = []
         stop = hi << SERIAL_BITS
         for c, (keys, pieces) in self.classes.items():  # candidates(), inline for small classes
@@ -563,6 +641,13 @@ class _Bucket:
     def remove(self, entry: _Entry) -> None:
         if self.pending:
             self._flush()
+        tiles = self.tiles
+        if tiles is not None:
+            # by identity; the span stays a tile (a task that overwrites a span writes it
+            # next: its entry joins the tile at once)
+            tiles[entry.lo, entry.hi].remove(entry)
+            self.count -= 1
+            return
         serial, classes = entry.serial, self.classes
         pieces_of = ((entry.lo, entry.hi),) if entry.flat else entry.pieces()
         if len(pieces_of) > 1:
@@ -591,20 +676,39 @@ class _Bucket:
             self.count -= dropped
         else:
             dropped = 0
-        inside = {id(e): e for e in self.candidates(lo, hi) if e.lo >= lo and e.hi <= hi}
-        if len(inside) == self.count:  # all of them: the index goes whole
-            self.classes.clear()
-            self.count = self.multi = 0
-            self.lo, self.hi = math.inf, -1
+        tiles = self.tiles
+        if tiles is not None and len(tiles) <= TILED_FORGET:
+            inside = [key for key in tiles if lo <= key[0] and key[1] <= hi]
+            taken = sum(len(tiles[key]) for key in inside)
+            if taken == self.count:  # all of them
+                self._clear()
+            else:
+                for key in inside:
+                    del tiles[key]
+                self.count -= taken
+            return dropped + taken
+        found = {id(e): e for e in self.candidates(lo, hi) if e.lo >= lo and e.hi <= hi}
+        if len(found) == self.count:  # all of them: the index goes whole
+            self._clear()
         else:
-            for entry in inside.values():
+            for entry in found.values():
                 self.remove(entry)
-        return dropped + len(inside)
+        return dropped + len(found)
+
+    def _clear(self) -> None:
+        """Drop every entry (none is pending): the bucket starts again, tiled."""
+        self.classes.clear()
+        self.count = self.multi = 0
+        self.lo, self.hi = math.inf, -1
+        self.tiles = {}
+        self.bottom, self.top = math.inf, -1
 
     def keep_only(self, keep) -> int:
         """Drop the entries for which ``keep(entry)`` is false; returns how many."""
         if self.pending:
             self._flush()
+        if self.tiles is not None:
+            self._untile()
         dropped: set[int] = set()
         multi: set[int] = set()
         for c in list(self.classes):
@@ -683,7 +787,7 @@ class TensorMap:
         bucket = self._buckets.get(buffer)
         if bucket is None:
             bucket = self._buckets[buffer] = _Bucket()
-        bucket.add(_span_entry(buffer, lo, hi, producer))
+        bucket.add_span(_span_entry(buffer, lo, hi, producer))
         self._count += 1
 
     def insert_spans(self, spans: Iterable[Span], producer: int) -> None:
@@ -698,7 +802,7 @@ class TensorMap:
             entry.live = entry._region = entry._bytes = None
             entry.flat = True
             entry.serial = next(serials)
-            bucket.add(entry)
+            bucket.add_span(entry)
             self._count += 1
 
     def _matches(self, region: Region, readers: bool = False) -> list[tuple[_Entry, Overlap]]:
@@ -813,7 +917,7 @@ class TensorMap:
                 dropped = bucket.keep_only(lambda e: e.producer >= task_id)
                 if buckets is self._buckets:
                     removed += dropped
-                if not bucket.classes:
+                if not bucket.count:
                     del buckets[buffer]
         self._count -= removed
         return removed
@@ -1000,6 +1104,7 @@ def gather_spans(
             read = () if bucket is None else bucket.meeting(lo, hi)
         # an entry wholly inside the span dies at once (a whole span, or a strided entry
         # within its bounding range); others are cut
+        # (an entry left with part of its bytes is no whole span: its bucket leaves tiled mode)
         if wrote:
             dead = [
                 e
@@ -1008,6 +1113,8 @@ def gather_spans(
             ]
             if dead:
                 tmap._remove(dead, False)
+            if len(dead) < len(wrote):
+                writers[buffer].leave_tiles()
         if read:
             dead = [
                 e
@@ -1016,6 +1123,8 @@ def gather_spans(
             ]
             if dead:
                 tmap._remove(dead, True)
+            if len(dead) < len(read):
+                readers[buffer].leave_tiles()
     for span in inputs:
         tmap._record_read_span(span, task, written)
     return producers

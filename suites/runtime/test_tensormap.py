@@ -352,10 +352,40 @@ def test_the_span_path_agrees_with_the_region_path(stress_scale, monkeypatch, ma
         ("task", [whole], [], [], 2),
     ]
 
+    def one(lo: int, n: int = 4) -> Region:
+        return Region.contiguous("a", lo, n, 1)
+
+    tiled = [  # a bucket of whole spans, rewritten whole, then cut, forgotten, tiled again
+        ("task", [], [], [one(0)], None),
+        ("task", [one(0)], [one(4)], [], None),
+        ("task", [], [one(0)], [], None),
+        ("task", [one(0), one(4)], [], [], None),
+        ("task", [one(8)], [], [one(0)], None),
+        ("task", [], [], [one(2)], None),  # meets two spans partly: indexed from here
+        ("lookup", one(0, 12), False),
+        ("forget", "a", 0),
+        ("task", [], [], [one(0)], None),
+        ("task", [one(0)], [], [], 1),
+    ]
+    read_cut = [  # a read cut by a write is no whole span: its bucket must leave tiled mode
+        ("task", [one(0)], [], [], None),
+        ("task", [], [], [one(2, 2)], None),
+        ("task", [], [], [one(2, 2)], None),  # follows task 1 only, not the read's task 0
+    ]
+    scanned = [  # more disjoint spans than a tiled bucket scans, then a read across two
+        *[("task", [], [], [one(lo, 1)], None) for lo in range(0, 20, 2)],
+        ("task", [one(3, 3)], [], [], None),
+        ("task", [], [], [one(13, 1)], None),
+        ("forget", "a", 10),
+    ]
+
     @_settings(stress_scale, 150)
     @given(ops)
     @example(cut)
     @example(strided)
+    @example(tiled)
+    @example(read_cut)
+    @example(scanned)
     def check(ops):
         fast, slow = TensorMap(), TensorMap()
         for task, op in enumerate(ops):
