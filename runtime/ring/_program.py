@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import numbers
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -60,6 +61,7 @@ HEAP = "heap"
 
 FLOAT32 = 4
 _NONE = ()
+_new = object.__new__
 _SPAN = operator.attrgetter("span")
 """The default of a submit's tensor arguments (the empty tuple, one object in CPython)."""
 RECLAIM_MODES = ("exact", "window")
@@ -147,7 +149,11 @@ class Tensor:
             lo = self.lo + offset * FLOAT32
             hi = lo + shape[0] * FLOAT32
             if self.lo <= lo and hi <= self.hi:
-                return Tensor._span(self.buffer, lo, hi, self.owner, self.scope)
+                view = _new(Tensor)  # Tensor._span(self.buffer, lo, hi, ...), inline
+                view._region, view.flat, view.owner, view.scope = None, True, self.owner, self.scope
+                buffer = view.buffer = self.buffer
+                view.lo, view.hi, view.span = lo, hi, (buffer, lo, hi)
+                return view
         region = Region(
             self.region.buffer, self.region.start_offset + offset, shape, strides, FLOAT32
         )
@@ -563,7 +569,10 @@ class Orchestrator:
                 base = -(-start // align) * align
                 if base // ring != (base + total - 1) // ring:  # never straddle the end
                     base = (base // ring + 1) * ring
-                out = Tensor._span(HEAP, base, base + size * FLOAT32, task_id, scope)
+                out = _new(Tensor)  # Tensor._span(HEAP, base, ..., task_id, scope), inline
+                out._region, out.flat, out.owner, out.scope = None, True, task_id, scope
+                hi = base + size * FLOAT32
+                out.buffer, out.lo, out.hi, out.span = HEAP, base, hi, (HEAP, base, hi)
                 return start, base + total, [out]
         ends, total = [], 0  # each output's end, from the slice's base
         for size in sizes:
@@ -596,7 +605,7 @@ class Orchestrator:
     def _submit(self, kind, name, inputs, inouts, writes, outputs, cost_ns) -> TaskRefs:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a kernel's name must be a non-empty str, got {name!r}")
-        if type(outputs) is not tuple and (
+        if type(outputs) not in (tuple, list) and (
             isinstance(outputs, (int, str)) or not hasattr(outputs, "__iter__")
         ):
             raise TypeError(f"outputs must be a sequence of sizes, got {outputs!r}")
@@ -702,13 +711,13 @@ class Orchestrator:
     def _finish(self, name: str, fatal: tuple[int, str] | None) -> Plan:
         cols = self._cols
         n = len(cols.kind)
-        close_pos = tuple(self._close_pos.get(i, n + 1) for i in range(n))
+        close_pos = tuple(map(self._close_pos.get, range(n), itertools.repeat(n + 1, n)))
         return Plan(
             name=name,
             tasks=PlannedTasks(cols),
             fatal=fatal,
             close_pos=close_pos,
-            consumers={k: tuple(v) for k, v in self._consumers.items()},
+            consumers=dict(zip(self._consumers, map(tuple, self._consumers.values()), strict=True)),
             externals=dict(self._externals),
             limits=self.limits,
             columns=cols,

@@ -802,7 +802,22 @@ class TensorMap:
             entry.live = entry._region = entry._bytes = None
             entry.flat = True
             entry.serial = next(serials)
-            bucket.add_span(entry)
+            tiles = bucket.tiles  # bucket.add_span(entry), inline for its common cases
+            same = None if tiles is None else tiles.get((lo, hi))
+            if same is not None:  # a span rewritten whole
+                same.append(entry)
+            elif tiles is not None and lo >= bucket.top:  # a span past every other
+                tiles[lo, hi] = [entry]
+                bucket.top = hi
+                if lo < bucket.bottom:
+                    bucket.bottom = lo
+            else:
+                bucket._place(entry)
+            bucket.count += 1
+            if lo < bucket.lo:
+                bucket.lo = lo
+            if hi > bucket.hi:
+                bucket.hi = hi
             self._count += 1
 
     def _matches(self, region: Region, readers: bool = False) -> list[tuple[_Entry, Overlap]]:
