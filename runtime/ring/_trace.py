@@ -234,8 +234,12 @@ def ground_truth_overwrites(plan: Plan) -> list[set[int]]:
 def _block_owners(block: np.ndarray, hi: list[int], when: int, early: set[int]) -> set[int]:
     """The heap owners in ``block`` (rows of elements; ``hi``: each row's maximum); those
     that had not ended by ``when`` join ``early``."""
-    owner = block[_OWNER]
-    owners = {hi[_OWNER]} if _least(owner) == hi[_OWNER] else _values(owner)
+    owner, top = block[_OWNER], hi[_OWNER]
+    if _least(owner) == top:  # one owner: it joins early when one element's owner end does
+        if when >= 0 and hi[_OEND] > when:
+            early.add(top)
+        return {top}
+    owners = _values(owner)
     if when >= 0 and hi[_OEND] > when:
         early |= _values(owner[block[_OEND] > when])
     return owners
@@ -424,8 +428,15 @@ class _Check:
                     else:
                         put(HEAP, where, _OWNER, t)
                         put(HEAP, where, _OEND, end)
-            reads = [(x.buffer, *located(x)) for x in cols.reads[t]]
-            written = [(x.buffer, *located(x)) for x in cols.writes[t]]
+            # an inout is one Tensor in both lists: located once, its block checked once for
+            # what reading and writing share (its owners; its maxima, before any update)
+            seen, reads, written = {}, [], []
+            for x in cols.reads[t]:
+                item = seen[id(x)] = (x.buffer, *located(x))
+                reads.append(item)
+            for x in cols.writes[t]:
+                item = seen.get(id(x))
+                written.append((x.buffer, *located(x)) if item is None else item)
             maxima = {}  # id of a read's rows -> each row's maximum before the task's updates
             owners: set[int] = set()
             late: set[int] = set()  # readers of overwritten elements that had not ended
@@ -447,9 +458,11 @@ class _Check:
                     owners |= self._owners(get, where, when, early)
             for buffer, where, rows in written:
                 if rows is not None:
-                    hi = _greatest(rows, 1).tolist()
-                    if buffer == HEAP:
-                        owners |= _block_owners(rows, hi, when, early)
+                    hi = maxima.get(id(rows))
+                    if hi is None:  # not read too (then its owners are in already)
+                        hi = _greatest(rows, 1).tolist()
+                        if buffer == HEAP:
+                            owners |= _block_owners(rows, hi, when, early)
                     if when >= 0:
                         if hi[_WEND] > when:
                             unordered |= _values(rows[_WRITER][rows[_WEND] > when])
@@ -587,7 +600,11 @@ class _Check:
             return
         ring, align = self.ring, self.align
         first, stop = (lo % ring) // align, (lo % ring + hi - lo) // align
-        previous = Counter(self.occupant[first:stop])  # older slice -> its blocks taken
+        taken = self.occupant[first:stop]
+        if taken and taken.count(taken[0]) == len(taken):  # one older slice (or none)
+            previous = {taken[0]: len(taken)}
+        else:
+            previous = Counter(taken)  # older slice -> its blocks taken
         self.occupant[first:stop] = [q] * (stop - first)
         self.held[q] = stop - first
         for p in sorted(previous):
