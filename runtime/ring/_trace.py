@@ -34,12 +34,13 @@ PAGE_BITS = 12
 first touch and dropped after the last task that touches it (program order): its memory follows
 the program's live data, not its length (the virtual heap grows with every task). Read when a
 check starts."""
-_WRITER, _WEND, _LATEST, _READER, _OWNER, _OEND = range(6)
+_WRITER, _WEND, _LATEST, _READER, _OWNER, _OEND, _UNOWNER = range(7)
 """Rows of a page: each element's last writer and that writer's end (its first end event's
 index), the latest end among the tasks that read it since its last write and that reader, and
 its heap owner and the owner's end (a write sets the first four rows at once, a read the
-middle two, an allocation the last two)."""
-_ROWS = 6
+middle two, an allocation the last three: the owner, its end, and minus the owner, so that
+one maximum per row tells whether a block has one owner)."""
+_ROWS = 7
 
 # a task's events: first claim (index, core), first alloc, first start (index, core), first
 # end, how many starts and ends, its last start or end
@@ -48,8 +49,8 @@ _NONE = (-1, -1, -1, -1, -1, -1, 0, 0, -1)
 _KINDS = {"claim": _CLAIM, "alloc": _ALLOC, "start": _START, "end": _END}
 
 
-_greatest, _least = np.maximum.reduce, np.minimum.reduce
-"""``ndarray.max`` and ``min`` without their Python wrapper (a block's rows are never empty)."""
+_greatest = np.maximum.reduce
+"""``ndarray.max`` without its Python wrapper (a block's rows are never empty)."""
 
 
 def _elements(region) -> np.ndarray:
@@ -121,6 +122,7 @@ class _Pages:
         rows = self.pages.get((buffer, page))
         if rows is None:
             rows = self.pages[buffer, page] = np.full((self.rows, self.size), -1, dtype=np.int64)
+            rows[_UNOWNER] = 1  # minus the owner -1 (none yet)
         return rows
 
     def get(self, buffer, where, row: int) -> np.ndarray:
@@ -234,11 +236,12 @@ def ground_truth_overwrites(plan: Plan) -> list[set[int]]:
 def _block_owners(block: np.ndarray, hi: list[int], when: int, early: set[int]) -> set[int]:
     """The heap owners in ``block`` (rows of elements; ``hi``: each row's maximum); those
     that had not ended by ``when`` join ``early``."""
-    owner, top = block[_OWNER], hi[_OWNER]
-    if _least(owner) == top:  # one owner: it joins early when one element's owner end does
+    top = hi[_OWNER]
+    if top == -hi[_UNOWNER]:  # one owner (its least is its greatest): it joins early when
         if when >= 0 and hi[_OEND] > when:
-            early.add(top)
+            early.add(top)  # one element's owner end does
         return {top}
+    owner = block[_OWNER]
     owners = _values(owner)
     if when >= 0 and hi[_OEND] > when:
         early |= _values(owner[block[_OEND] > when])
@@ -404,13 +407,12 @@ class _Check:
         plan, cols = self.plan, self.plan.columns
         n = len(cols.kind)
         pages = _Pages(plan, _ROWS)
-        locate, get, put, block = pages.locate, pages.get, pages.put, pages.block
-        located = pages.located
+        get, put, located = pages.get, pages.put, pages.located
         take, never, close_pos = self.events.take, self.never, plan.close_pos
         # column vectors a write, a read and an allocation set their rows of a block to
         wrote = np.full((_READER + 1, 1), -1, dtype=np.int64)
         read = np.empty((2, 1), dtype=np.int64)
-        owned = np.empty((2, 1), dtype=np.int64)
+        owned = np.empty((3, 1), dtype=np.int64)
         for t in range(n):
             ev = take(t)
             kernel = cols.kind[t] == "kernel"
@@ -419,15 +421,15 @@ class _Check:
             when = ev[_START] if kernel else ev[_END]
             outs = cols.outputs[t]
             if outs:
-                owned[0, 0], owned[1, 0] = t, end
+                owned[0, 0], owned[1, 0], owned[2, 0] = t, end, -t
                 for tensor in outs:
-                    where = locate(tensor)
-                    rows = block(HEAP, where)
+                    where, rows = located(tensor)
                     if rows is not None:
                         rows[_OWNER:] = owned
                     else:
                         put(HEAP, where, _OWNER, t)
                         put(HEAP, where, _OEND, end)
+                        put(HEAP, where, _UNOWNER, -t)
             # an inout is one Tensor in both lists: located once, its block checked once for
             # what reading and writing share (its owners; its maxima, before any update)
             seen, reads, written = {}, [], []
