@@ -21,6 +21,9 @@ mutant with only the tests that reach it. Three things keep that map and those r
   while other threads do too, as the thread tests do.
 - The memory history's stacks leave out mutmut's trampolines, as they leave out the
   allocator's own frames.
+- The first run, which mutmut runs in its own process, ends with its zygotes shut down and
+  every ended child reaped: mutmut then waits for its workers with ``os.wait()``, and took a
+  zygote that ended later for a worker (``KeyError``).
 - In a mutant's run, tests run fastest first (by the durations mutmut measured), so ``-x``
   stops a killed mutant early.
 """
@@ -134,3 +137,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     durations = state().duration_by_test
     items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After mutmut's first, unmutated run: shut down this run's zygotes and reap them.
+
+    That run is in mutmut's own process, which then waits for its mutants' workers with
+    ``os.wait()``: a zygote (or any child) of the run that ended later would be reaped there as
+    a worker mutmut does not know, and the whole run stopped with a ``KeyError``.
+    """
+    if _UNDER_TEST != "stats":
+        return
+    from harness import _forkserver
+
+    _forkserver._shutdown_at_exit()  # the root's goodbye: each zygote leaves and is reaped
+    while True:  # any other child that ended meanwhile (a zygote started and lost mid-run)
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

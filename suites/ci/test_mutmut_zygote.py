@@ -135,3 +135,36 @@ def test_a_hit_that_cannot_be_written_is_lost_quietly(tmp_path):
     hits.add("m.x_f")  # no such directory: the target's behaviour is untouched
 
     assert "m.x_f" in hits
+
+
+STATS_RUN_ENDS = """
+import os, time
+import harness
+from harness import _forkserver
+from suites import _mutmut
+
+_mutmut._UNDER_TEST = "stats"  # as in mutmut's first run, which is in mutmut's own process
+_mutmut._own_zygotes()
+outcome = harness.run_child("suites.ci.test_mutmut_zygote:zygote_modules", style="forkserver")
+zygote = _forkserver.current().pid
+lost_pid = os.fork()  # a child the run left unreaped (no Popen to reap it when dropped)
+if lost_pid == 0:
+    os._exit(0)
+while open(f"/proc/{lost_pid}/stat").read().split(") ")[1][0] != "Z":
+    time.sleep(0.01)
+_mutmut.pytest_unconfigure(None)
+try:  # mutmut's os.wait() for its first worker would get a pid here, or block on a zygote
+    left = "ended" if os.waitpid(-1, os.WNOHANG)[0] else "running"
+except ChildProcessError:
+    left = None
+print(outcome.kind, zygote != lost_pid, left)
+"""
+
+
+def test_the_stats_run_ends_with_its_zygotes_gone_and_every_ended_child_reaped():
+    # mutmut waits for its workers with os.wait(): a zygote of the stats run that ended later
+    # was taken for a worker, and the run stopped with KeyError (the harness._zygote run did)
+    ran = _python(STATS_RUN_ENDS)
+
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["exited", "True", "None"], ran.stdout + ran.stderr
