@@ -482,8 +482,10 @@ class _Engine:
         owners = self.heap_owners
         while self.tail < len(owners) and self._dead(owners[self.tail]):
             self.tail += 1
-        if self.tail < len(owners):
-            return self._first_byte(owners[self.tail])
+        if self.tail < len(owners):  # _first_byte, inline
+            p = owners[self.tail]
+            outputs = self.outputs[p]
+            return outputs[0].lo if outputs else self.start[p]
         return self.vend[owners[-1]] if owners else 0
 
     def _first_byte(self, p: int) -> int:

@@ -881,7 +881,11 @@ class TensorMap:
     def _record_read_span(self, span: Span, reader: int, written: Sequence[Span]) -> None:
         """:meth:`_record_read` for a span (read, less the bytes it writes itself)."""
         buffer, lo, hi = span
-        entry = _span_entry(buffer, lo, hi, reader)
+        entry = object.__new__(_Entry)  # _span_entry(buffer, lo, hi, reader), inline
+        entry.buffer, entry.lo, entry.hi, entry.producer = buffer, lo, hi, reader
+        entry.live = entry._region = entry._bytes = None
+        entry.flat = True
+        entry.serial = next(_serials)
         for wbuffer, wlo, whi in written:
             if wbuffer == buffer and wlo < hi and lo < whi and not _cut(entry, wlo, whi):
                 return
