@@ -447,7 +447,23 @@ class Orchestrator:
     def __init__(self, limits: PlanLimits) -> None:
         self.limits = limits
         self._tmap = TensorMap()
-        self._cols = Columns()
+        self._cols = cols = Columns()
+        self._appends = tuple(
+            getattr(cols, column).append
+            for column in (
+                "kind",
+                "name",
+                "start",
+                "end",
+                "outputs",
+                "reads",
+                "writes",
+                "deps",
+                "touches",
+                "cost_ns",
+                "refs",
+            )
+        )
         self._heap_next = 0
         self._scopes: list[_Scope] = [_Scope(0)]  # the root scope: never closes
         self._scope_ids = 1
@@ -695,18 +711,33 @@ class Orchestrator:
             owners = tuple(owners)
         else:
             deps, owners = fanin, ()
-        cols.kind.append(kind)
-        cols.name.append(name)
-        cols.start.append(start)
-        cols.end.append(end)
-        cols.outputs.append(outs)
-        cols.reads.append(inputs + inouts if inouts else inputs)
-        cols.writes.append(written)
-        cols.deps.append(deps)
-        cols.touches.append(owners)
-        cols.cost_ns.append(cost_ns)
-        cols.refs.append(0)
-        return TaskRefs(task_id, tuple(outs), cols.refs)
+        (  # the columns' bound append methods
+            add_kind,
+            add_name,
+            add_start,
+            add_end,
+            add_outputs,
+            add_reads,
+            add_writes,
+            add_deps,
+            add_touches,
+            add_cost,
+            add_refs,
+        ) = self._appends
+        add_kind(kind)
+        add_name(name)
+        add_start(start)
+        add_end(end)
+        add_outputs(outs)
+        add_reads(inputs + inouts if inouts else inputs)
+        add_writes(written)
+        add_deps(deps)
+        add_touches(owners)
+        add_cost(cost_ns)
+        add_refs(0)
+        refs = _new(TaskRefs)  # TaskRefs(task_id, tuple(outs), cols.refs), inline
+        refs.task, refs.outputs, refs._counts = task_id, tuple(outs), cols.refs
+        return refs
 
     def _finish(self, name: str, fatal: tuple[int, str] | None) -> Plan:
         cols = self._cols
