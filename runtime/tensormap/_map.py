@@ -677,9 +677,16 @@ class _Bucket:
         else:
             dropped = 0
         tiles = self.tiles
+        if tiles is not None and lo <= self.bottom and self.top <= hi and not self.pending:
+            taken = self.count  # every span lies within the range: all of them
+            self._clear()
+            return dropped + taken
         if tiles is not None and len(tiles) <= TILED_FORGET:
-            inside = [key for key in tiles if lo <= key[0] and key[1] <= hi]
-            taken = sum(len(tiles[key]) for key in inside)
+            inside, taken = [], 0
+            for key, same in tiles.items():
+                if lo <= key[0] and key[1] <= hi:
+                    inside.append(key)
+                    taken += len(same)
             if taken == self.count:  # all of them
                 self._clear()
             else:
