@@ -8,9 +8,11 @@ so that each promise is checked where a whole run could not see it (the mutation
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -250,13 +252,13 @@ def test_connecting_to_a_root_s_zygote_takes_its_pid_and_gives_up_on_a_silent_on
 # -- a request the zygote does not answer, or that cannot be sent ------------------------------
 
 
-def _request_and_capture():
+def _request_and_capture(timeout: float = 30):
     from harness._capture import Capture
     from harness._guard import table
     from harness._request import make_request
 
     target = "suites.harness._targets:give_back"
-    request = make_request(target, (), env=None, config=None, timeout=30)
+    request = make_request(target, (), env=None, config=None, timeout=timeout)
     return request, Capture(table())
 
 
@@ -308,4 +310,48 @@ def test_a_request_that_cannot_be_sent_is_not_forked_and_says_why(pair, monkeypa
 
     assert str(excinfo.value) == said  # an error with no words is named by its type
     assert excinfo.value.__cause__ is error
+    assert connection.closed is True
+
+
+def test_a_zygote_that_does_not_reap_a_killed_child_is_given_up_on_after_reply_s(pair, monkeypatch):
+    # the zygote says it forked a child (a real process, in a group of its own, that ignores
+    # SIGTERM), then says nothing more: past the deadline the child is killed, and the zygote,
+    # which reaps a killed child at once, is given up on REPLY_S after the SIGKILL
+    monkeypatch.setattr(_forkserver, "REPLY_S", 0.3)
+    hang = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", hang + "; time.sleep(60)"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    child.stdout.readline()  # SIGTERM is ignored from here on
+    connection = _forkserver.Connection((), pair[0], 1, None, None)
+    request, capture = _request_and_capture(timeout=0.2)
+
+    def zygote() -> None:
+        message, fds, _flags, _address = socket.recv_fds(pair[1], 1 << 16, 8)
+        for fd in fds:
+            os.close(fd)
+        forked = {"event": "forked", "id": json.loads(message)["id"], "pid": child.pid}
+        pair[1].send(json.dumps(forked).encode())
+
+    stand_in = threading.Thread(target=zygote, daemon=True)
+    stand_in.start()
+    hang_up = threading.Timer(15, pair[1].close)  # a run that would wait for ever ends here
+    hang_up.start()
+    try:
+        with capture:
+            ending = connection.run(request, capture)
+    finally:
+        hang_up.cancel()
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+    assert child.returncode == -9  # SIGKILL, after SIGTERM was ignored for the grace period
+    assert ending.error == (
+        f"the forkserver zygote failed: it did not reap child {child.pid} within 0.3 s"
+    )
     assert connection.closed is True
