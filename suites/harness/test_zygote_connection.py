@@ -329,6 +329,7 @@ def test_a_zygote_that_does_not_reap_a_killed_child_is_given_up_on_after_reply_s
     child.stdout.readline()  # SIGTERM is ignored from here on
     connection = _forkserver.Connection((), pair[0], 1, None, None)
     request, capture = _request_and_capture(timeout=0.2)
+    before = time.monotonic()
 
     def zygote() -> None:
         message, fds, _flags, _address = socket.recv_fds(pair[1], 1 << 16, 8)
@@ -354,4 +355,6 @@ def test_a_zygote_that_does_not_reap_a_killed_child_is_given_up_on_after_reply_s
     assert ending.error == (
         f"the forkserver zygote failed: it did not reap child {child.pid} within 0.3 s"
     )
+    assert ending.pid == child.pid  # the outcome still names the child
+    assert before <= ending.started_at <= before + 5  # its duration from the zygote's reply
     assert connection.closed is True
