@@ -358,3 +358,24 @@ def test_a_zygote_that_does_not_reap_a_killed_child_is_given_up_on_after_reply_s
     assert ending.pid == child.pid  # the outcome still names the child
     assert before <= ending.started_at <= before + 5  # its duration from the zygote's reply
     assert connection.closed is True
+
+
+def test_a_zygote_serves_its_root_after_the_root_s_connection_closed():
+    # a zygote leaves when its root is gone or said goodbye, not when its last client does:
+    # the root (or a process forked from it) that connects again finds the same zygote. A
+    # preload list of its own, so that this test starts that zygote (the mutation run maps a
+    # zygote's start-up and loop to the test that started it)
+    key = ("colorsys",)
+    first = _forkserver.connection(key)
+    assert first.popen is not None  # started here
+    try:
+        first.close()
+        time.sleep(0.5)  # the zygote has seen its only client go
+        second = _forkserver.connection(key)
+
+        assert second.pid == first.pid
+        assert second.popen is None  # connected to, by its name: not started again
+    finally:
+        _forkserver.connection(key).shut_down()
+        if os.getpid() == _forkserver.ROOT[0]:  # the root's goodbye: it leaves
+            assert first.popen.wait(timeout=10) == 0
