@@ -21,6 +21,7 @@ import pytest
 import harness
 from harness import _forkserver
 from harness._errors import HarnessError
+from harness._reap import GRACE_S
 
 
 class _Process:
@@ -345,6 +346,7 @@ def test_a_zygote_that_does_not_reap_a_killed_child_is_given_up_on_after_reply_s
     try:
         with capture:
             ending = connection.run(request, capture)
+        took = time.monotonic() - before
     finally:
         hang_up.cancel()
         child.kill()
@@ -356,6 +358,7 @@ def test_a_zygote_that_does_not_reap_a_killed_child_is_given_up_on_after_reply_s
         f"the forkserver zygote failed: it did not reap child {child.pid} within 0.3 s"
     )
     assert ending.pid == child.pid  # the outcome still names the child
+    assert took >= 0.2 + GRACE_S + 0.3  # deadline, SIGTERM's grace, then REPLY_S from SIGKILL
     assert before <= ending.started_at <= before + 5  # its duration from the zygote's reply
     assert connection.closed is True
 
