@@ -310,9 +310,8 @@ class Zygote:
             if self.listener is None and not (self.clients or self.children or self.handing):
                 break  # private: nobody can reach us any more
             self._step()
-        if self.spare is not None:  # never handed a request: it ran nothing of anyone's
-            _kill_group(self.spare.pid)
-            os.waitpid(self.spare.pid, 0)
+        # no spare is left: the step that found no client retired it, and it was reaped as a
+        # child of nobody's before the loop could end
         if self.listener is not None:
             self.listener.close()
 

@@ -22,6 +22,7 @@ import harness
 from harness import _forkserver
 from harness._errors import HarnessError
 from harness._reap import GRACE_S
+from suites.harness import _procs
 
 
 class _Process:
@@ -382,3 +383,47 @@ def test_a_zygote_serves_its_root_after_the_root_s_connection_closed():
         _forkserver.connection(key).shut_down()
         if os.getpid() == _forkserver.ROOT[0]:  # the root's goodbye: it leaves
             assert first.popen.wait(timeout=10) == 0
+
+
+def test_a_zygote_whose_name_is_taken_serves_privately_then_leaves_with_its_client():
+    # another zygote won the race for the name: this one serves the client that started it,
+    # and once that client is gone (nobody else can reach it) it leaves, its spare with it
+    key = ("colorsys", "wave")
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    squatter.bind("\0" + _forkserver.zygote_name(key))
+    squatter.listen(1)
+    try:
+        connection = _forkserver._start(key)
+        for _ in range(2):  # the second runs in the spare forked ahead after the first
+            request, capture = _request_and_capture()
+            with capture:
+                ending = connection.run(request, capture)
+            assert (ending.exit_code, ending.error) == (0, None)
+        time.sleep(0.2)  # the next spare is forked ahead
+        spares = _procs.children_of(connection.pid)
+        connection.close()
+
+        assert connection.popen.wait(timeout=10) == 0
+        assert spares and all(_procs.wait_until_dead(pid) for pid in spares)
+    finally:
+        squatter.close()
+
+
+def test_a_child_without_a_pidfd_is_seen_to_end_and_left_for_the_zygote_to_reap():
+    # where pidfd_open is missing the zygote polls its children with waitid: ended, not yet
+    # reaped (it reaps it itself, then kills what is left in its group)
+    from harness._zygote import Zygote
+
+    def ended(pid: int) -> bool:
+        return Zygote._ended(None, pid)  # type: ignore[arg-type]  # uses nothing of the zygote
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    assert ended(child.pid) is False
+    child.stdin.close()
+    deadline = time.monotonic() + 10
+    while not ended(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    assert ended(child.pid) is True
+    assert os.waitpid(child.pid, 0) == (child.pid, 0)  # its status is still there to reap
+    child.returncode = 0  # reaped here, not by the Popen
