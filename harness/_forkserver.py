@@ -213,11 +213,11 @@ class Connection:
         return ending_from_wait_status(pid, int(replies[-1]["status"]), not ended, deadline)
 
     def _receive(
-        self, capture: Capture | None, until: float | None, expected: str, ident: int | None
+        self, capture: Capture, until: float | None, expected: str, ident: int
     ) -> dict[str, Any] | None:
-        """The zygote's next message, which must be ``expected``; None once ``until`` passes."""
-        streams = capture.streams if capture is not None else ()
-        if not pump(streams, until, ready_fd=self.sock.fileno()):
+        """The zygote's next message, which must be ``expected``; None once ``until`` passes.
+        The child's streams are drained meanwhile."""
+        if not pump(capture.streams, until, ready_fd=self.sock.fileno()):
             return None
         data = self.sock.recv(1 << 16)
         if not data:
