@@ -767,15 +767,18 @@ def gc_paused() -> Iterator[None]:
     would otherwise walk every object the block made (a plan's 750,000 at 100,000 tasks:
     0.4 s) to find none to free. Process-wide: other threads' objects wait for the next
     collection after the block too, and a cycle left over from before or during the block
-    waits for the next full one."""
+    waits for the next full one. Not where the process keeps objects frozen (``gc.freeze``,
+    as the forkserver zygote does with what it preloaded): ``gc.unfreeze`` would hand them
+    back to the collector, so there the next young collection walks the block's objects."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
-            gc.freeze()
-            gc.unfreeze()
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
