@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -427,3 +428,73 @@ def test_a_child_without_a_pidfd_is_seen_to_end_and_left_for_the_zygote_to_reap(
     assert ended(child.pid) is True
     assert os.waitpid(child.pid, 0) == (child.pid, 0)  # its status is still there to reap
     child.returncode = 0  # reaped here, not by the Popen
+
+
+# -- how a zygote is started -------------------------------------------------------------------
+
+
+def test_a_zygote_starts_apart_from_the_test_process(monkeypatch):
+    # its own session (a terminal's signals to the test process's group do not reach it),
+    # /dev/null for stdin and stdout (a pipe that reads pytest's output to its end does not
+    # wait for the zygote), the start-up variables the test process started with (not one a
+    # test set for a while), and a socket that keeps each message one packet
+    monkeypatch.setenv("PYTHONDEVMODE", "1")  # set after this process started
+    key = ("colorsys", "sunau")
+    connection = _forkserver._start(key)
+    try:
+        pid = connection.pid
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+        assert os.getsid(pid) == pid
+        assert [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1)] == ["/dev/null"] * 2
+        assert b"PYTHONDEVMODE=1" not in environ
+        assert connection.sock.type == socket.SOCK_SEQPACKET
+    finally:
+        connection.shut_down()
+        if connection.popen is not None:  # not the root (pytest --forked): it leaves later
+            connection.popen.kill()
+            connection.popen.wait()
+
+
+def test_a_zygote_that_cannot_be_started_says_why_and_leaves_nothing_open(monkeypatch):
+    def popen(*args, **kwargs):
+        raise OSError("exec format error")
+
+    monkeypatch.setattr(_forkserver.subprocess, "Popen", popen)
+    before = sorted(os.listdir("/proc/self/fd"))
+
+    with pytest.raises(_forkserver.ZygoteFailure) as excinfo:
+        _forkserver._start(("colorsys",))
+
+    assert str(excinfo.value) == f"cannot start {sys.executable!r}: exec format error"
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_zygote_that_never_says_hello_is_given_up_on_and_killed(tmp_path, monkeypatch):
+    silent = tmp_path / "silent_zygote.py"
+    silent.write_text(
+        "import sys, time\nprint('about to sleep', file=sys.stderr)\ntime.sleep(60)\n"
+    )
+    monkeypatch.setattr(_forkserver, "ZYGOTE_PATH", str(silent))
+    monkeypatch.setattr(_forkserver, "STARTUP_S", 1.0)
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(_forkserver.subprocess, "Popen", popen)
+    hang_up = threading.Timer(20, lambda: started and started[0].kill())
+    hang_up.start()  # a start that would wait for ever for the hello ends here
+    begun = time.monotonic()
+    try:
+        with pytest.raises(_forkserver.ZygoteFailure) as excinfo:
+            _forkserver._start(("colorsys", "chunk"))
+    finally:
+        took = time.monotonic() - begun
+        hang_up.cancel()
+
+    assert "about to sleep" in str(excinfo.value)  # its stderr is quoted
+    assert started[0].returncode == -9  # killed, and reaped
+    assert took < 10  # given up on at STARTUP_S (1 s), not waited for until it was killed
