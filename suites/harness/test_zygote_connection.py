@@ -498,3 +498,23 @@ def test_a_zygote_that_never_says_hello_is_given_up_on_and_killed(tmp_path, monk
     assert "about to sleep" in str(excinfo.value)  # its stderr is quoted
     assert started[0].returncode == -9  # killed, and reaped
     assert took < 10  # given up on at STARTUP_S (1 s), not waited for until it was killed
+
+
+def _stdin_of_a_zygote_started_with_a_pipe_for_stdin() -> str:
+    """A death-test target: start a zygote while this process's stdin is a pipe."""
+    read_end, _write_end = os.pipe()
+    os.dup2(read_end, 0)
+    connection = _forkserver._start(("colorsys", "aifc"))
+    try:
+        return os.readlink(f"/proc/{connection.pid}/fd/0")
+    finally:
+        connection.popen.kill()
+        connection.popen.wait()
+        connection.close()
+
+
+def test_a_zygote_does_not_hold_the_test_process_s_stdin():
+    # in a fork of this process, whose stdin may already be /dev/null (CI, xdist)
+    outcome = harness.run_child(_stdin_of_a_zygote_started_with_a_pipe_for_stdin, style="fork")
+
+    assert outcome.assert_clean().returned == "/dev/null"
