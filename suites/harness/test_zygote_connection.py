@@ -518,3 +518,48 @@ def test_a_zygote_does_not_hold_the_test_process_s_stdin():
     outcome = harness.run_child(_stdin_of_a_zygote_started_with_a_pipe_for_stdin, style="fork")
 
     assert outcome.assert_clean().returned == "/dev/null"
+
+
+class _FailingConnection:
+    """Stands in for a connection whose run always fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.runs = 0
+
+    def run(self, request, capture):
+        self.runs += 1
+        raise self.error
+
+
+class _Capture:
+    renewed = 0
+
+    def renew(self) -> None:
+        self.renewed += 1
+
+
+@pytest.mark.parametrize(
+    "error, runs, said",
+    [
+        (_forkserver.Refused("no such module"), 1, "could not run the child: no such module"),
+        (_forkserver.NotForked("it exited"), 2, "failed: it exited (after one restart)"),
+        (
+            _forkserver.ZygoteFailure("no python"),
+            2,
+            "could not start: no python (after one restart)",
+        ),
+    ],
+    ids=["refused", "not-forked", "not-started"],
+)
+def test_a_failing_zygote_is_restarted_once_then_the_ending_says_why(
+    monkeypatch, error, runs, said
+):
+    failing = _FailingConnection(error)
+    monkeypatch.setattr(_forkserver, "connection", lambda: failing)
+    capture = _Capture()
+
+    ending = _forkserver.launch_forkserver(None, capture)  # type: ignore[arg-type]
+
+    assert ending.pid is None and ending.error == "the forkserver zygote " + said
+    assert (failing.runs, capture.renewed) == (runs, runs - 1)  # fresh channels for the retry
