@@ -1131,26 +1131,18 @@ def gather_spans(
         # an entry wholly inside the span dies at once (a whole span, or a strided entry
         # within its bounding range); others are cut
         # (an entry left with part of its bytes is no whole span: its bucket leaves tiled mode)
-        if wrote:
+        for entries, reads, buckets in ((wrote, False, writers), (read, True, readers)):
+            if not entries:
+                continue
             dead = [
                 e
-                for e in wrote
+                for e in entries
                 if (e.live is None and lo <= e.lo and e.hi <= hi) or not _cut(e, lo, hi)
             ]
             if dead:
-                tmap._remove(dead, False)
-            if len(dead) < len(wrote):
-                writers[buffer].leave_tiles()
-        if read:
-            dead = [
-                e
-                for e in read
-                if (e.live is None and lo <= e.lo and e.hi <= hi) or not _cut(e, lo, hi)
-            ]
-            if dead:
-                tmap._remove(dead, True)
-            if len(dead) < len(read):
-                readers[buffer].leave_tiles()
+                tmap._remove(dead, reads)
+            if len(dead) < len(entries):
+                buckets[buffer].leave_tiles()
     for span in inputs:
         tmap._record_read_span(span, task, written)
     return producers
