@@ -21,6 +21,9 @@ mutant with only the tests that reach it. Three things keep that map and those r
   while other threads do too, as the thread tests do.
 - The memory history's stacks leave out mutmut's trampolines, as they leave out the
   allocator's own frames.
+- A test that ran a forkserver child is mapped to the zygote's start-up and loop too
+  (:data:`ZYGOTE_START`): they run once, in the test that started the zygote, so mutmut's map
+  would tie them to that test alone, and a mutant of them would be run against it alone.
 - The first run, which mutmut runs in its own process, ends with its zygotes shut down and
   every ended child reaped: mutmut then waits for its workers with ``os.wait()``, and took a
   zygote that ended later for a worker (``KeyError``).
@@ -59,6 +62,22 @@ class _ThreadLocalCallStack(threading.local):
         self.value = previous
 
 
+FORKSERVER_RUN = "harness._forkserver.xǁConnectionǁrun"
+"""mutmut's name for :meth:`harness._forkserver.Connection.run` (a forkserver child ran)."""
+
+ZYGOTE_START = (
+    "harness._forkserver.x__start",
+    "harness._forkserver.x__hello",
+    "harness._zygote.x_main",
+    "harness._zygote.x__start_coverage",
+    "harness._zygote.x__load_child",
+    "harness._zygote.xǁZygoteǁ__init__",
+    "harness._zygote.xǁZygoteǁserve",
+)
+"""The functions that start a zygote and run its loop: called once, by the test that started
+it, but every test whose child the zygote forked depends on them."""
+
+
 class _ChildHits:
     """Collects the hits of the death-test children forked during a test, and those of the
     forkserver zygote and its children (``suites/_mutmut_zygote.py``)."""
@@ -86,6 +105,8 @@ class _ChildHits:
         for path in list(self.directory.iterdir()):
             hits.update(path.read_text(encoding="utf-8").split())
             path.unlink()
+        if FORKSERVER_RUN in hits:  # its child ran in a zygote: it depends on how that started
+            hits.update(ZYGOTE_START)
 
     def pytest_unconfigure(self, config) -> None:
         if self.owner:

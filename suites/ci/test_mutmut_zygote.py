@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from suites import _mutmut_zygote
+from suites import _mutmut, _mutmut_zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -168,3 +168,34 @@ def test_the_stats_run_ends_with_its_zygotes_gone_and_every_ended_child_reaped()
 
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["exited", "True", "None"], ran.stdout + ran.stderr
+
+
+TEARDOWN = """
+import json
+from suites import _mutmut
+
+class State:
+    _stats = set()
+
+state = State()
+hits = _mutmut._ChildHits(lambda: state)
+seen = []
+for stats in ({_mutmut.FORKSERVER_RUN, "harness._child.x_main"}, {"harness._child.x_main"}):
+    state._stats = set(stats)
+    hits.pytest_runtest_teardown(None, None)
+    seen.append(sorted(state._stats))
+hits.pytest_unconfigure(None)
+print(json.dumps(seen))
+"""
+
+
+def test_a_test_that_ran_a_forkserver_child_is_mapped_to_the_zygote_s_start_up():
+    # a zygote starts once, in one test; every test whose child it forked depends on how
+    ran = _python(TEARDOWN)
+
+    assert ran.returncode == 0, ran.stderr
+    forkserver, other = json.loads(ran.stdout)
+    assert forkserver == sorted(
+        {_mutmut.FORKSERVER_RUN, "harness._child.x_main", *_mutmut.ZYGOTE_START}
+    )
+    assert other == ["harness._child.x_main"]  # no forkserver child: nothing added
