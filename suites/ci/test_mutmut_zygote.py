@@ -199,3 +199,17 @@ def test_a_test_that_ran_a_forkserver_child_is_mapped_to_the_zygote_s_start_up()
         {_mutmut.FORKSERVER_RUN, "harness._child.x_main", *_mutmut.ZYGOTE_START}
     )
     assert other == ["harness._child.x_main"]  # no forkserver child: nothing added
+
+
+def test_the_zygote_start_up_names_are_functions_that_exist():
+    # mutmut's names ("<module>.x_<function>", "<module>.xǁ<Class>ǁ<method>"): a renamed
+    # function would leave a name that maps nothing, silently
+    import importlib
+
+    for name in (_mutmut.FORKSERVER_RUN, *_mutmut.ZYGOTE_START):
+        module, _, mangled = name.rpartition(".")
+        path = mangled[2:].split("ǁ") if mangled.startswith("xǁ") else [mangled[2:]]
+        found = importlib.import_module(module)
+        for part in filter(None, path):
+            found = getattr(found, part)
+        assert callable(found), name
