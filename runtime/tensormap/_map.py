@@ -798,7 +798,10 @@ class TensorMap:
         self._count += 1
 
     def insert_spans(self, spans: Iterable[Span], producer: int) -> None:
-        """:meth:`insert_span` for each ``(buffer, lo, hi)`` of ``spans``."""
+        """:meth:`insert_span` for each ``(buffer, lo, hi)`` of ``spans``: byte ranges
+        ``[lo, hi)`` with ``lo < hi``, in order, all written by ``producer`` (a task id). Its
+        arguments are not checked (the ring's path, issue 39 item 4); the map ends as after
+        one :meth:`insert_span` per span."""
         buckets, new, serials = self._buckets, object.__new__, _serials
         for buffer, lo, hi in spans:
             bucket = buckets.get(buffer)
