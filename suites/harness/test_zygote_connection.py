@@ -563,3 +563,90 @@ def test_a_failing_zygote_is_restarted_once_then_the_ending_says_why(
 
     assert ending.pid is None and ending.error == "the forkserver zygote " + said
     assert (failing.runs, capture.renewed) == (runs, runs - 1)  # fresh channels for the retry
+
+
+# -- when a zygote leaves: its root dead (not yet reaped), its clients gone ------------------
+
+_ORPHANED_ZYGOTE = r"""
+import ctypes, json, os, signal, sys, time
+
+# this process stands in for init: the zygote, and whatever it leaves unreaped, come to it
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+info, private = sys.argv[1], sys.argv[2] == "private"
+root = os.fork()
+if root == 0:  # the root: a child that hangs in a zygote of its own, and its socket held
+    import socket, subprocess, threading
+    from harness import _forkserver
+    from harness._capture import Capture
+    from harness._guard import table
+    from harness._request import make_request
+    if "MUTANT_UNDER_TEST" in os.environ:  # the zygote as the mutation run starts it
+        from suites._mutmut import _own_zygotes
+        _own_zygotes()
+    key = ("colorsys",)
+    if private:  # another zygote has the name: this one serves its client privately
+        squatter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        squatter.bind("\0" + _forkserver.zygote_name(key))
+        squatter.listen(1)
+    connection = _forkserver._start(key)
+    pid_file = info + ".child"
+    request = make_request(
+        "suites.harness._targets:spawn_sleepers_and_hang", (pid_file, 0),
+        env=None, config=None, timeout=120,
+    )
+    capture = Capture(table())
+    capture.__enter__()
+    threading.Thread(target=connection.run, args=(request, capture), daemon=True).start()
+    # a process that outlives the root holds the root's end of the socket
+    holder = subprocess.Popen(["sleep", "120"], pass_fds=(connection.sock.fileno(),))
+    while not os.path.exists(pid_file):
+        time.sleep(0.01)
+    with open(info + ".tmp", "w") as out:
+        json.dump({"zygote": connection.pid, "holder": holder.pid}, out)
+    os.rename(info + ".tmp", info)
+    os._exit(0)  # no goodbye: the root is gone
+
+signal.alarm(60)
+while not os.path.exists(info):
+    time.sleep(0.01)
+with open(info) as f:
+    pids = json.load(f)
+deadline, left = time.monotonic() + 15, False
+while not left and time.monotonic() < deadline:  # the root stays unreaped meanwhile
+    try:
+        left = os.waitpid(pids["zygote"], os.WNOHANG)[0] != 0
+    except ChildProcessError:  # not ours yet: the root has not ended
+        pass
+    time.sleep(0.02)
+os.kill(pids["holder"], signal.SIGKILL)
+reaped = []
+while True:
+    try:
+        reaped.append(os.waitpid(-1, 0)[0])
+    except ChildProcessError:
+        break
+print(json.dumps({"left": left, "reaped": reaped, "root": root, **pids}))
+"""
+
+
+@pytest.mark.parametrize("private", [False, True], ids=["named", "private"])
+def test_a_zygote_leaves_once_its_root_ended_and_reaps_what_it_killed(tmp_path, private):
+    # the root ends (unreaped: a zombie still has its /proc entry) while a child of it runs and
+    # another process holds its socket: the zygote sees both ends by pidfd (no end of file
+    # comes), kills the child, reaps it itself, and leaves. What it left unreaped would come
+    # to the nearest subreaper, the script here
+    info = tmp_path / "pids.json"
+    run = subprocess.run(
+        [sys.executable, "-c", _ORPHANED_ZYGOTE, str(info), "private" if private else "named"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    child = json.loads((tmp_path / "pids.json.child").read_text())["child"]
+
+    assert seen["left"] is True, "the zygote stayed while its root was a zombie"
+    # reaped after the zygote: the root and the socket's holder, and nothing the zygote left
+    assert sorted(seen["reaped"]) == sorted([seen["root"], seen["holder"]])
+    assert child not in seen["reaped"]  # it reaped its child before it left
