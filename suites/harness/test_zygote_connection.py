@@ -650,3 +650,23 @@ def test_a_zygote_leaves_once_its_root_ended_and_reaps_what_it_killed(tmp_path, 
     # reaped after the zygote: the root and the socket's holder, and nothing the zygote left
     assert sorted(seen["reaped"]) == sorted([seen["root"], seen["holder"]])
     assert child not in seen["reaped"]  # it reaped its child before it left
+
+
+def test_a_zygote_whose_root_s_pid_was_reused_leaves_with_its_last_client(monkeypatch):
+    # the root's pid names another process by the time the zygote starts (its start ticks
+    # differ): the root is gone, so the zygote leaves once its last client is; it does not
+    # wait for the process that now has the pid (here, the test process itself)
+    monkeypatch.setattr(_forkserver, "ROOT", (os.getpid(), "1"))
+    connection = _forkserver._start(("colorsys", "chunk"))
+    try:
+        request, capture = _request_and_capture()
+        with capture:
+            ending = connection.run(request, capture)
+        assert (ending.exit_code, ending.error) == (0, None)
+        connection.close()
+
+        assert connection.popen.wait(timeout=10) == 0
+    finally:
+        if connection.popen.poll() is None:
+            connection.popen.kill()
+            connection.popen.wait()
