@@ -670,3 +670,32 @@ def test_a_zygote_whose_root_s_pid_was_reused_leaves_with_its_last_client(monkey
         if connection.popen.poll() is None:
             connection.popen.kill()
             connection.popen.wait()
+
+
+@pytest.mark.parametrize("measuring", [True, False], ids=["measuring", "not-measuring"])
+def test_a_zygote_starts_coverage_from_the_variable_the_test_process_set(monkeypatch, measuring):
+    # coverage.py's .pth hook starts measuring too; this is for an interpreter that skipped it
+    # (python -S): the zygote asks coverage.py to start from COVERAGE_PROCESS_CONFIG itself
+    coverage = pytest.importorskip("coverage")
+    from harness._coverage import ENV_NAME
+    from harness._zygote import _start_coverage
+
+    calls = []
+    monkeypatch.setattr(coverage, "process_startup", lambda: calls.append(os.environ[ENV_NAME]))
+    monkeypatch.delenv(ENV_NAME, raising=False)
+    if measuring:
+        monkeypatch.setenv(ENV_NAME, "the test process's configuration")
+
+    _start_coverage()
+
+    assert calls == (["the test process's configuration"] if measuring else [])
+
+
+def test_a_zygote_without_coverage_py_runs_its_children_unmeasured(monkeypatch):
+    from harness._coverage import ENV_NAME
+    from harness._zygote import _start_coverage
+
+    monkeypatch.setenv(ENV_NAME, "the test process's configuration")
+    monkeypatch.setitem(sys.modules, "coverage", None)  # import coverage raises ImportError
+
+    _start_coverage()  # raises nothing
