@@ -1,7 +1,8 @@
 """Mutation testing with mutmut, one module at a time, with a score per module.
 
 Usage: ``.venv/bin/python ci/mutation.py [--module NAME ...] [--max-children N]
-[--min-score PCT] [--gate PREFIX] [--no-run] [--mutmut PATH] [--out reports/mutation.md]``
+[--min-score PCT] [--gate PREFIX] [--no-run | --resume] [--mutmut PATH]
+[--out reports/mutation.md]``
 
 mutmut is the one installed beside the interpreter that runs this script (``.venv/bin/mutmut``
 for ``.venv/bin/python``), so the virtual environment need not be activated; else the one on
@@ -17,6 +18,12 @@ mutmut's results from ``mutants/<path>.meta`` and prints a table: mutants, kille
 failed or timed out), equivalent (listed with a reason), survivors nobody explained, mutants no
 test reaches, the score ``killed / (mutants - equivalent)`` and the wall time. A whole run over
 ``allocator/`` takes the better part of an hour on 2 cores.
+
+mutmut runs every mutant a pattern names again, also those it killed before. ``--resume``
+names only the mutants with no result yet and the survivors not listed as equivalent (a test
+added since may kill them) instead, so an interrupted run goes on where it stopped. The killed
+keep their verdict, which a test weakened since is not checked against: the nightly runs
+without it.
 
 Equivalent mutants (a change no test can see, because the program behaves the same) are listed
 in ``ci/equivalent-mutants/<module>.txt``, one a line: ``<mutant name>  # <reason>``; blank
@@ -226,6 +233,17 @@ def read_exit_codes(path: Path, mutants_dir: Path | None = None) -> dict[str, in
         raise MutationError(f"{meta}: no mutmut results ({exc}); run without --no-run") from exc
 
 
+def pending(exit_codes: dict[str, int | None], equivalents: Iterable[Equivalent] = ()) -> list[str]:
+    """The mutants of ``exit_codes`` (mutant name -> mutmut's exit code) that ``--resume``
+    runs, sorted: those with no result yet, and the survivors not listed in ``equivalents``."""
+    listed = {entry.name for entry in equivalents}
+    return sorted(
+        name
+        for name, code in exit_codes.items()
+        if code is None or (code in SURVIVED_CODES and name not in listed)
+    )
+
+
 def find_mutmut(given: str | None = None) -> str:
     """The mutmut command to run: ``given`` (a path, or a name looked up on ``PATH``), else
     the ``mutmut`` installed beside this interpreter (``.venv/bin/mutmut`` when this runs as
@@ -251,8 +269,11 @@ def find_mutmut(given: str | None = None) -> str:
     return found
 
 
-def run_mutmut(module: str, max_children: int, mutmut: str) -> float:
-    """Run mutmut on ``module``'s mutants; return the wall time in seconds.
+def run_mutmut(
+    module: str, max_children: int, mutmut: str, names: list[str] | None = None
+) -> float:
+    """Run mutmut on ``module``'s mutants, or on those of ``names`` only (mutmut's full mutant
+    names; none runs nothing); return the wall time in seconds.
 
     mutmut copies the tree into ``mutants/``, ``__pycache__`` folders included, with the files'
     times: Python (and pytest's assertion rewriter) would then load the copied bytecode, whose
@@ -267,8 +288,13 @@ def run_mutmut(module: str, max_children: int, mutmut: str) -> float:
         MutationError: mutmut could not be started, or failed (its output is in the message).
     """
     start = time.monotonic()
-    command = [mutmut, "run", f"{module}.x*", "--max-children", str(max_children)]
-    print(f"+ {' '.join(command)}", flush=True)
+    if names is not None and not names:
+        print(f"+ {module}: every mutant has a verdict, nothing to resume", flush=True)
+        return 0.0
+    patterns = [f"{module}.x*"] if names is None else names
+    command = [mutmut, "run", *patterns, "--max-children", str(max_children)]
+    shown = command if names is None else [*command[:2], f"<{len(names)} mutants>", *command[-2:]]
+    print(f"+ {' '.join(shown)}", flush=True)
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(PYCACHE_DIR)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
@@ -385,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-run", action="store_true", help="report mutmut's last results without running it"
     )
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="run only the mutants with no result yet and the survivors (mutmut runs every"
+        " mutant of a module again, also those it killed); every one where none has a result",
+    )
+    parser.add_argument(
         "--mutmut",
         metavar="PATH",
         help="the mutmut command (default: the mutmut beside this Python, else the one on PATH)",
@@ -393,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_children < 1:
         parser.error(f"--max-children must be >= 1, got {args.max_children}")
+    if args.resume and args.no_run:
+        parser.error("--resume runs mutmut, --no-run does not: give one of them")
     if not 0 <= args.min_score <= 100:
         parser.error(f"--min-score must be between 0 and 100, got {args.min_score:g}")
     gates = args.gates or ["allocator"]
@@ -418,7 +452,11 @@ def main(argv: list[str] | None = None) -> int:
             # tests it has not seen, and loses the others' when the tests changed.
             (MUTANTS_DIR / "mutmut-stats.json").unlink(missing_ok=True)
         for module in args.modules or list(files):
-            seconds = None if args.no_run else run_mutmut(module, args.max_children, mutmut)
+            names = None
+            meta = MUTANTS_DIR / f"{files[module].as_posix()}.meta"
+            if args.resume and meta.exists():
+                names = pending(read_exit_codes(files[module]), load_equivalents(module))
+            seconds = None if args.no_run else run_mutmut(module, args.max_children, mutmut, names)
             result = tally(module, read_exit_codes(files[module]), load_equivalents(module))
             result.seconds = seconds
             results.append(result)

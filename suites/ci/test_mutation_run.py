@@ -210,3 +210,50 @@ def test_every_option_reaches_the_run_and_the_report(tmp_path, monkeypatch, caps
     assert mutation.main([*argv, "--gate", "harness", "--min-score", "100"]) == 0
     assert mutation.main([*argv, "--no-run", "--gate", "harness", "--min-score", "100"]) == 0
     assert log.read_text().count("run ") == 2  # --no-run ran nothing
+
+
+def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_survivors(
+    tmp_path, monkeypatch, capsys
+):
+    # mutmut runs every mutant a pattern names again; --resume names the ones left
+    mutants = tmp_path / "mutants"
+    log = tmp_path / "log"
+    fake = tmp_path / "fake-mutmut"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    fake.chmod(0o755)
+    equivalents = tmp_path / "equivalent-mutants"
+    equivalents.mkdir()
+    (equivalents / "allocator._locks.txt").write_text("allocator._locks.x_a__mutmut_4  # same\n")
+    monkeypatch.setattr(mutation, "MUTANTS_DIR", mutants)
+    monkeypatch.setattr(mutation, "PYCACHE_DIR", mutants / ".pycache")
+    monkeypatch.setattr(mutation, "EQUIVALENT_DIR", equivalents)
+    argv = ["--module", "allocator._locks", "--mutmut", str(fake), "--resume"]
+
+    # no results yet: every mutant, by the module's pattern
+    assert mutation.main([*argv, "--gate", "harness"]) == 1  # no results for the report
+    assert log.read_text() == "run allocator._locks.x* --max-children 2\n"
+    assert capsys.readouterr().out.startswith(f"+ {fake} run allocator._locks.x* ")
+
+    meta = mutants / "allocator" / "_locks.py.meta"
+    meta.parent.mkdir(parents=True)
+    codes = {"killed": 1, "timed_out": -24, "survived": 0, "equivalent": 0, "pending": None}
+    names = {key: f"allocator._locks.x_a__mutmut_{n}" for n, key in enumerate(codes, 1)}
+    meta.write_text(json.dumps({"exit_code_by_key": {names[k]: c for k, c in codes.items()}}))
+    log.unlink()
+    assert mutation.main([*argv, "--gate", "harness"]) == 0
+    assert log.read_text() == f"run {names['survived']} {names['pending']} --max-children 2\n"
+    assert capsys.readouterr().out.startswith(f"+ {fake} run <2 mutants> --max-children 2\n")
+
+    # nothing left: mutmut is not run
+    meta.write_text(json.dumps({"exit_code_by_key": {names["killed"]: 1, names["equivalent"]: 0}}))
+    log.unlink()
+    assert mutation.main([*argv, "--gate", "harness"]) == 0
+    assert not log.exists()
+    assert "every mutant has a verdict, nothing to resume" in capsys.readouterr().out
+
+
+def test_resume_and_no_run_together_are_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as exited:
+        mutation.main(["--resume", "--no-run"])
+    assert exited.value.code == 2
+    assert "--resume runs mutmut, --no-run does not: give one of them" in capsys.readouterr().err
