@@ -76,6 +76,8 @@ _MAX_MESSAGE = 1 << 16
 _MAX_FD = os.sysconf("SC_OPEN_MAX")
 _CHILD_FDS = 4  # request, stdout, stderr, status
 _SPARE_MESSAGE = 1 << 15  # bytes of a message to a spare at most (else it is not used)
+_MAX_DETAIL = 4000  # characters of the preload errors an "error" message quotes at most: at
+# 12 bytes a character as JSON escapes them, its message still fits the client's 64 KiB read
 
 
 def _load_child():
@@ -290,8 +292,8 @@ class Zygote:
         self._add_client(sock)
 
     def _add_client(self, sock: socket.socket) -> None:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", creds)
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+        pid, uid, _gid = struct.unpack("iII", creds)  # struct ucred: pid_t, uid_t, gid_t
         if uid != os.getuid():
             sock.close()
             return
@@ -494,6 +496,8 @@ class Zygote:
             for fd in (stdout_fd, stderr_fd, status_fd):
                 os.close(fd)
             detail = "; ".join(f"{name}: {error}" for name, error in errors.items())
+            if len(detail) > _MAX_DETAIL:
+                detail = f"{detail[:_MAX_DETAIL]}... ({len(detail) - _MAX_DETAIL} more characters)"
             client.send(
                 event="error",
                 id=ident,

@@ -23,7 +23,7 @@ import harness
 from harness import _forkserver
 from harness._errors import HarnessError
 from harness._reap import GRACE_S
-from suites.harness import _procs
+from suites.harness import _procs, _targets
 
 
 class _Process:
@@ -699,3 +699,45 @@ def test_a_zygote_without_coverage_py_runs_its_children_unmeasured(monkeypatch):
     monkeypatch.setitem(sys.modules, "coverage", None)  # import coverage raises ImportError
 
     _start_coverage()  # raises nothing
+
+
+def test_a_long_preload_error_is_cut_so_its_message_still_reaches_the_client(tmp_path, monkeypatch):
+    # a preload error of 100,000 characters made a message longer than the client reads (64
+    # KiB): "unreadable message" and a needless restart, where the error belongs to the caller
+    (tmp_path / "devmem_long_preload_error.py").write_text('raise ImportError("x" * 100_000)\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    harness.set_forkserver_preload(["devmem_long_preload_error"])
+    try:
+        outcome = harness.run_child(_targets.give_back, style="forkserver", timeout=30)
+    finally:
+        harness.set_forkserver_preload([])
+
+    cut = "devmem_long_preload_error: ImportError: " + "x" * (4000 - 40)
+    assert outcome.kind == "harness_error"
+    assert outcome.error == (
+        f"the forkserver zygote could not run the child: preloading failed ({cut}..."
+        f" ({100_040 - 4000} more characters)); see harness.set_forkserver_preload"
+    )
+
+
+def test_a_connection_that_leaves_without_a_hello_does_not_end_the_zygote():
+    # any process of ours may connect by the name; one that goes before it handed over a guard
+    # table (a hello) leaves nothing to unmap, and the zygote serves on
+    key = ("colorsys", "quopri")
+    connection = _forkserver._start(key)
+    try:
+        stray = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stray.connect("\0" + _forkserver.zygote_name(key))
+        stray.close()
+        time.sleep(0.3)  # the zygote has seen it go
+        request, capture = _request_and_capture()
+        with capture:
+            ending = connection.run(request, capture)
+
+        assert (ending.exit_code, ending.error) == (0, None)
+        assert connection.popen.poll() is None
+    finally:
+        popen = connection.popen
+        connection.close()
+        popen.kill()  # not the root's goodbye: a --forked test's root is pytest's
+        popen.wait()
