@@ -295,6 +295,75 @@ def test_a_zygote_that_does_not_say_it_forked_is_given_up_on_at_startup_s(pair, 
     assert connection.closed is True
 
 
+def _answered(pair, reply: bytes | None):
+    """Run a request over ``pair`` with the test as the zygote, which answers ``reply`` (None:
+    it hangs up instead); what ``run`` raised."""
+    connection = _forkserver.Connection((), pair[0], 1, None, None)
+    request, capture = _request_and_capture()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            connection.run(request, capture)
+        except BaseException as exc:  # handed to the test's thread
+            raised.append(exc)
+
+    with capture:
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        _message, fds, _flags, _address = socket.recv_fds(pair[1], 1 << 16, 8)
+        for fd in fds:
+            os.close(fd)
+        if reply is None:
+            pair[1].shutdown(socket.SHUT_RDWR)
+        else:
+            pair[1].send(reply)
+        runner.join(10)
+    assert not runner.is_alive(), "run() did not end on the zygote's answer"
+    assert connection.closed is (len(raised) == 1 and type(raised[0]) is _forkserver.NotForked)
+    return raised[0] if raised else None
+
+
+@pytest.mark.parametrize(
+    "reply, kind, said",
+    [
+        (None, _forkserver.NotForked, "it exited unexpectedly"),
+        (b"not json", _forkserver.NotForked, "unreadable message b'not json'"),
+        (b"{" + b"x" * 300, _forkserver.NotForked, f"unreadable message {b'{' + b'x' * 199!r}"),
+        (
+            b'{"event": "forked", "id": 7, "pid": PID}',
+            _forkserver.NotForked,
+            "expected a 'forked' message, got {'event': 'forked', 'id': 7, 'pid': PID}",
+        ),
+        (
+            b'{"event": "reaped", "id": 1}',
+            _forkserver.NotForked,
+            "expected a 'forked' message, got {'event': 'reaped', 'id': 1}",
+        ),
+        (b'{"event": "error", "id": 1, "message": "no"}', _forkserver.Refused, "no"),
+        (b'{"event": "error", "id": 1}', _forkserver.Refused, "None"),
+    ],
+    ids=["hung-up", "not-json", "long-garbage", "other-id", "other-event", "error", "bare-error"],
+)
+def test_each_wrong_answer_of_a_zygote_is_said_as_it_came(pair, reply, kind, said):
+    # an error is the zygote's refusal, quoted (the connection stays); anything else it says
+    # instead of "forked" breaks the protocol: not forked, with what came, the first 200 bytes.
+    # A pid in an answer is a process of the test's own, in a session of its own: a harness
+    # that took the answer would kill that process's group (a made-up pid, 1 say, would be
+    # some other process's, init's)
+    decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        if reply is not None:
+            reply = reply.replace(b"PID", str(decoy.pid).encode())
+        raised = _answered(pair, reply)
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+    assert type(raised) is kind
+    assert str(raised) == said.replace("PID", str(decoy.pid))
+
+
 @pytest.mark.parametrize(
     "error, said",
     [(ConnectionResetError(), "ConnectionResetError"), (OSError("boom"), "boom")],
