@@ -66,6 +66,27 @@ SURVIVED_CODES = {0}
 NO_TESTS_CODES = {5, 33}
 SKIPPED_CODES = {34, 37}
 
+ISOLATIONS = (
+    ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child"),
+    ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--kill-child"),
+)
+"""How mutmut is run in a PID namespace of its own, the first of these that works here (root's,
+else an unprivileged user's). Some mutants of the zygote's guard-table reader
+(``harness._zygote._pids_in``) read a pid at the wrong offset and SIGKILL that process group:
+1 (init's) among others, which took every process of the machine's session with it. In the
+namespace a pid names only mutmut's own processes."""
+
+_INIT = (
+    "import os, subprocess, sys\n"
+    "child = subprocess.Popen(sys.argv[1:])\n"
+    "while True:\n"
+    "    pid, status = os.wait()\n"
+    "    if pid == child.pid:\n"
+    "        sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+"""The namespace's pid 1: runs mutmut and reaps every process orphaned there (mutmut itself
+waits with ``os.wait()`` and would take an orphaned zygote for one of its workers)."""
+
 NOTHING_MATCHES = "Filtered for specific mutants, but nothing matches"
 """mutmut's complaint when a module has no mutant (no function, or only constants)."""
 
@@ -269,6 +290,22 @@ def find_mutmut(given: str | None = None) -> str:
     return found
 
 
+def isolation() -> list[str]:
+    """The command prefix that runs mutmut in a PID namespace of its own with a reaper for pid 1
+    (:data:`ISOLATIONS`, :data:`_INIT`), or ``[]`` where no namespace can be made here (not
+    Linux, no ``unshare``, neither root nor user namespaces)."""
+    for prefix in ISOLATIONS:
+        if shutil.which(prefix[0]) is None:
+            continue
+        try:
+            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return [*prefix, sys.executable, "-c", _INIT]
+    return []
+
+
 def run_mutmut(
     module: str, max_children: int, mutmut: str, names: list[str] | None = None
 ) -> float:
@@ -282,7 +319,8 @@ def run_mutmut(
     gives mutmut's runs a bytecode cache of their own; ``PYTHONDONTWRITEBYTECODE`` is dropped,
     so that cache is written: with it set, every exec-style child and forkserver zygote of the
     harness's suites compiled the mutated ``harness/_child.py`` (1.3 MB with its trampolines)
-    again, 1-2 s each, and the deadline tests timed out unmutated.
+    again, 1-2 s each, and the deadline tests timed out unmutated. mutmut runs in a PID
+    namespace of its own where one can be made (:func:`isolation`), and says so.
 
     Raises:
         MutationError: mutmut could not be started, or failed (its output is in the message).
@@ -295,11 +333,24 @@ def run_mutmut(
     command = [mutmut, "run", *patterns, "--max-children", str(max_children)]
     shown = command if names is None else [*command[:2], f"<{len(names)} mutants>", *command[-2:]]
     print(f"+ {' '.join(shown)}", flush=True)
+    sandbox = isolation()
+    if sandbox:
+        print(f"  (in a PID namespace of its own: {' '.join(sandbox[:-3])})", flush=True)
+    else:
+        print(
+            "  (no PID namespace can be made here: a mutant that signals a made-up process"
+            " group reaches this machine's processes)",
+            flush=True,
+        )
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(PYCACHE_DIR)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
         done = subprocess.run(
-            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            [*sandbox, *command],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
     except OSError as exc:
         raise MutationError(f"cannot run {mutmut}: {exc}") from exc

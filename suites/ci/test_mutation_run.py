@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,46 @@ def test_resume_and_no_run_together_are_refused_by_name(capsys):
         mutation.main(["--resume", "--no-run"])
     assert exited.value.code == 2
     assert "--resume runs mutmut, --no-run does not: give one of them" in capsys.readouterr().err
+
+
+def _parent_seen_by_mutmut(tmp_path, monkeypatch, status: int = 0, orphan: str = "") -> str:
+    """Run a stand-in mutmut that writes its parent's pid, runs ``orphan`` (shell) and exits
+    ``status``; what it wrote."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "mutmut"
+    fake.write_text(f'#!/bin/sh\necho "$PPID" > {seen}\n{orphan}\nexit {status}\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(mutation, "MUTANTS_DIR", tmp_path / "mutants")
+    monkeypatch.setattr(mutation, "PYCACHE_DIR", tmp_path / "mutants" / ".pycache")
+    mutation.run_mutmut("fine", 1, str(fake))
+    return seen.read_text().strip()
+
+
+def test_mutmut_runs_in_a_pid_namespace_of_its_own_under_a_reaper(tmp_path, monkeypatch, capsys):
+    # a mutant of the zygote's guard-table reader SIGKILLs a made-up process group (1 among
+    # others): in the namespace, only mutmut's own processes can be hit
+    if not mutation.isolation():
+        pytest.skip("no PID namespace can be made here (unshare: neither root nor user ns)")
+    started = time.monotonic()
+    # an orphan holding mutmut's output open: the run would wait for it, 600 s
+    seen = _parent_seen_by_mutmut(tmp_path, monkeypatch, orphan="(sleep 600 &)")
+
+    assert seen == "1"  # the namespace's reaper
+    assert time.monotonic() - started < 120  # the orphan died with the namespace
+    assert "(in a PID namespace of its own: unshare --pid" in capsys.readouterr().out
+    with pytest.raises(mutation.MutationError, match=r"\(status 3\)"):
+        _parent_seen_by_mutmut(tmp_path, monkeypatch, status=3)  # its status comes through
+
+
+def test_without_a_pid_namespace_mutmut_runs_as_it_is_and_the_run_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(mutation, "isolation", list)
+
+    assert _parent_seen_by_mutmut(tmp_path, monkeypatch) == str(os.getpid())
+    assert "no PID namespace can be made here" in capsys.readouterr().out
+
+
+def test_isolation_is_none_where_unshare_is_missing(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert mutation.isolation() == []
