@@ -291,10 +291,26 @@ _lock = threading.Lock()
 _abandoned: list[object] = []  # inherited zygote handles of a forked process: never touched
 
 
+def _pid_namespace() -> int:
+    """The inode of this process's PID namespace (0 where ``/proc`` does not say)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def zygote_name(key: tuple[str, ...]) -> str:
-    """The abstract socket name of the zygote of this root for preload list ``key``."""
+    """The abstract socket name of the zygote of this root for preload list ``key``.
+
+    Abstract names are per network namespace, which the containers of one pod share while
+    each has pids of its own: the root's PID namespace is in the name too, so two roots with
+    the same pid and start time there (mutation runs in namespaces of their own, started in the
+    same clock tick) never share a zygote.
+    """
     digest = zlib.crc32(
-        json.dumps([key, sys.executable, ZYGOTE_PATH, interpreter_flags()]).encode()
+        json.dumps(
+            [key, sys.executable, ZYGOTE_PATH, interpreter_flags(), _pid_namespace()]
+        ).encode()
     )
     return f"devmem-harness-{os.getuid()}-{ROOT[0]}-{ROOT[1]}-{digest:08x}"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -220,6 +221,30 @@ def test_a_zygote_s_name_says_whose_it_is(monkeypatch):
 
     assert name.startswith(f"devmem-harness-{os.getuid()}-12345-678-")
     assert name != _forkserver.zygote_name(())  # another preload list, another zygote
+
+
+def test_a_root_in_another_pid_namespace_has_another_zygote_name():
+    # the same pid and start time in another PID namespace (a pod's other container, which
+    # shares the network namespace and so the abstract names): another root, another zygote
+    unshare = shutil.which("unshare")
+    ours = [sys.executable, "-c", _NAME_OF_ROOT_12345]
+    theirs = [unshare, "--pid", "--fork", *ours] if unshare else None
+    if theirs is None or subprocess.run([*theirs[:3], "true"], capture_output=True).returncode:
+        pytest.skip("no PID namespace can be made here (unshare needs root)")
+    names = [
+        subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+        for command in (ours, ours, theirs)
+    ]
+
+    assert names[0] == names[1]  # the same root's, in the same namespace
+    assert names[2] != names[0]
+
+
+_NAME_OF_ROOT_12345 = (
+    "from harness import _forkserver\n"
+    "_forkserver.ROOT = (12345, '678')\n"
+    "print(_forkserver.zygote_name(('numpy',)))\n"
+)
 
 
 def test_connecting_to_a_root_s_zygote_takes_its_pid_and_gives_up_on_a_silent_one(monkeypatch):
