@@ -78,6 +78,11 @@ namespace a pid names only mutmut's own processes."""
 
 _INIT = (
     "import os, subprocess, sys\n"
+    "try:\n"
+    "    with open('/proc/sys/kernel/ns_last_pid', 'w') as last:\n"
+    "        last.write('999999')\n"
+    "except OSError:\n"
+    "    pass\n"
     "child = subprocess.Popen(sys.argv[1:])\n"
     "while True:\n"
     "    pid, status = os.wait()\n"
@@ -85,7 +90,10 @@ _INIT = (
     "        sys.exit(os.waitstatus_to_exitcode(status))\n"
 )
 """The namespace's pid 1: runs mutmut and reaps every process orphaned there (mutmut itself
-waits with ``os.wait()`` and would take an orphaned zygote for one of its workers)."""
+waits with ``os.wait()`` and would take an orphaned zygote for one of its workers). It first
+moves the namespace's pids to 1,000,000 and up: the made-up pids those mutants read are parts
+of real ones (``234`` of ``1234``), so with seven-digit pids none names a live process (with
+small ones they named mutmut's own, and the run died)."""
 
 NOTHING_MATCHES = "Filtered for specific mutants, but nothing matches"
 """mutmut's complaint when a module has no mutant (no function, or only constants)."""

@@ -265,7 +265,9 @@ def _parent_seen_by_mutmut(tmp_path, monkeypatch, status: int = 0, orphan: str =
     ``status``; what it wrote."""
     seen = tmp_path / "seen"
     fake = tmp_path / "mutmut"
-    fake.write_text(f'#!/bin/sh\necho "$PPID" > {seen}\n{orphan}\nexit {status}\n')
+    fake.write_text(
+        f'#!/bin/sh\necho "$PPID" > {seen}\necho "$$" > {seen}.pid\n{orphan}\nexit {status}\n'
+    )
     fake.chmod(0o755)
     monkeypatch.setattr(mutation, "MUTANTS_DIR", tmp_path / "mutants")
     monkeypatch.setattr(mutation, "PYCACHE_DIR", tmp_path / "mutants" / ".pycache")
@@ -283,6 +285,8 @@ def test_mutmut_runs_in_a_pid_namespace_of_its_own_under_a_reaper(tmp_path, monk
     seen = _parent_seen_by_mutmut(tmp_path, monkeypatch, orphan="(sleep 600 &)")
 
     assert seen == "1"  # the namespace's reaper
+    pid = int((tmp_path / "seen.pid").read_text())
+    assert pid >= 1_000_000  # a part of a pid names no process (see mutation._INIT)
     assert time.monotonic() - started < 120  # the orphan died with the namespace
     assert "(in a PID namespace of its own: unshare --pid" in capsys.readouterr().out
     with pytest.raises(mutation.MutationError, match=r"\(status 3\)"):
