@@ -835,3 +835,47 @@ def test_a_connection_that_leaves_without_a_hello_does_not_end_the_zygote():
         connection.close()
         popen.kill()  # not the root's goodbye: a --forked test's root is pytest's
         popen.wait()
+
+
+# -- guard(): a zygote holds this process's guard table before a fork or exec child starts ----
+
+
+def test_guard_tries_twice_then_says_why_no_zygote_guards_the_child(monkeypatch):
+    tries: list[int] = []
+
+    def connection() -> None:
+        tries.append(1)
+        if len(tries) <= 2:
+            raise _forkserver.ZygoteFailure(f"failure {len(tries)}")
+
+    monkeypatch.setattr(_forkserver, "connection", connection)
+    monkeypatch.setattr(_forkserver, "_guarded_until", 0.0)
+
+    said = _forkserver.guard()
+
+    assert len(tries) == 2  # once, and once more: never a third time
+    assert said == (
+        "no zygote to guard the child (the process that kills the child's process group if "
+        "this one dies) could be reached or started: failure 2"
+    )
+
+
+def test_a_forked_process_does_not_trust_its_parent_s_guard(monkeypatch):
+    # the parent's zygote holds the parent's table: a process forked from it, even right after
+    # the parent's check, has a zygote take its own table before its first child
+    monkeypatch.setattr(_forkserver, "GUARD_CHECK_S", 600.0)  # the parent's check still holds
+    assert _forkserver.guard() is None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the forked process reports through the pipe)
+        try:
+            found = _forkserver.guard(), _forkserver.current() is not None
+            os.write(write, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read()
+    assert os.waitpid(pid, 0)[1] == 0
+
+    assert json.loads(said) == [None, True]  # guarded, by a connection of its own
