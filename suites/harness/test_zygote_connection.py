@@ -879,3 +879,18 @@ def test_a_forked_process_does_not_trust_its_parent_s_guard(monkeypatch):
     assert os.waitpid(pid, 0)[1] == 0
 
     assert json.loads(said) == [None, True]  # guarded, by a connection of its own
+
+
+def test_a_zygote_found_alive_is_trusted_for_guard_check_s(monkeypatch):
+    # a check per child would cost the fork style much of its speed: one guard() holds for
+    # GUARD_CHECK_S, in the process that made it
+    calls: list[int] = []
+    monkeypatch.setattr(_forkserver, "connection", lambda: calls.append(1))
+    monkeypatch.setattr(_forkserver, "_guarded_until", 0.0)
+    monkeypatch.setattr(_forkserver, "GUARD_CHECK_S", 600.0)
+
+    assert [_forkserver.guard() for _ in range(3)] == [None] * 3
+    assert len(calls) == 1
+    monkeypatch.setattr(_forkserver, "_guarded_until", time.monotonic() - 0.001)  # it ran out
+    assert _forkserver.guard() is None
+    assert len(calls) == 2
