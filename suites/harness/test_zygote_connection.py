@@ -894,3 +894,47 @@ def test_a_zygote_found_alive_is_trusted_for_guard_check_s(monkeypatch):
     monkeypatch.setattr(_forkserver, "_guarded_until", time.monotonic() - 0.001)  # it ran out
     assert _forkserver.guard() is None
     assert len(calls) == 2
+
+
+def test_a_gone_client_s_unread_messages_are_read_and_its_runs_dropped():
+    # a client can go with messages the zygote has not read yet: its hello's guard table is
+    # still taken (and each child in it killed), a run is never forked for it (its descriptors
+    # are closed), and nothing else is answered. A zygote in this process, over a socket pair
+    from harness._child import SEAL_BYTES, start_ticks
+    from harness._zygote import Zygote
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = Zygote(theirs, os.getpid(), start_ticks(os.getpid()), None)
+    client = next(iter(zygote.clients.values()))
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a child in its table
+    table = os.memfd_create("guard-table")
+    os.ftruncate(table, 2 * SEAL_BYTES)
+    os.pwrite(table, f"{sleeper.pid}\n".encode(), SEAL_BYTES)
+    pipes = [os.pipe() for _ in range(4)]
+    try:
+        socket.send_fds(ours, [b'{"op": "hello"}'], [table])
+        run = json.dumps({"op": "run", "id": 1, "seal_offset": SEAL_BYTES}).encode()
+        socket.send_fds(ours, [run], [w for _, w in pipes])
+        for _, w in pipes:
+            os.close(w)
+
+        zygote._gone(client)
+
+        assert sleeper.wait(timeout=10) == -9  # killed: its pid was in the table
+        for r, _ in pipes:  # the zygote closed the run's descriptors: every write end is shut
+            os.set_blocking(r, False)
+            assert os.read(r, 1) == b""
+        replies = []
+        while data := ours.recv(1 << 16, socket.MSG_DONTWAIT):  # b"": the zygote hung up
+            replies.append(json.loads(data))
+        assert replies == [{"event": "ready", "pid": os.getpid()}]
+        assert zygote.clients == {}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for r, _ in pipes:
+            os.close(r)
+        os.close(table)
+        ours.close()
+        if zygote.root_fd is not None:
+            os.close(zygote.root_fd)
