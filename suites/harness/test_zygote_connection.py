@@ -888,6 +888,7 @@ def test_a_zygote_found_alive_is_trusted_for_guard_check_s(monkeypatch):
     monkeypatch.setattr(_forkserver, "connection", lambda: calls.append(1))
     monkeypatch.setattr(_forkserver, "_guarded_until", 0.0)
     monkeypatch.setattr(_forkserver, "GUARD_CHECK_S", 600.0)
+    monkeypatch.setattr(_forkserver, "_owner", os.getpid())  # adopted (pytest --forked)
 
     assert [_forkserver.guard() for _ in range(3)] == [None] * 3
     assert len(calls) == 1
