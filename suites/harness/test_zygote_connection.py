@@ -913,11 +913,11 @@ def test_a_gone_client_s_unread_messages_are_read_and_its_runs_dropped():
     os.pwrite(table, f"{sleeper.pid}\n".encode(), SEAL_BYTES)
     pipes = [os.pipe() for _ in range(4)]
     try:
-        socket.send_fds(ours, [b'{"op": "hello"}'], [table])
         run = json.dumps({"op": "run", "id": 1, "seal_offset": SEAL_BYTES}).encode()
-        socket.send_fds(ours, [run], [w for _, w in pipes])
+        socket.send_fds(ours, [run], [w for _, w in pipes])  # dropped, and the next one read
         for _, w in pipes:
             os.close(w)
+        socket.send_fds(ours, [b'{"op": "hello"}'], [table])
 
         zygote._gone(client)
 
