@@ -21,9 +21,10 @@ test reaches, the score ``killed / (mutants - equivalent)`` and the wall time. A
 
 mutmut runs every mutant a pattern names again, also those it killed before. ``--resume``
 names only the mutants with no result yet and the survivors not listed as equivalent (a test
-added since may kill them) instead, so an interrupted run goes on where it stopped. The killed
-keep their verdict, which a test weakened since is not checked against: the nightly runs
-without it.
+added since may kill them) instead, so an interrupted run goes on where it stopped; then, once
+more, those of functions changed since the last run, whose verdicts mutmut dropped when it
+made the mutants again. The killed keep their verdict, which a test weakened since is not
+checked against: the nightly runs without it.
 
 Equivalent mutants (a change no test can see, because the program behaves the same) are listed
 in ``ci/equivalent-mutants/<module>.txt``, one a line: ``<mutant name>  # <reason>``; blank
@@ -516,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.resume and meta.exists():
                 names = pending(read_exit_codes(files[module]), load_equivalents(module))
             seconds = None if args.no_run else run_mutmut(module, args.max_children, mutmut, names)
+            if names is not None:  # mutmut dropped the verdicts of functions changed since
+                reset = [n for n, c in read_exit_codes(files[module]).items() if c is None]
+                if reset:
+                    seconds += run_mutmut(module, args.max_children, mutmut, sorted(reset))
             result = tally(module, read_exit_codes(files[module]), load_equivalents(module))
             result.seconds = seconds
             results.append(result)

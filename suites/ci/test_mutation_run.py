@@ -242,7 +242,10 @@ def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_surv
     meta.write_text(json.dumps({"exit_code_by_key": {names[k]: c for k, c in codes.items()}}))
     log.unlink()
     assert mutation.main([*argv, "--gate", "harness"]) == 0
-    assert log.read_text() == f"run {names['survived']} {names['pending']} --max-children 2\n"
+    assert log.read_text().splitlines() == [
+        f"run {names['survived']} {names['pending']} --max-children 2",
+        f"run {names['pending']} --max-children 2",  # still without a verdict: once more
+    ]
     assert capsys.readouterr().out.startswith(f"+ {fake} run <2 mutants> --max-children 2\n")
 
     # nothing left: mutmut is not run
@@ -305,3 +308,41 @@ def test_without_a_pid_namespace_mutmut_runs_as_it_is_and_the_run_says_so(
 def test_isolation_is_none_where_unshare_is_missing(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert mutation.isolation() == []
+
+
+def test_resume_runs_again_the_mutants_whose_verdicts_mutmut_dropped(tmp_path, monkeypatch):
+    # a function changed since the last run: mutmut makes its mutants again and drops their
+    # verdicts, so they were not among the names; --resume runs them in a second pass
+    mutants = tmp_path / "mutants"
+    log = tmp_path / "log"
+    meta = mutants / "allocator" / "_locks.py.meta"
+    name = "allocator._locks.x_a__mutmut_{}".format
+    after = {"1": {name(1): None, name(2): 1}, "2": {name(1): 1, name(2): 1}}
+    fake = tmp_path / "fake-mutmut"
+    # each call logs its arguments, then leaves the verdicts a real mutmut would: the first
+    # drops mutant 1's (its function changed) and kills 2; the second kills 1
+    fake.write_text(
+        f'#!/bin/sh\necho "$@" >> {log}\nn=$(wc -l < {log})\ncp {tmp_path}/after-$n.json {meta}\n'
+    )
+    fake.chmod(0o755)
+    for call, codes in after.items():
+        (tmp_path / f"after-{call}.json").write_text(json.dumps({"exit_code_by_key": codes}))
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {name(1): 1, name(2): None}}))
+    monkeypatch.setattr(mutation, "MUTANTS_DIR", mutants)
+    monkeypatch.setattr(mutation, "PYCACHE_DIR", mutants / ".pycache")
+    monkeypatch.setattr(mutation, "EQUIVALENT_DIR", tmp_path)
+    argv = ["--module", "allocator._locks", "--mutmut", str(fake), "--resume", "--gate", "x"]
+
+    assert mutation.main(argv) == 0
+
+    assert log.read_text().splitlines() == [
+        f"run {name(2)} --max-children 2",  # the one without a verdict
+        f"run {name(1)} --max-children 2",  # the one whose verdict was dropped
+    ]
+    assert (
+        mutation.tally(
+            "allocator._locks", json.loads(meta.read_text())["exit_code_by_key"], []
+        ).killed
+        == 2
+    )
