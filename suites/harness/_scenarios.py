@@ -160,6 +160,11 @@ def sigkill_a_pytest_process(folder: str) -> dict:
     with open(os.path.join(folder, "test_inner.py"), "w") as out:
         out.write(SIGKILLED_PYTEST)
     env = {**os.environ, "SURVIVORS_DIR": folder, "PYTHONPATH": os.pathsep.join(sys.path)}
+    if env.get("MUTANT_UNDER_TEST") == "stats":
+        # under mutmut's first run the inner pytest's trampolines (harness._child's start_ticks
+        # runs at import) would look for mutmut's configuration in ``folder``: run it
+        # unmutated there (a mutant's run still applies)
+        env["MUTANT_UNDER_TEST"] = ""
     inner = subprocess.Popen(
         [
             sys.executable,
