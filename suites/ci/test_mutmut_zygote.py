@@ -213,3 +213,31 @@ def test_the_zygote_start_up_names_are_functions_that_exist():
         for part in filter(None, path):
             found = getattr(found, part)
         assert callable(found), name
+
+
+class _Item:
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+
+@pytest.mark.parametrize("mutated", [True, False], ids=["child-mutated", "child-not-mutated"])
+def test_frame_counting_tests_are_deselected_where_the_child_side_is_mutated(monkeypatch, mutated):
+    # mutmut's trampolines add frames between a target and harness._child.run_child
+    from harness import _child
+
+    monkeypatch.setattr(_mutmut, "_UNDER_TEST", "stats")
+    if mutated:
+        monkeypatch.setattr(_child, "x_run_child__mutmut_orig", _child.run_child, raising=False)
+    deselected: list = []
+    config = type("Config", (), {})()
+    config.hook = type(
+        "Hook", (), {"pytest_deselected": lambda self, items: deselected.extend(items)}
+    )()
+    frames = _Item("suites/harness/test_report_frames.py::test_x[fork]")
+    other = _Item("suites/harness/test_child.py::test_y")
+    items = [frames, other]
+
+    _mutmut.pytest_collection_modifyitems(config, items)
+
+    assert items == ([other] if mutated else [frames, other])
+    assert deselected == ([frames] if mutated else [])
