@@ -240,6 +240,16 @@ def test_a_root_in_another_pid_namespace_has_another_zygote_name():
     assert names[2] != names[0]
 
 
+def test_the_pid_namespace_is_read_from_proc_or_is_0(monkeypatch):
+    assert _forkserver._pid_namespace() == os.stat("/proc/self/ns/pid").st_ino != 0
+
+    def stat(path, *args, **kwargs):
+        raise FileNotFoundError(path)  # no /proc (or no namespaces): every root alike
+
+    monkeypatch.setattr(_forkserver.os, "stat", stat)
+    assert _forkserver._pid_namespace() == 0
+
+
 _NAME_OF_ROOT_12345 = (
     "from harness import _forkserver\n"
     "_forkserver.ROOT = (12345, '678')\n"
