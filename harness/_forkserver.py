@@ -163,13 +163,17 @@ class Connection:
                 reply = self._receive(capture, time.monotonic() + STARTUP_S, "forked", ident)
                 if reply is None:
                     raise ZygoteFailure(f"it did not fork a child within {STARTUP_S:g} s")
+                # a child's pid, above init's: the child's group is killed by it, and 0 (or a
+                # negative pid) would be this process's group, 1 the whole machine's init's
+                if type(reply.get("pid")) is not int or reply["pid"] <= 1:
+                    raise ZygoteFailure(f"a 'forked' message without a child's pid: {reply!r}")
             except (OSError, ZygoteFailure) as exc:
                 self.close()
                 raise NotForked(str(exc) or type(exc).__name__) from exc
             # The deadline starts when the zygote says it forked: its preloading, at its first
             # child, is not the child's time (nor part of its duration).
             deadline = Deadline.start(request.timeout_s)
-            pid = int(reply["pid"])
+            pid = reply["pid"]
             try:
                 return self._wait(pid, ident, capture, deadline)
             except (OSError, ZygoteFailure) as exc:

@@ -949,3 +949,57 @@ def test_a_gone_client_s_unread_messages_are_read_and_its_runs_dropped():
         ours.close()
         if zygote.root_fd is not None:
             os.close(zygote.root_fd)
+
+
+_BAD_FORKED_PID = r"""
+import json, os, socket, sys, threading
+from harness import _forkserver
+from suites.harness.test_zygote_connection import _request_and_capture
+
+os.setsid()  # a harness that took the pid would kill this group (0: the caller's), no other
+ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+connection = _forkserver.Connection((), ours, 1, None, None)
+request, capture = _request_and_capture()
+raised = []
+
+def run():
+    try:
+        connection.run(request, capture)
+    except BaseException as exc:
+        raised.append(exc)
+
+with capture:
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    _message, fds, _flags, _address = socket.recv_fds(theirs, 1 << 16, 8)
+    for fd in fds:
+        os.close(fd)
+    theirs.send(sys.argv[1].encode())
+    runner.join(10)
+print(json.dumps([type(exc).__name__ for exc in raised] + [str(exc) for exc in raised]))
+"""
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"event": "forked", "id": 1, "pid": 0}',
+        '{"event": "forked", "id": 1, "pid": "0"}',
+        '{"event": "forked", "id": 1, "pid": false}',
+        '{"event": "forked", "id": 1}',
+    ],
+    ids=["zero", "str", "bool", "missing"],
+)
+def test_a_forked_message_without_a_child_s_pid_is_not_taken(reply):
+    # the child's group is killed by its pid: 0 would be the test process's own group (so the
+    # check runs in a process of its own session, whose group is all that 0 could reach)
+    done = subprocess.run(
+        [sys.executable, "-c", _BAD_FORKED_PID, reply],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    expected = f"a 'forked' message without a child's pid: {json.loads(reply)!r}"
+    assert json.loads(done.stdout) == ["NotForked", expected]
