@@ -319,7 +319,7 @@ def run_mutmut(
     module: str, max_children: int, mutmut: str, names: list[str] | None = None
 ) -> float:
     """Run mutmut on ``module``'s mutants, or on those of ``names`` only (mutmut's full mutant
-    names; none runs nothing); return the wall time in seconds.
+    names); return the wall time in seconds.
 
     mutmut copies the tree into ``mutants/``, ``__pycache__`` folders included, with the files'
     times: Python (and pytest's assertion rewriter) would then load the copied bytecode, whose
@@ -335,9 +335,6 @@ def run_mutmut(
         MutationError: mutmut could not be started, or failed (its output is in the message).
     """
     start = time.monotonic()
-    if names is not None and not names:
-        print(f"+ {module}: every mutant has a verdict, nothing to resume", flush=True)
-        return 0.0
     patterns = [f"{module}.x*"] if names is None else names
     command = [mutmut, "run", *patterns, "--max-children", str(max_children)]
     shown = command if names is None else [*command[:2], f"<{len(names)} mutants>", *command[-2:]]
@@ -515,7 +512,10 @@ def main(argv: list[str] | None = None) -> int:
             names = None
             meta = MUTANTS_DIR / f"{files[module].as_posix()}.meta"
             if args.resume and meta.exists():
-                names = pending(read_exit_codes(files[module]), load_equivalents(module))
+                codes = read_exit_codes(files[module])
+                # mutmut makes the mutants again (dropping the verdicts of changed functions)
+                # only when it runs: with none left, it runs one, the second pass the rest
+                names = pending(codes, load_equivalents(module)) or sorted(codes)[:1]
             seconds = None if args.no_run else run_mutmut(module, args.max_children, mutmut, names)
             if names is not None:  # mutmut dropped the verdicts of functions changed since
                 reset = [n for n, c in read_exit_codes(files[module]).items() if c is None]

@@ -248,12 +248,12 @@ def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_surv
     ]
     assert capsys.readouterr().out.startswith(f"+ {fake} run <2 mutants> --max-children 2\n")
 
-    # nothing left: mutmut is not run
+    # nothing left: one mutant runs, so that mutmut makes the mutants again (and drops the
+    # verdicts of functions changed since, which a second pass would run)
     meta.write_text(json.dumps({"exit_code_by_key": {names["killed"]: 1, names["equivalent"]: 0}}))
     log.unlink()
     assert mutation.main([*argv, "--gate", "harness"]) == 0
-    assert not log.exists()
-    assert "every mutant has a verdict, nothing to resume" in capsys.readouterr().out
+    assert log.read_text() == f"run {names['killed']} --max-children 2\n"
 
 
 def test_resume_and_no_run_together_are_refused_by_name(capsys):
