@@ -188,3 +188,27 @@ def test_outside_pytest_the_clean_up_leaves_a_user_s_file_and_its_directory(tmp_
     (directory,) = _repro_dirs(tmp_path)
     assert [path.name for path in directory.iterdir()] == ["mine.txt"]
     assert not printed["user"][0].exists()
+
+
+def test_a_failure_keeps_its_fallback_request_file_and_a_read_for_no_failure_does_not(
+    run, monkeypatch, tmp_path
+):
+    # the in-process side of the tests above (outside pytest, the fallback directory): which
+    # files the clean-up at exit removes. A failure's stays, as its message names it
+    monkeypatch.setattr(_repro, "_request_dir", None)  # no provider: the fallback directory
+    monkeypatch.setattr(_repro.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_repro, "_fallback_dir", None)
+    monkeypatch.setattr(_repro, "_made", [])
+    monkeypatch.setattr(_repro, "_unkept", {})
+    monkeypatch.setattr(_repro, "_owner", os.getpid())  # no clean-up at this process's exit
+
+    read = run(_targets.abort_with_length, "r" * LONG).assert_aborted()
+    read_path = _request_path(read.repro)
+    failed = run(_targets.abort_with_length, "f" * LONG).assert_aborted()
+    with pytest.raises(harness.DeathTestFailure) as failure:
+        failed.assert_clean()
+    failed_path = _request_path(failed.repro)
+
+    assert f"--request-file {failed_path}" in str(failure.value)
+    assert read_path.parent == failed_path.parent and read_path.parent.parent == tmp_path
+    assert list(_repro._unkept) == [str(read_path)]  # removed at exit; the failure's stays
