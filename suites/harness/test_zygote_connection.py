@@ -302,6 +302,22 @@ def _request_and_capture(timeout: float = 30):
 
 def test_a_zygote_that_does_not_say_it_forked_is_given_up_on_at_startup_s(pair, monkeypatch):
     monkeypatch.setattr(_forkserver, "STARTUP_S", 0.3)
+
+    raised, message, handed = _answered(pair, SILENT)
+
+    assert b'"op": "run"' in message and handed == 4  # the request was handed over
+    assert type(raised) is _forkserver.NotForked
+    assert str(raised) == "it did not fork a child within 0.3 s"
+
+
+SILENT = b""
+"""For :func:`_answered`: the zygote says nothing at all."""
+
+
+def _answered(pair, reply: bytes | None) -> tuple[BaseException | None, bytes, int]:
+    """Run a request over ``pair`` with the test as the zygote, which answers ``reply`` (None:
+    it hangs up instead; :data:`SILENT`: nothing): what ``run`` raised, the request's message
+    and how many descriptors came with it."""
     connection = _forkserver.Connection((), pair[0], 1, None, None)
     request, capture = _request_and_capture()
     raised: list[BaseException] = []
@@ -318,45 +334,17 @@ def test_a_zygote_that_does_not_say_it_forked_is_given_up_on_at_startup_s(pair, 
         message, fds, _flags, _address = socket.recv_fds(pair[1], 1 << 16, 8)
         for fd in fds:
             os.close(fd)
+        if reply is None:
+            pair[1].shutdown(socket.SHUT_RDWR)
+        elif reply:
+            pair[1].send(reply)
         runner.join(10)
         if runner.is_alive():  # it would wait for ever: hang up, so the thread ends
             pair[1].close()
             runner.join(10)
-            pytest.fail("no deadline for the zygote's 'forked' reply")
-
-    assert b'"op": "run"' in message and len(fds) == 4  # the request was handed over
-    assert len(raised) == 1 and type(raised[0]) is _forkserver.NotForked
-    assert str(raised[0]) == "it did not fork a child within 0.3 s"
-    assert connection.closed is True
-
-
-def _answered(pair, reply: bytes | None):
-    """Run a request over ``pair`` with the test as the zygote, which answers ``reply`` (None:
-    it hangs up instead); what ``run`` raised."""
-    connection = _forkserver.Connection((), pair[0], 1, None, None)
-    request, capture = _request_and_capture()
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            connection.run(request, capture)
-        except BaseException as exc:  # handed to the test's thread
-            raised.append(exc)
-
-    with capture:
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
-        _message, fds, _flags, _address = socket.recv_fds(pair[1], 1 << 16, 8)
-        for fd in fds:
-            os.close(fd)
-        if reply is None:
-            pair[1].shutdown(socket.SHUT_RDWR)
-        else:
-            pair[1].send(reply)
-        runner.join(10)
-    assert not runner.is_alive(), "run() did not end on the zygote's answer"
+            pytest.fail("run() did not end on the zygote's answer (no deadline?)")
     assert connection.closed is (len(raised) == 1 and type(raised[0]) is _forkserver.NotForked)
-    return raised[0] if raised else None
+    return (raised[0] if raised else None), message, len(fds)
 
 
 @pytest.mark.parametrize(
@@ -390,7 +378,7 @@ def test_each_wrong_answer_of_a_zygote_is_said_as_it_came(pair, reply, kind, sai
     try:
         if reply is not None:
             reply = reply.replace(b"PID", str(decoy.pid).encode())
-        raised = _answered(pair, reply)
+        raised = _answered(pair, reply)[0]
     finally:
         decoy.kill()
         decoy.wait()
@@ -952,31 +940,13 @@ def test_a_gone_client_s_unread_messages_are_read_and_its_runs_dropped():
 
 
 _BAD_FORKED_PID = r"""
-import json, os, socket, sys, threading
-from harness import _forkserver
-from suites.harness.test_zygote_connection import _request_and_capture
+import json, os, socket, sys
+from suites.harness.test_zygote_connection import _answered
 
 os.setsid()  # a harness that took the pid would kill this group (0: the caller's), no other
-ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-connection = _forkserver.Connection((), ours, 1, None, None)
-request, capture = _request_and_capture()
-raised = []
-
-def run():
-    try:
-        connection.run(request, capture)
-    except BaseException as exc:
-        raised.append(exc)
-
-with capture:
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    _message, fds, _flags, _address = socket.recv_fds(theirs, 1 << 16, 8)
-    for fd in fds:
-        os.close(fd)
-    theirs.send(sys.argv[1].encode())
-    runner.join(10)
-print(json.dumps([type(exc).__name__ for exc in raised] + [str(exc) for exc in raised]))
+pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+raised = _answered(pair, sys.argv[1].encode())[0]
+print(json.dumps([type(raised).__name__, str(raised)]))
 """
 
 
