@@ -553,3 +553,23 @@ def test_assert_timed_out_on_outcomes():
         assert "  expected: timed out" in lines
     error = _outcome(kind="harness_error", signal=None, error="the zygote died")
     assert "the harness failed" in _failure(error, lambda o: o.assert_timed_out())[0]
+
+
+@pytest.mark.parametrize("style", ["fork", "forkserver", "exec"])
+def test_a_raised_class_of_the_parent_s_script_is_named_both_ways_where_the_child_reloaded_it(
+    style,
+):
+    # forkserver and exec children load the parent's script again as __mp_main__: one class,
+    # two names, and the failure says so; a fork child has the parent's __main__ itself
+    raised = Raised("__main__.Other", "no", "Traceback ...\n__main__.Other: no\n")
+    outcome = _outcome(kind="exited", exit_code=1, signal=None, raised=raised, style=style)
+    with pytest.raises(harness.DeathTestFailure) as failure:
+        outcome.assert_raised(KeyError)
+
+    named = "__main__.Other"
+    if style != "fork":
+        named += (
+            " (in the child also __mp_main__.Other, the parent's script loaded again: one class,"
+            " two names)"
+        )
+    assert f"the target raised {named}, not KeyError: the child " in str(failure.value)
