@@ -104,8 +104,12 @@ def ending_from_wait_status(pid: int, status: int, timed_out: bool, deadline: De
 def kill_group(pid: int, sig: int) -> None:
     """Send ``sig`` to the process group ``pid`` (to the process alone if it has no group).
 
-    Never raises: a group or process that is already gone, or not ours, is left alone.
+    Never raises: a group or process that is already gone, or not ours, is left alone. A pid
+    below 2 is never signalled: 0 is the caller's own group, 1 init's, a negative one every
+    process (a broken zygote, or a mutant in a mutation run, could hand one over).
     """
+    if pid < 2:
+        return
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -939,37 +940,35 @@ def test_a_gone_client_s_unread_messages_are_read_and_its_runs_dropped():
             os.close(zygote.root_fd)
 
 
-_BAD_FORKED_PID = r"""
-import json, os, socket, sys
-from suites.harness.test_zygote_connection import _answered
-
-os.setsid()  # a harness that took the pid would kill this group (0: the caller's), no other
-pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-raised = _answered(pair, sys.argv[1].encode())[0]
-print(json.dumps([type(raised).__name__, str(raised)]))
-"""
-
-
 @pytest.mark.parametrize(
-    "reply",
-    [
-        '{"event": "forked", "id": 1, "pid": 0}',
-        '{"event": "forked", "id": 1, "pid": "0"}',
-        '{"event": "forked", "id": 1, "pid": false}',
-        '{"event": "forked", "id": 1}',
-    ],
-    ids=["zero", "str", "bool", "missing"],
+    "pid",
+    ["0", "1", "-1", '"0"', "false", None],
+    ids=["zero", "init", "minus-one", "str", "bool", "missing"],
 )
-def test_a_forked_message_without_a_child_s_pid_is_not_taken(reply):
-    # the child's group is killed by its pid: 0 would be the test process's own group (so the
-    # check runs in a process of its own session, whose group is all that 0 could reach)
-    done = subprocess.run(
-        [sys.executable, "-c", _BAD_FORKED_PID, reply],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_a_forked_message_without_a_child_s_pid_is_not_taken(pair, monkeypatch, pid):
+    # the child's group is killed by its pid: 0 is this process's own group, 1 init's, -1
+    # every process. kill_group refuses those too, and here it is watched
+    signalled: list[int] = []
+    monkeypatch.setattr(_forkserver, "kill_group", lambda pid, sig: signalled.append(pid))
+    field = "" if pid is None else f', "pid": {pid}'
+    reply = f'{{"event": "forked", "id": 1{field}}}'
 
-    assert done.returncode == 0, done.stderr
-    expected = f"a 'forked' message without a child's pid: {json.loads(reply)!r}"
-    assert json.loads(done.stdout) == ["NotForked", expected]
+    raised = _answered(pair, reply.encode())[0]
+
+    assert type(raised) is _forkserver.NotForked
+    assert str(raised) == f"a 'forked' message without a child's pid: {json.loads(reply)!r}"
+    assert signalled == []
+
+
+@pytest.mark.parametrize("pid", [0, 1, -1, -4242])
+def test_kill_group_never_signals_a_pid_below_2(monkeypatch, pid):
+    from harness import _reap
+
+    sent: list[tuple] = []
+    monkeypatch.setattr(_reap.os, "killpg", lambda *args: sent.append(("killpg", *args)))
+    monkeypatch.setattr(_reap.os, "kill", lambda *args: sent.append(("kill", *args)))
+
+    _reap.kill_group(pid, signal.SIGKILL)
+    _reap.kill_group(2, signal.SIGKILL)  # the smallest pid it signals
+
+    assert sent == [("killpg", 2, signal.SIGKILL)]
