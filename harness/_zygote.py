@@ -96,6 +96,11 @@ def _pidfd(pid: int) -> int | None:
 
 
 def _kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` (the process alone if it has no group); never one below
+    2: a pid read from a scribbled guard-table page must not reach init's group (1), the
+    zygote's own (0) or every process (-1)."""
+    if pgid < 2:
+        return
     for kill in (os.killpg, os.kill):
         try:
             kill(pgid, signal.SIGKILL)

@@ -972,3 +972,18 @@ def test_kill_group_never_signals_a_pid_below_2(monkeypatch, pid):
     _reap.kill_group(2, signal.SIGKILL)  # the smallest pid it signals
 
     assert sent == [("killpg", 2, signal.SIGKILL)]
+
+
+@pytest.mark.parametrize("pid", [0, 1, -1])
+def test_the_zygote_never_kills_a_group_below_2(monkeypatch, pid):
+    # its pids come from guard-table pages too, which a target's stray write could scribble on
+    from harness import _zygote
+
+    sent: list[tuple] = []
+    monkeypatch.setattr(_zygote.os, "killpg", lambda *args: sent.append(("killpg", *args)))
+    monkeypatch.setattr(_zygote.os, "kill", lambda *args: sent.append(("kill", *args)))
+
+    _zygote._kill_group(pid)
+    _zygote._kill_group(2)
+
+    assert sent == [("killpg", 2, signal.SIGKILL)]
