@@ -583,7 +583,7 @@ def test_a_zygote_that_never_says_hello_is_given_up_on_and_killed(tmp_path, monk
     begun = time.monotonic()
     try:
         with pytest.raises(_forkserver.ZygoteFailure) as excinfo:
-            _forkserver._start(("colorsys", "chunk"))
+            _forkserver._start(("colorsys", "fractions"))
     finally:
         took = time.monotonic() - begun
         hang_up.cancel()
@@ -750,7 +750,7 @@ def test_a_zygote_whose_root_s_pid_was_reused_leaves_with_its_last_client(monkey
     # differ): the root is gone, so the zygote leaves once its last client is; it does not
     # wait for the process that now has the pid (here, the test process itself)
     monkeypatch.setattr(_forkserver, "ROOT", (os.getpid(), "1"))
-    connection = _forkserver._start(("colorsys", "chunk"))
+    connection = _forkserver._start(("colorsys", "fractions"))
     try:
         request, capture = _request_and_capture()
         with capture:
