@@ -2,7 +2,7 @@
 
 mutmut runs the tests in-process, with every mutated function behind a trampoline: once
 unmutated to map which tests reach which function (``MUTANT_UNDER_TEST=stats``), then once per
-mutant with only the tests that reach it. Three things keep that map and those runs true here:
+mutant with only the tests that reach it. What keeps that map and those runs true here:
 
 - Death-test children report the functions they reached. A child's trampoline hits stay in
   the child, which leaves with ``os._exit``, so without this a function reached only in
