@@ -30,8 +30,11 @@ import sys
 
 
 def _load_child():
+    """``_child.py`` beside this file, loaded by path (not entered in ``sys.modules``) under
+    the name it has in a fork-style child, ``harness._child``: one name in every style (its
+    functions' ``__module__``, which mutmut's trampolines also go by)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
-    spec = importlib.util.spec_from_file_location("_devmem_death_child", path)
+    spec = importlib.util.spec_from_file_location("harness._child", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module

@@ -13,8 +13,10 @@ mutant with only the tests that reach it. What keeps that map and those runs tru
   name (``suites/_mutmut_zygote.py``), so that its mutants apply, and reports its hits and
   its children's the same way; each pytest process mutmut runs has zygotes of its own. An
   inner pytest that a test starts with ``-p suites._mutmut`` (``_scenarios``) reports its
-  children's and its zygote's hits to that test.
-  (Children started by exec are not covered.)
+  children's and its zygote's hits to that test. The zygote and the exec runner load
+  ``harness/_child.py`` as ``harness._child`` (as a fork child has it), so its mutants apply
+  in every style; children started by exec do not report hits, though (a test that only
+  starts exec children is not mapped to what they reach).
 - mutmut's call stack lives in a thread-local instead of a ``ContextVar``: its trampolines set
   it on every call, also inside the allocator's teardown finalizers, which the collector runs,
   and CPython 3.11 crashes (SIGSEGV) when a finalizer run by the collector sets a ``ContextVar``

@@ -330,6 +330,18 @@ def spawn_sleepers_and_hang(pid_file: str, count: int) -> None:
     hang_forever()
 
 
+def entry_modules() -> list[str]:
+    """The module names (``__name__``) of the frames below the target that run
+    ``harness/_child.py``, nearest first."""
+    names = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.sep + os.path.join("harness", "_child.py")):
+            names.append(frame.f_globals["__name__"])
+        frame = frame.f_back
+    return names
+
+
 def interpreter_flags() -> dict:
     """What the interpreter was started with: dev mode, warning options."""
     return {"dev_mode": sys.flags.dev_mode, "warnoptions": list(sys.warnoptions)}

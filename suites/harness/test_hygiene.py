@@ -33,6 +33,12 @@ def test_child_setup(run, style):
         assert seen["harness_imported"] is False
 
 
+def test_the_child_module_has_one_name_in_every_style(run):
+    # fork runs the imported harness._child; the zygote and the exec runner load the same file
+    # by path, under the same name (mutmut's trampolines go by it too)
+    assert set(run(_targets.entry_modules).assert_clean().returned) == {"harness._child"}
+
+
 def test_in_death_child_flag(run):
     assert harness.in_death_child() is False
     assert run(harness.in_death_child).assert_clean().returned is True
