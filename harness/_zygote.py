@@ -549,7 +549,8 @@ class Zygote:
         os.close(status_fd)
         pidfd = _pidfd(pid)  # a child that has ended already makes it readable at once
         self._watch(pidfd)
-        self._forked(client, ident, pid, -1 if pidfd is None else pidfd, offset, fds)
+        page = offset if seal is not None else None  # none to wipe at its reaping
+        self._forked(client, ident, pid, -1 if pidfd is None else pidfd, page, fds)
 
     def _forked(
         self, client: _Client, ident: object, pid: int, pidfd: int, offset: object, fds: list[int]

@@ -987,3 +987,247 @@ def test_the_zygote_never_kills_a_group_below_2(monkeypatch, pid):
     _zygote._kill_group(2)
 
     assert sent == [("killpg", 2, signal.SIGKILL)]
+
+
+# -- the zygote's own fork (not the spare's), in this process over a socket pair ------------------
+
+
+@pytest.fixture
+def zygote_here(monkeypatch):
+    """A zygote in this process whose root and only client is this process, with a guard table
+    of two pages: ``(our end of its socket, the zygote, its client, the table's descriptor)``.
+    It is never served: a test calls what it checks. Its preload counts as done (nothing is
+    imported or frozen here) and the environment its requests set is restored afterwards."""
+    from harness._child import ENV_FLAG, SEAL_BYTES, start_ticks
+    from harness._zygote import Zygote
+
+    monkeypatch.delenv(ENV_FLAG, raising=False)  # a request sets it: restored at teardown
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = Zygote(theirs, os.getpid(), start_ticks(os.getpid()), None)
+    zygote.preloaded = {}
+    client = next(iter(zygote.clients.values()))
+    table = os.memfd_create("guard-table")
+    os.ftruncate(table, 2 * SEAL_BYTES)
+    zygote._handle(client, b'{"op": "hello"}', [table])
+    assert json.loads(ours.recv(1 << 16)) == {"event": "ready", "pid": os.getpid()}
+    try:
+        yield ours, zygote, client, table
+    finally:
+        for child in zygote.children.values():
+            for fd in child.pipes:
+                os.close(fd)
+            if child.pidfd >= 0:
+                os.close(child.pidfd)
+        if client.sock.fileno() >= 0:  # not gone yet
+            zygote._gone(client)  # closes the table, its mapping and the zygote's end
+        ours.close()
+        if zygote.root_fd is not None:
+            os.close(zygote.root_fd)
+
+
+def _four_pipes() -> tuple[list[int], list[int]]:
+    """A request's four descriptors as the zygote gets them (write ends), and the read ends,
+    which see end of file once the zygote has closed each of them."""
+    pipes = [os.pipe() for _ in range(4)]
+    return [w for _, w in pipes], [r for r, _ in pipes]
+
+
+def _closed(read_ends: list[int]) -> list[bool]:
+    shut = []
+    for r in read_ends:
+        os.set_blocking(r, False)
+        try:
+            shut.append(os.read(r, 1) == b"")
+        except BlockingIOError:
+            shut.append(False)
+        os.close(r)
+    return shut
+
+
+def _replies(ours: socket.socket) -> list[dict]:
+    """The zygote's messages waiting on ``ours``, up to its hang-up if it hung up."""
+    replies = []
+    while True:
+        try:
+            data = ours.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return replies
+        if not data:
+            return replies
+        replies.append(json.loads(data))
+
+
+_REQUEST = b'{"target": "suites.harness._targets:hygiene", "args": []}\n{}'
+
+
+@pytest.mark.parametrize(
+    "data, failure, said",
+    [
+        (b"no json", None, "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
+        (
+            b'{"target": "m:f"}\n["a list"]',
+            None,
+            "ValueError: dictionary update sequence element #0 has length 6; 2 is required",
+        ),
+        (_REQUEST, OSError(5, "Input/output error"), "OSError: [Errno 5] Input/output error"),
+    ],
+    ids=["not-json", "setting-not-a-dict", "unreadable"],
+)
+def test_a_request_the_zygote_cannot_read_is_refused_with_its_descriptors_closed(
+    zygote_here, data, failure, said
+):
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    fds, read_ends = _four_pipes()
+
+    zygote._fork_for(client, 7, fds, SEAL_BYTES, data, failure)
+
+    assert _replies(ours) == [{"event": "error", "id": 7, "message": f"bad request: {said}"}]
+    assert _closed(read_ends) == [True] * 4
+    assert zygote.children == {} and client.children == {}
+
+
+@pytest.mark.parametrize("length", [3999, 4000], ids=["under", "at-the-cut"])
+def test_preload_errors_are_each_named_and_cut_only_past_4000_characters(zygote_here, length):
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    zygote.preloaded = {"a": "ImportError: x", "b": "E" * (length - len("a: ImportError: x; b: "))}
+    fds, read_ends = _four_pipes()
+
+    zygote._fork_for(client, 7, fds, SEAL_BYTES, _REQUEST)
+
+    detail = f"a: ImportError: x; b: {zygote.preloaded['b']}"
+    assert len(detail) == length  # not cut: "... (N more characters)" only past 4000
+    assert _replies(ours) == [
+        {
+            "event": "error",
+            "id": 7,
+            "message": f"preloading failed ({detail}); see harness.set_forkserver_preload",
+        }
+    ]
+    assert _closed(read_ends) == [True] * 4
+
+
+def test_a_fork_that_fails_in_the_zygote_is_refused_with_its_descriptors_closed(
+    zygote_here, monkeypatch
+):
+    from harness import _zygote
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    fds, read_ends = _four_pipes()
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(_zygote.os, "fork", no_fork)
+    zygote._fork_for(client, 7, fds, SEAL_BYTES, _REQUEST)
+
+    message = "os.fork() failed in the zygote: [Errno 11] Resource temporarily unavailable"
+    assert _replies(ours) == [{"event": "error", "id": 7, "message": message}]
+    assert _closed(read_ends) == [True] * 4
+    assert zygote.children == {}
+
+
+@pytest.mark.parametrize("page", [1, 2], ids=["in-the-table", "past-its-end"])
+def test_the_zygote_s_child_seals_its_page_dies_with_the_zygote_and_reports(zygote_here, page):
+    # the zygote's own fork (no spare): the child writes its pid into its page of the client's
+    # guard table (an offset past the table's end gets no seal: the child runs all the same),
+    # takes the zygote as the parent it dies with, and its status channel (whose identity the
+    # zygote took before the fork) carries its final record; reaped, its page is wiped (its
+    # pid may be reused) and the client told
+    from harness._child import SEAL_BYTES, SEAL_FINAL_AT
+
+    offset = page * SEAL_BYTES
+
+    ours, zygote, client, table = zygote_here
+    status = os.memfd_create("status")
+    outputs = [os.memfd_create("stdout"), os.memfd_create("stderr")]
+    request_r, request_w = os.pipe()
+    os.close(request_w)
+    fds = [request_r, *(os.dup(fd) for fd in outputs), os.dup(status)]
+    try:
+        zygote._fork_for(client, 7, fds, offset, _REQUEST)
+
+        (pid,) = zygote.children
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, still ours to reap
+        sealed = os.pread(table, 32, SEAL_BYTES)
+        assert sealed.startswith(f"{pid}\n".encode()) if page == 1 else sealed == bytes(32)
+        assert os.pread(table, 32, 0) == bytes(32)  # the other page is untouched
+        assert os.fstat(table).st_size == 2 * SEAL_BYTES
+        records = [json.loads(line) for line in os.pread(status, 1 << 16, 0).splitlines()]
+        assert [record["event"] for record in records] == ["started", "returned"], os.pread(
+            outputs[1], 4096, 0
+        )
+        seen = records[-1]["value"]
+        assert seen["pid"] == pid and seen["deathsig"] == signal.SIGKILL
+        assert client.children == {pid: 7}
+
+        zygote._reap(pid)
+
+        assert os.pread(table, SEAL_FINAL_AT, SEAL_BYTES) == bytes(SEAL_FINAL_AT)
+        assert _replies(ours) == [
+            {"event": "forked", "id": 7, "pid": pid},
+            {"event": "reaped", "id": 7, "pid": pid, "status": 0},
+        ]
+        assert zygote.children == {} and client.children == {}
+    finally:
+        os.close(status)
+        for fd in outputs:
+            os.close(fd)
+
+
+def test_a_gone_client_leaves_no_trace_in_the_zygote(zygote_here):
+    # its pidfd no longer names it (the number is reused for the next descriptor), its child
+    # and its request being handed to the spare are no longer its (nothing is sent to it),
+    # and the child, reaped later, is reaped without it
+    from harness._child import SEAL_BYTES
+    from harness._zygote import _Handing
+
+    ours, zygote, client, _ = zygote_here
+    status = os.memfd_create("status")
+    request_r, request_w = os.pipe()
+    os.close(request_w)
+    fds = [request_r, os.dup(status), os.dup(status), os.dup(status)]
+    zygote._fork_for(client, 7, fds, SEAL_BYTES, _REQUEST)
+    (pid,) = zygote.children
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    zygote.handing[-1] = handing = _Handing(None, client, 8, [], SEAL_BYTES, b"")
+    assert client.pidfd is not None and zygote.by_pidfd == {client.pidfd: client}
+
+    zygote._gone(client)
+
+    assert zygote.by_pidfd == {} and zygote.clients == {}
+    assert zygote.children[pid].client is None and handing.client is None
+    zygote._reap(pid)
+    assert zygote.children == {}
+    assert _replies(ours) == [{"event": "forked", "id": 7, "pid": pid}]  # no "reaped"
+    os.close(status)
+
+
+def test_a_zygote_leaves_by_posix_s_own_exit_not_a_replaced_os_exit(monkeypatch):
+    # coverage.py measuring the children replaces os._exit with one that saves a data file:
+    # a zygote or a spare leaving by it would leave a stray file after the run combined them
+    import posix
+
+    from harness import _zygote
+
+    class Left(Exception):
+        pass
+
+    calls = []
+
+    def exit_by(name):
+        def leave(code):
+            calls.append((name, code))
+            raise Left
+
+        return leave
+
+    monkeypatch.setattr(os, "_exit", exit_by("os"))
+    monkeypatch.setattr(posix, "_exit", exit_by("posix"))
+    with pytest.raises(Left):
+        _zygote._leave_quietly(3)
+    assert calls == [("posix", 3)]
