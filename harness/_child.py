@@ -849,7 +849,7 @@ def _warning_category(name: str) -> type | None:
         if module_name == "__main__":
             module_name = MP_MAIN if MP_MAIN in sys.modules else module_name
         if module_name.partition(".")[0] in NOT_IN_CHILD and module_name not in sys.modules:
-            return None
+            continue  # never imported for a filter; a shorter prefix may be imported already
         try:
             obj: object = sys.modules.get(module_name) or importlib.import_module(module_name)
         except Exception:  # not a module (a class of a shorter prefix), or not importable

@@ -1,0 +1,175 @@
+"""The child side's helpers for taking the test process's state (``harness._child``), called
+in this process: the warning categories and filters a child sets, the limits a note names, and
+the parent's ``__main__`` a forkserver or exec child loads.
+
+A child runs them where the test process's state differs from its own, which a fork-style
+child's never does: these reach them where mutmut's map sees them (a whole run of each style
+is in ``test_same_state.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+import warnings
+
+import pytest
+
+from harness import _child
+from suites.harness import _state_targets
+
+HERE = "suites.harness._state_targets"
+
+
+@pytest.mark.parametrize(
+    "limit, text",
+    [
+        ((-1, -1), "(unlimited, unlimited)"),
+        ((200, 4096), "(200, 4096)"),
+        ((0, -1), "(0, unlimited)"),
+    ],
+)
+def test_a_limit_is_written_with_unlimited_for_minus_one(limit, text):
+    assert _child._limit_text(limit) == text
+
+
+@pytest.mark.parametrize(
+    "name, found",
+    [
+        ("UserWarning", UserWarning),
+        ("builtins.DeprecationWarning", DeprecationWarning),
+        (f"{HERE}.Outer.NestedWarning", _state_targets.Outer.NestedWarning),  # longest module
+        ("warnings.WarningMessage", None),  # a class, not a warning category
+        ("ValueError", None),
+        ("NoSuchWarning", None),
+        (f"{HERE}.Outer.NoSuchWarning", None),
+        ("no_such_module_of_devmem.SomeWarning", None),
+        ("pytest.PytestWarning", pytest.PytestWarning),  # imported here: found
+    ],
+)
+def test_a_warning_category_is_found_by_its_dotted_name(name, found):
+    assert _child._warning_category(name) is found
+
+
+def test_a_category_of_a_package_the_child_never_imports_is_not_imported_for_it(monkeypatch):
+    # importable, but a child would import it only for the filter: found once imported
+    import suites.harness
+
+    monkeypatch.setattr(_child, "NOT_IN_CHILD", ("suites",))
+    with monkeypatch.context() as unimported:  # as if never imported, nor its package's attribute
+        unimported.delitem(sys.modules, HERE)
+        unimported.delattr(suites.harness, "_state_targets")
+        assert _child._warning_category(f"{HERE}.Outer.NestedWarning") is None
+        assert HERE not in sys.modules
+    # imported: the nested class is found under the longest prefix that is imported
+    assert (
+        _child._warning_category(f"{HERE}.Outer.NestedWarning")
+        is _state_targets.Outer.NestedWarning
+    )
+
+
+def test_a_category_of_main_is_looked_up_in_the_parent_s_script_loaded_as_mp_main(monkeypatch):
+    script = types.ModuleType(_child.MP_MAIN)
+    script.ScriptWarning = type("ScriptWarning", (UserWarning,), {})
+    assert _child._warning_category("__main__.ScriptWarning") is None  # pytest's __main__
+    monkeypatch.setitem(sys.modules, _child.MP_MAIN, script)
+    assert _child._warning_category("__main__.ScriptWarning") is script.ScriptWarning
+
+
+def _filters() -> list[tuple]:
+    return [
+        (action, message and message.pattern, category, module and module.pattern, lineno)
+        for action, message, category, module, lineno in warnings.filters
+    ]
+
+
+def test_warning_filters_replace_the_child_s_own_in_order():
+    filters = [
+        ["ignore", "a message", "UserWarning", "a.module", 3],
+        ["error", None, f"{HERE}.Outer.NestedWarning", None, 0],
+        ["always", "", "DeprecationWarning", "", 0],
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # the child's own: gone
+        notes, complete = _child._apply_warning_filters(filters)
+        assert _filters() == [
+            ("ignore", "a message", UserWarning, "a.module", 3),
+            ("error", None, _state_targets.Outer.NestedWarning, None, 0),
+            ("always", None, DeprecationWarning, None, 0),
+        ]
+    assert (notes, complete) == ([], True)
+
+
+def test_a_filter_whose_category_is_not_found_is_left_out_and_named_in_a_note():
+    filters = [
+        ["error", "", "no_such_module_of_devmem.AWarning", "", 0],
+        ["ignore", "", "UserWarning", "", 0],
+        ["default", "", "_pytest.no_such_module.BWarning", "", 0],  # never imported: no note
+        ["always", "", "ValueError", "", 0],
+    ]
+    with warnings.catch_warnings():
+        notes, complete = _child._apply_warning_filters(filters)
+        assert _filters() == [("ignore", None, UserWarning, None, 0)]
+    assert notes == [
+        "devmem-harness: the child could not set the test process's warning filters "
+        "error::no_such_module_of_devmem.AWarning, always::ValueError: their categories "
+        "could not be imported here"
+    ]
+    assert complete is False
+
+
+def test_a_filter_left_out_for_a_package_the_child_never_imports_is_no_note():
+    with warnings.catch_warnings():
+        notes, complete = _child._apply_warning_filters(
+            [["default", "", "_pytest.no_such_module.BWarning", "", 0]]
+        )
+        assert warnings.filters == []
+    assert (notes, complete) == ([], False)
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """``<tmp>/devmem_main_pkg/tool.py`` (a package's script) and ``<tmp>/loose.py``, with
+    ``<tmp>`` on ``sys.path``; whatever imports them is forgotten afterwards."""
+    root = tmp_path / "devmem_main_pkg"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "tool.py").write_text("NAME = __name__\n")
+    (tmp_path / "loose.py").write_text("NAME = __name__\n")
+    (tmp_path / "not-a-name").mkdir()
+    (tmp_path / "not-a-name" / "tool.py").write_text("NAME = __name__\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_module sets argv[0]
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    importlib.invalidate_caches()
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def test_the_name_a_script_was_run_by_with_python_m(package, monkeypatch):
+    tool = str(package / "devmem_main_pkg" / "tool.py")
+    assert _child._main_module_name(tool) == "devmem_main_pkg.tool"
+    assert _child._main_module_name(str(package / "loose.py")) is None  # its folder is on the path
+    assert _child._main_module_name(str(package / "not-a-name" / "tool.py")) is None
+    assert _child._main_module_name("/nowhere/devmem_main_pkg/tool.py") is None  # another file
+    monkeypatch.setattr(sys, "path", [str(package / "devmem_main_pkg"), *sys.path])
+    assert _child._main_module_name(tool) is None  # run by its path: its folder comes first
+
+
+@pytest.mark.parametrize("by", ["path", "name"])
+def test_the_parent_s_script_is_loaded_as_mp_main_and_is_main(package, by):
+    path = package / ("loose.py" if by == "path" else "devmem_main_pkg/tool.py")
+
+    module = _child._load_main(str(path))
+
+    assert module.NAME == _child.MP_MAIN
+    assert sys.modules[_child.MP_MAIN] is module and sys.modules["__main__"] is module
+    assert module.__name__ == _child.MP_MAIN
+
+
+def test_a_parent_s_script_that_cannot_be_loaded_says_from_where(package):
+    with pytest.raises(ImportError, match="cannot load the parent's __main__ from '/nowhere"):
+        _child._load_main("/nowhere/script.txt")
