@@ -1001,7 +1001,8 @@ def zygote_here(monkeypatch):
     from harness._child import ENV_FLAG, SEAL_BYTES, start_ticks
     from harness._zygote import Zygote
 
-    monkeypatch.delenv(ENV_FLAG, raising=False)  # a request sets it: restored at teardown
+    monkeypatch.setenv(ENV_FLAG, "")  # a request sets it: restored (or unset) at teardown
+    monkeypatch.delenv(ENV_FLAG)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     zygote = Zygote(theirs, os.getpid(), start_ticks(os.getpid()), None)
     zygote.preloaded = {}
