@@ -131,3 +131,24 @@ def optimize_and_env() -> list:
     """``[sys.flags.optimize, os.environ.get("PYTHONOPTIMIZE")]``: the interpreter's own
     optimization level, and the variable the child sees."""
     return [sys.flags.optimize, os.environ.get("PYTHONOPTIMIZE")]
+
+
+def restart_coverage(data_file: str, restart: bool, save: bool) -> dict:
+    """In a fork-style child: start a coverage.py measurement that saves itself (as a test
+    process's would be, inherited), then follow the orders ``harness._child`` takes from the
+    harness (measure into ``data_file``, a file per process); report what measures now."""
+    import coverage
+
+    from harness import _child
+
+    before = coverage.Coverage(data_file=data_file + "-before", config_file=False, auto_data=True)
+    before.start()
+    config = coverage.Coverage(data_file=data_file, config_file=False).config.serialize()
+    _child._restart_coverage({"config": config, "restart": restart, "save": save})
+    current = coverage.Coverage.current()
+    kept = _child._coverage
+    return {
+        "measures": "before" if current is before else current.config.data_file,
+        "before_saves_itself": before._auto_save,
+        "saved_at_exit": kept is not None and kept[0] == os.getpid() and kept[1] is current,
+    }

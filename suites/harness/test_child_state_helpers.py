@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 
+import harness
 from harness import _child
 from suites.harness import _state_targets
 
@@ -173,3 +174,34 @@ def test_the_parent_s_script_is_loaded_as_mp_main_and_is_main(package, by):
 def test_a_parent_s_script_that_cannot_be_loaded_says_from_where(package):
     with pytest.raises(ImportError, match="cannot load the parent's __main__ from '/nowhere"):
         _child._load_main("/nowhere/script.txt")
+
+
+@pytest.mark.parametrize("save", [True, False], ids=["save", "no-save"])
+@pytest.mark.parametrize("restart", [True, False], ids=["restart", "keep"])
+def test_a_fork_child_measures_coverage_as_its_orders_say(tmp_path, restart, save):
+    # a test process measuring without coverage.py's fork and _exit support (pytest started
+    # in a subdirectory): the child stops the measurement it inherited (whose data is the test
+    # process's) and measures into a file of its own, saved when it leaves
+    pytest.importorskip("coverage")
+    data_file = str(tmp_path / "child.cov")
+
+    outcome = harness.run_child(
+        "suites.harness._state_targets:restart_coverage",
+        data_file,
+        restart,
+        save,
+        style="fork",
+        timeout=60,
+    )
+
+    seen = outcome.assert_clean().returned
+    assert seen == {
+        "measures": data_file if restart else "before",
+        "before_saves_itself": not restart,
+        "saved_at_exit": save,
+    }
+    saved = sorted(path.name for path in tmp_path.iterdir())
+    if restart and save:
+        assert len(saved) == 1 and saved[0].startswith("child.cov.")  # a name per process
+    else:
+        assert saved == (["child.cov-before"] if save else [])
