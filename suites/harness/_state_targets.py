@@ -152,3 +152,20 @@ def restart_coverage(data_file: str, restart: bool, save: bool) -> dict:
         "before_saves_itself": before._auto_save,
         "saved_at_exit": kept is not None and kept[0] == os.getpid() and kept[1] is current,
     }
+
+
+def take_state(taken: dict, filters: bool) -> dict:
+    """In a fork-style child: ``harness._child.apply_state(taken, filters=filters)`` (with
+    ``DEVMEM_TAKE_UNSET`` set first, for ``taken`` to unset); what it returned and
+    :func:`state` after it, with the two variables and ``RLIMIT_NOFILE`` before it."""
+    from harness import _child
+
+    os.environ["DEVMEM_TAKE_UNSET"] = "set before"
+    before = list(resource.getrlimit(resource.RLIMIT_NOFILE))
+    notes = _child.apply_state(taken, filters=filters)
+    return {
+        "notes": notes,
+        "state": state(),
+        "env": [os.environ.get("DEVMEM_TAKE_SET"), os.environ.get("DEVMEM_TAKE_UNSET")],
+        "nofile_before": before,
+    }

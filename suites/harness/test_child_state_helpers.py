@@ -10,6 +10,8 @@ is in ``test_same_state.py``).
 from __future__ import annotations
 
 import importlib
+import os
+import resource
 import sys
 import types
 import warnings
@@ -205,3 +207,76 @@ def test_a_fork_child_measures_coverage_as_its_orders_say(tmp_path, restart, sav
         assert len(saved) == 1 and saved[0].startswith("child.cov.")  # a name per process
     else:
         assert saved == (["child.cov-before"] if save else [])
+
+
+def _taken(taken: dict, filters: bool = True) -> dict:
+    return (
+        harness.run_child(
+            "suites.harness._state_targets:take_state", taken, filters, style="fork", timeout=60
+        )
+        .assert_clean()
+        .returned
+    )
+
+
+def test_a_child_takes_each_part_of_the_state_it_is_given():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    digits = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else None
+    taken = {
+        "environ": {"DEVMEM_TAKE_SET": "taken", "DEVMEM_TAKE_UNSET": None},
+        "umask": 0o027,
+        "rlimits": {
+            "RLIMIT_NOFILE": [soft - 1, hard],  # a lower soft limit: always allowed
+            "RLIMIT_NO_SUCH_LIMIT": [1, 1],  # not on this system: skipped
+            "RLIMIT_STACK": list(resource.getrlimit(resource.RLIMIT_STACK)),  # the same
+        },
+        "nice": min(nice + 1, 19),  # a higher nice value: always allowed
+        "warnings": [["error", "", "UserWarning", "", 0]],
+        "dont_write_bytecode": not sys.dont_write_bytecode,
+        "int_max_str_digits": 5000 if digits != 5000 else 6000,
+    }
+
+    seen = _taken(taken)
+
+    state = seen["state"]
+    assert seen["notes"] == []
+    assert seen["env"] == ["taken", None]
+    assert state["umask"] == 0o027
+    assert state["rlimits"]["RLIMIT_NOFILE"] == [soft - 1, hard]
+    assert state["nice"] == taken["nice"]
+    assert state["filters"] == [["error", "UserWarning", None]]
+    assert state["dont_write_bytecode"] is taken["dont_write_bytecode"]
+    if digits is not None:  # Python 3.11 and later
+        assert state["int_max_str_digits"] == taken["int_max_str_digits"]
+
+
+def test_a_child_given_no_state_keeps_its_own_and_filters_false_keeps_its_filters():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        own = _taken({})["state"]
+        kept = _taken({"warnings": [["error", "", "UserWarning", "", 0]]}, filters=False)
+
+    assert kept["notes"] == []
+    assert kept["state"] == own
+    assert own["filters"][0] == ["ignore", "ResourceWarning", None]
+
+
+@pytest.mark.parametrize("wanted", ["too-many", "unlimited"])
+def test_a_limit_the_child_cannot_take_is_a_note_naming_what_it_runs_with(wanted):
+    # no process may raise RLIMIT_NOFILE above fs.nr_open, root neither: the child takes as
+    # much as it may (its own hard limit) and says so
+    with open("/proc/sys/fs/nr_open") as file:
+        too_many = int(file.read()) + 1
+    limit = [too_many, too_many] if wanted == "too-many" else [-1, -1]
+
+    seen = _taken({"rlimits": {"RLIMIT_NOFILE": limit}})
+
+    hard = seen["nofile_before"][1]
+    assert seen["state"]["rlimits"]["RLIMIT_NOFILE"] == [hard, hard]
+    (note,) = seen["notes"]
+    wanted_text = f"({too_many}, {too_many})" if wanted == "too-many" else "(unlimited, unlimited)"
+    assert note.startswith(
+        f"devmem-harness: the child could not take the test process's RLIMIT_NOFILE {wanted_text} ("
+    )
+    assert note.endswith(f"); it runs with ({hard}, {hard})")
