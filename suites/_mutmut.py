@@ -23,9 +23,10 @@ mutant with only the tests that reach it. What keeps that map and those runs tru
   while other threads do too, as the thread tests do.
 - The memory history's stacks leave out mutmut's trampolines, as they leave out the
   allocator's own frames.
-- A test that ran a forkserver child is mapped to the zygote's start-up and loop too
-  (:data:`ZYGOTE_START`): they run once, in the test that started the zygote, so mutmut's map
-  would tie them to that test alone, and a mutant of them would be run against it alone.
+- A test that ran a forkserver child (:data:`FORKSERVER_RUN` or :data:`ZYGOTE_RUN` among its
+  hits) is mapped to the zygote's start-up and loop too (:data:`ZYGOTE_START`): they run
+  once, in the test that started the zygote, so mutmut's map would tie them to that test
+  alone, and a mutant of them would be run against it alone.
 - The first run, which mutmut runs in its own process, ends with its zygotes shut down and
   every ended child reaped: mutmut then waits for its workers with ``os.wait()``, and took a
   zygote that ended later for a worker (``KeyError``).
@@ -69,6 +70,11 @@ class _ThreadLocalCallStack(threading.local):
 FORKSERVER_RUN = "harness._forkserver.xǁConnectionǁrun"
 """mutmut's name for :meth:`harness._forkserver.Connection.run` (a forkserver child ran)."""
 
+ZYGOTE_RUN = "harness._zygote.xǁZygoteǁ_run"
+"""mutmut's name for the zygote's handling of a run request (a forkserver child was asked
+for): in a run where only ``harness/_zygote.py`` is mutated, :data:`FORKSERVER_RUN` has no
+trampoline and is never recorded."""
+
 ZYGOTE_START = (
     "harness._forkserver.x__start",
     "harness._forkserver.x__hello",
@@ -109,7 +115,8 @@ class _ChildHits:
         for path in list(self.directory.iterdir()):
             hits.update(path.read_text(encoding="utf-8").split())
             path.unlink()
-        if FORKSERVER_RUN in hits:  # its child ran in a zygote: it depends on how that started
+        if FORKSERVER_RUN in hits or ZYGOTE_RUN in hits:  # its child ran in a zygote: it
+            # depends on how that zygote started
             hits.update(ZYGOTE_START)
 
     def pytest_unconfigure(self, config) -> None:

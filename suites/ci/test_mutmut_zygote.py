@@ -180,7 +180,11 @@ class State:
 state = State()
 hits = _mutmut._ChildHits(lambda: state)
 seen = []
-for stats in ({_mutmut.FORKSERVER_RUN, "harness._child.x_main"}, {"harness._child.x_main"}):
+for stats in (
+    {_mutmut.FORKSERVER_RUN, "harness._child.x_main"},
+    {_mutmut.ZYGOTE_RUN, "harness._child.x_main"},  # only the zygote mutated
+    {"harness._child.x_main"},
+):
     state._stats = set(stats)
     hits.pytest_runtest_teardown(None, None)
     seen.append(sorted(state._stats))
@@ -194,10 +198,11 @@ def test_a_test_that_ran_a_forkserver_child_is_mapped_to_the_zygote_s_start_up()
     ran = _python(TEARDOWN)
 
     assert ran.returncode == 0, ran.stderr
-    forkserver, other = json.loads(ran.stdout)
+    forkserver, zygote, other = json.loads(ran.stdout)
     assert forkserver == sorted(
         {_mutmut.FORKSERVER_RUN, "harness._child.x_main", *_mutmut.ZYGOTE_START}
     )
+    assert zygote == sorted({_mutmut.ZYGOTE_RUN, "harness._child.x_main", *_mutmut.ZYGOTE_START})
     assert other == ["harness._child.x_main"]  # no forkserver child: nothing added
 
 
@@ -206,7 +211,7 @@ def test_the_zygote_start_up_names_are_functions_that_exist():
     # function would leave a name that maps nothing, silently
     import importlib
 
-    for name in (_mutmut.FORKSERVER_RUN, *_mutmut.ZYGOTE_START):
+    for name in (_mutmut.FORKSERVER_RUN, _mutmut.ZYGOTE_RUN, *_mutmut.ZYGOTE_START):
         module, _, mangled = name.rpartition(".")
         path = mangled[2:].split("ǁ") if mangled.startswith("xǁ") else [mangled[2:]]
         found = importlib.import_module(module)

@@ -1153,6 +1153,7 @@ def test_the_zygote_s_child_seals_its_page_dies_with_the_zygote_and_reports(zygo
         zygote._fork_for(client, 7, fds, offset, _REQUEST)
 
         (pid,) = zygote.children
+        assert zygote.children[pid].pidfd >= 0  # watched by its pidfd
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, still ours to reap
         sealed = os.pread(table, 32, SEAL_BYTES)
         assert sealed.startswith(f"{pid}\n".encode()) if page == 1 else sealed == bytes(32)
@@ -1232,3 +1233,62 @@ def test_a_zygote_leaves_by_posix_s_own_exit_not_a_replaced_os_exit(monkeypatch)
     with pytest.raises(Left):
         _zygote._leave_quietly(3)
     assert calls == [("posix", 3)]
+
+
+def test_a_child_without_a_pidfd_is_kept_as_such_and_reaped(zygote_here, monkeypatch):
+    # a kernel without pidfd_open (before 5.3): the zygote polls the child's end instead
+    from harness import _zygote
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    monkeypatch.setattr(_zygote, "_pidfd", lambda pid: None)
+    fds, read_ends = _four_pipes()
+    os.close(fds[0])
+    fds[0] = os.open(os.devnull, os.O_RDONLY)
+
+    zygote._fork_for(client, 7, fds, SEAL_BYTES, _REQUEST)
+
+    (pid,) = zygote.children
+    assert zygote.children[pid].pidfd == -1
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    assert zygote._ended(pid)
+    zygote._reap(pid)
+    replies = _replies(ours)
+    assert [reply["event"] for reply in replies] == ["forked", "reaped"]
+    assert _closed(read_ends[1:3]) == [True, True]  # the zygote's copies of its pipes, closed
+    for fd in (read_ends[0], read_ends[3]):
+        os.close(fd)
+
+
+def test_a_zygote_s_child_whose_set_up_raised_leaves_with_the_harness_error_status(
+    zygote_here, monkeypatch
+):
+    # run_child never returns; were it to raise, the child (a copy of the zygote) must not go
+    # on with the zygote's loop: it leaves with EXIT_HARNESS_ERROR
+    from harness._child import EXIT_HARNESS_ERROR, SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    here = os.getpid()
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("run_child raised")
+
+    monkeypatch.setattr(zygote.child, "run_child", raising)
+    fds, read_ends = _four_pipes()
+    os.close(fds[0])
+    fds[0] = os.open(os.devnull, os.O_RDONLY)
+    try:
+        zygote._fork_for(client, 7, fds, SEAL_BYTES, _REQUEST)
+    except BaseException:
+        if os.getpid() != here:  # this test's copy in the child: never run pytest on there
+            os._exit(99)
+        raise
+
+    (pid,) = zygote.children
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    zygote._reap(pid)
+    reaped = _replies(ours)[-1]
+    assert reaped["event"] == "reaped"
+    assert os.waitstatus_to_exitcode(reaped["status"]) == EXIT_HARNESS_ERROR
+    for fd in read_ends:
+        os.close(fd)
