@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -998,6 +999,7 @@ def zygote_here(monkeypatch):
     of two pages: ``(our end of its socket, the zygote, its client, the table's descriptor)``.
     It is never served: a test calls what it checks. Its preload counts as done (nothing is
     imported or frozen here) and the environment its requests set is restored afterwards."""
+    from harness import _zygote
     from harness._child import ENV_FLAG, SEAL_BYTES, start_ticks
     from harness._zygote import Zygote
 
@@ -1014,6 +1016,14 @@ def zygote_here(monkeypatch):
     try:
         yield ours, zygote, client, table
     finally:
+        pids = [*zygote.children, *([zygote.spare.pid] if zygote.spare is not None else [])]
+        pids += [handing.spare.pid for handing in zygote.handing.values()]
+        for pid in pids:  # a test that failed half-way: none is left running
+            _zygote._kill_group(pid)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
         for child in zygote.children.values():
             for fd in child.pipes:
                 os.close(fd)
@@ -1292,3 +1302,60 @@ def test_a_zygote_s_child_whose_set_up_raised_leaves_with_the_harness_error_stat
     assert os.waitstatus_to_exitcode(reaped["status"]) == EXIT_HARNESS_ERROR
     for fd in read_ends:
         os.close(fd)
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["its-client-waits", "its-client-went"])
+def test_a_request_handed_to_the_spare(zygote_here, gone):
+    # the zygote forks a spare ahead of the request, hands the request to it, and, once the
+    # spare said "taken", tells the client it forked (the spare's pid); the child seals its
+    # page, and reaped, its page is wiped. A client gone after the spare said "taken": the
+    # child is killed with the client's, and reaped as nobody's, its pipes kept until then
+    from harness._child import SEAL_BYTES, SEAL_FINAL_AT
+
+    ours, zygote, client, table = zygote_here
+    zygote.applied = b"{}"  # the setting the spare is forked with: the request's
+    zygote._fork_spare()
+    spare = zygote.spare
+    assert spare is not None
+    request = os.memfd_create("request")
+    os.write(request, _REQUEST)
+    status = os.memfd_create("status")
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+
+    zygote._run(client, 7, [request, out_w, err_w, os.dup(status)], SEAL_BYTES)
+
+    assert zygote.spare is None
+    ((_fd, handing),) = zygote.handing.items()
+    assert handing.spare is spare and client.children == {spare.pid: 7}
+    assert select.select([spare.sock], [], [], 30)[0], "the spare never said it took it"
+    if gone:
+        zygote._gone(client)
+        assert handing.client is None
+    zygote._taken(handing)
+
+    assert zygote.handing == {}
+    # the spare's socket, closed, is out of the poll set (else poll would return at once, for
+    # good: POLLNVAL, a busy loop)
+    assert [fd for fd, event in zygote.poller.poll(0) if event & select.POLLNVAL] == []
+    os.waitid(os.P_PID, spare.pid, os.WEXITED | os.WNOWAIT)
+    if gone:
+        child = zygote.children[spare.pid]
+        assert (child.client, child.offset, child.pipes) == (None, None, (out_w, err_w))
+        assert child.pidfd == spare.pidfd
+        zygote._reap(spare.pid)
+        assert _replies(ours) == []  # nothing to a gone client
+    else:
+        records = [json.loads(line) for line in os.pread(status, 1 << 16, 0).splitlines()]
+        assert [record["event"] for record in records] == ["started", "returned"]
+        assert records[-1]["value"]["pid"] == spare.pid
+        assert os.pread(table, 32, SEAL_BYTES).startswith(f"{spare.pid}\n".encode())
+        zygote._reap(spare.pid)
+        assert os.pread(table, SEAL_FINAL_AT, SEAL_BYTES) == bytes(SEAL_FINAL_AT)  # wiped
+        assert _replies(ours) == [
+            {"event": "forked", "id": 7, "pid": spare.pid},
+            {"event": "reaped", "id": 7, "pid": spare.pid, "status": 0},
+        ]
+    assert zygote.children == {}
+    assert [fd for fd, event in zygote.poller.poll(0) if event & select.POLLNVAL] == []
+    assert _closed([out_r, err_r]) == [True, True]  # the zygote's copies closed at the reaping
+    os.close(status)
