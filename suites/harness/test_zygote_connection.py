@@ -1017,7 +1017,7 @@ def zygote_here(monkeypatch):
         yield ours, zygote, client, table
     finally:
         pids = [*zygote.children, *([zygote.spare.pid] if zygote.spare is not None else [])]
-        pids += [handing.spare.pid for handing in zygote.handing.values()]
+        pids += [h.spare.pid for h in zygote.handing.values() if h.spare is not None]
         for pid in pids:  # a test that failed half-way: none is left running
             _zygote._kill_group(pid)
             try:
