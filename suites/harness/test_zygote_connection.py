@@ -1359,3 +1359,54 @@ def test_a_request_handed_to_the_spare(zygote_here, gone):
     assert [fd for fd, event in zygote.poller.poll(0) if event & select.POLLNVAL] == []
     assert _closed([out_r, err_r]) == [True, True]  # the zygote's copies closed at the reaping
     os.close(status)
+
+
+@pytest.mark.parametrize("why", ["died", "unknown-client", "another-setting"])
+def test_a_spare_that_cannot_take_the_request_is_sent_away_and_a_child_forked(zygote_here, why):
+    # a spare that died, that was forked before this client came (it has not mapped its guard
+    # table), or whose setting is another (not only in its variables): the zygote forks a
+    # child for the request, and the spare is reaped as nobody's (sent away, it leaves by 0)
+    from harness import _zygote
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    zygote.applied = b"{}"
+    zygote._fork_spare()
+    spare = zygote.spare
+    data = _REQUEST
+    if why == "died":
+        _zygote._kill_group(spare.pid)
+        os.waitid(os.P_PID, spare.pid, os.WEXITED | os.WNOWAIT)
+    elif why == "unknown-client":
+        spare.known = frozenset()
+    else:
+        data = _REQUEST.replace(b"\n{}", b'\n{"invalidate_caches": true}')
+    request = os.memfd_create("request")
+    os.write(request, data)
+    fds, read_ends = _four_pipes()
+    os.close(fds[0])
+    fds[0] = request
+
+    zygote._run(client, 7, fds, SEAL_BYTES)
+
+    assert zygote.spare is None and zygote.handing == {}
+    sent_away = zygote.children[spare.pid]
+    assert (sent_away.client, sent_away.pipes) == (None, ())
+    (pid,) = set(zygote.children) - {spare.pid}
+    assert zygote.children[pid].client is client
+    left = os.waitid(os.P_PID, spare.pid, os.WEXITED | os.WNOWAIT)
+    if why == "died":
+        assert (left.si_code, left.si_status) == (os.CLD_KILLED, signal.SIGKILL)
+    else:  # it read end of file, ran nothing
+        assert (left.si_code, left.si_status) == (os.CLD_EXITED, 0)
+    for ended in (spare.pid, pid):
+        os.waitid(os.P_PID, ended, os.WEXITED | os.WNOWAIT)
+        zygote._reap(ended)
+    replies = _replies(ours)
+    assert replies == [
+        {"event": "forked", "id": 7, "pid": pid},
+        {"event": "reaped", "id": 7, "pid": pid, "status": 0},
+    ]
+    assert zygote.children == {} and client.children == {}
+    for fd in read_ends:
+        os.close(fd)
