@@ -12,6 +12,7 @@ import pytest
 
 from harness._capture import Capture, Stream, _pread_all, kept_text, read_kept
 from harness._child import SEAL_BYTES, read_all
+from harness._errors import HarnessError
 from harness._guard import GuardTable
 
 MIB = 2**20
@@ -297,3 +298,67 @@ def test_finish_gives_a_writer_that_never_stops_a_tenth_of_a_second_by_default()
     took, endless = _finish_with_an_endless_writer()
     assert 0.1 <= took < 0.6, f"finish took {took:.2f} s by default, not 0.1 s"
     assert endless.total > 0 and not endless.eof
+
+
+def _open_fds() -> list[str]:
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("fails", ["stderr-pipe", "status-file", "request-file"])
+def test_a_channel_that_cannot_be_opened_is_a_harness_error_and_leaves_nothing_open(
+    monkeypatch, fails
+):
+    # out of descriptors (EMFILE) half-way: what was opened is closed, the page freed, and
+    # the error says why, with the OSError as its cause
+    import harness._capture as capture_module
+
+    table = GuardTable()
+    free = sorted(table.free)
+    full = OSError(24, "Too many open files")
+    real_pipe = os.pipe
+    pipes = []
+
+    def pipe() -> tuple[int, int]:
+        if pipes:  # the second pipe: stderr's
+            raise full
+        pipes.append(real_pipe())
+        return pipes[-1]
+
+    def anonymous_fd() -> int:
+        raise full
+
+    before = _open_fds()
+    if fails == "request-file":
+        capture = Capture(table)
+        monkeypatch.setattr(capture_module, "anonymous_fd", anonymous_fd)
+        with pytest.raises(HarnessError) as raised:
+            capture.write_request(b"{}")
+        capture.close()
+    else:
+        if fails == "stderr-pipe":
+            monkeypatch.setattr(capture_module.os, "pipe", pipe)
+        else:
+            monkeypatch.setattr(capture_module, "anonymous_fd", anonymous_fd)
+        with pytest.raises(HarnessError) as raised:
+            Capture(table)
+    monkeypatch.undo()
+
+    assert str(raised.value) == (
+        "cannot open a child's channels (its stdout and stderr pipes, status and request "
+        "files): Too many open files (this process's RLIMIT_NOFILE, or the system's file "
+        "table, may be exhausted)"
+    )
+    assert raised.value.__cause__ is full
+    assert _open_fds() == before
+    assert sorted(table.free) == free
+
+
+def test_a_capture_without_a_free_page_opens_nothing(monkeypatch):
+    table = GuardTable()
+    monkeypatch.setattr(table, "free", [])
+    before = _open_fds()
+
+    with pytest.raises(HarnessError, match="death-test children at once already"):
+        Capture(table)
+
+    assert _open_fds() == before
