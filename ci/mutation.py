@@ -20,11 +20,12 @@ test reaches, the score ``killed / (mutants - equivalent)`` and the wall time. A
 ``allocator/`` takes the better part of an hour on 2 cores.
 
 mutmut runs every mutant a pattern names again, also those it killed before. ``--resume``
-names only the mutants with no result yet and the survivors not listed as equivalent (a test
-added since may kill them) instead, so an interrupted run goes on where it stopped; then, once
-more, those of functions changed since the last run, whose verdicts mutmut dropped when it
-made the mutants again. The killed keep their verdict, which a test weakened since is not
-checked against: the nightly runs without it.
+names only the mutants with no result yet, and the survivors and mutants no test reached
+that are not listed as equivalent (a test added since may kill or reach them) instead, so an
+interrupted run goes on where it stopped; then, once more, those of functions changed since
+the last run, whose verdicts mutmut dropped when it made the mutants again. The killed keep
+their verdict, which a test weakened since is not checked against: the nightly runs without
+it.
 
 Equivalent mutants (a change no test can see, because the program behaves the same) are listed
 in ``ci/equivalent-mutants/<module>.txt``, one a line: ``<mutant name>  # <reason>``; blank
@@ -265,12 +266,14 @@ def read_exit_codes(path: Path, mutants_dir: Path | None = None) -> dict[str, in
 
 def pending(exit_codes: dict[str, int | None], equivalents: Iterable[Equivalent] = ()) -> list[str]:
     """The mutants of ``exit_codes`` (mutant name -> mutmut's exit code) that ``--resume``
-    runs, sorted: those with no result yet, and the survivors not listed in ``equivalents``."""
+    runs, sorted: those with no result yet, and the survivors and mutants no test reached
+    not listed in ``equivalents`` (a test added since may kill or reach them)."""
     listed = {entry.name for entry in equivalents}
+    again = SURVIVED_CODES | NO_TESTS_CODES
     return sorted(
         name
         for name, code in exit_codes.items()
-        if code is None or (code in SURVIVED_CODES and name not in listed)
+        if code is None or (code in again and name not in listed)
     )
 
 

@@ -237,16 +237,23 @@ def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_surv
 
     meta = mutants / "allocator" / "_locks.py.meta"
     meta.parent.mkdir(parents=True)
-    codes = {"killed": 1, "timed_out": -24, "survived": 0, "equivalent": 0, "pending": None}
+    codes = {
+        "killed": 1,
+        "timed_out": -24,
+        "survived": 0,
+        "equivalent": 0,
+        "pending": None,
+        "unreached": 33,  # no test reached it: one added since may
+    }
     names = {key: f"allocator._locks.x_a__mutmut_{n}" for n, key in enumerate(codes, 1)}
     meta.write_text(json.dumps({"exit_code_by_key": {names[k]: c for k, c in codes.items()}}))
     log.unlink()
     assert mutation.main([*argv, "--gate", "harness"]) == 0
     assert log.read_text().splitlines() == [
-        f"run {names['survived']} {names['pending']} --max-children 2",
+        f"run {names['survived']} {names['pending']} {names['unreached']} --max-children 2",
         f"run {names['pending']} --max-children 2",  # still without a verdict: once more
     ]
-    assert capsys.readouterr().out.startswith(f"+ {fake} run <2 mutants> --max-children 2\n")
+    assert capsys.readouterr().out.startswith(f"+ {fake} run <3 mutants> --max-children 2\n")
 
     # nothing left: one mutant runs, so that mutmut makes the mutants again (and drops the
     # verdicts of functions changed since, which a second pass would run)
