@@ -1044,11 +1044,15 @@ def _four_pipes() -> tuple[list[int], list[int]]:
 
 
 def _closed(read_ends: list[int]) -> list[bool]:
+    """For each pipe, whether every write end is closed (what was written is read past);
+    closes the read ends."""
     shut = []
     for r in read_ends:
         os.set_blocking(r, False)
         try:
-            shut.append(os.read(r, 1) == b"")
+            while os.read(r, 1 << 16):
+                pass
+            shut.append(True)
         except BlockingIOError:
             shut.append(False)
         os.close(r)
@@ -1410,3 +1414,55 @@ def test_a_spare_that_cannot_take_the_request_is_sent_away_and_a_child_forked(zy
     assert zygote.children == {} and client.children == {}
     for fd in read_ends:
         os.close(fd)
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["its-client-waits", "its-client-went"])
+def test_a_spare_that_died_before_it_took_the_request(zygote_here, gone):
+    # the spare got the request and died before it said "taken" (it ran none of it): the
+    # zygote forks a child for the request, unless the client is gone (its descriptors are
+    # closed then); the spare is reaped as nobody's
+    from harness import _zygote
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, table = zygote_here
+    zygote.applied = b"{}"
+    zygote._fork_spare()
+    spare = zygote.spare
+    os.kill(spare.pid, signal.SIGSTOP)  # it cannot take the request
+    os.waitid(os.P_PID, spare.pid, os.WSTOPPED | os.WNOWAIT)
+    request = os.memfd_create("request")
+    os.write(request, _REQUEST)
+    fds, read_ends = _four_pipes()
+    os.close(fds[0])
+    fds[0] = request
+
+    zygote._run(client, 7, fds, SEAL_BYTES)
+
+    ((_fd, handing),) = zygote.handing.items()
+    _zygote._kill_group(spare.pid)
+    os.waitid(os.P_PID, spare.pid, os.WEXITED | os.WNOWAIT)
+    if gone:
+        zygote._gone(client)
+    assert select.select([spare.sock], [], [], 30)[0]
+    zygote._taken(handing)
+
+    assert zygote.handing == {}
+    assert (zygote.children[spare.pid].client, zygote.children[spare.pid].pipes) == (None, ())
+    forked = set(zygote.children) - {spare.pid}
+    zygote._reap(spare.pid)
+    if gone:
+        assert forked == set()
+        assert _closed(read_ends) == [True] * 4
+        assert _replies(ours) == []
+        return
+    (pid,) = forked
+    assert client.children == {pid: 7}
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    assert os.pread(table, 32, SEAL_BYTES).startswith(f"{pid}\n".encode())  # its page
+    zygote._reap(pid)
+    assert _replies(ours) == [
+        {"event": "forked", "id": 7, "pid": pid},
+        {"event": "reaped", "id": 7, "pid": pid, "status": 0},
+    ]
+    assert client.children == {} and zygote.children == {}
+    assert _closed(read_ends) == [True] * 4
