@@ -1466,3 +1466,33 @@ def test_a_spare_that_died_before_it_took_the_request(zygote_here, gone):
     ]
     assert client.children == {} and zygote.children == {}
     assert _closed(read_ends) == [True] * 4
+
+
+def test_a_spare_whose_serving_raised_leaves_with_the_harness_error_status(
+    zygote_here, monkeypatch
+):
+    # _serve_as_spare never returns; were it to raise, the spare (a copy of the zygote) must
+    # not go on with the zygote's loop: it leaves with EXIT_HARNESS_ERROR
+    from harness._child import EXIT_HARNESS_ERROR
+
+    _ours, zygote, _client, _ = zygote_here
+    here = os.getpid()
+
+    def raising(sock_fd: int) -> None:
+        raise RuntimeError("serving raised")
+
+    monkeypatch.setattr(zygote, "_serve_as_spare", raising)
+    zygote.applied = b"{}"
+    try:
+        zygote._fork_spare()
+    except BaseException:
+        if os.getpid() != here:  # this test's copy in the spare: never run pytest on there
+            os._exit(99)
+        raise
+
+    spare = zygote.spare
+    left = os.waitid(os.P_PID, spare.pid, os.WEXITED | os.WNOWAIT)
+    assert (left.si_code, left.si_status) == (os.CLD_EXITED, EXIT_HARNESS_ERROR)
+    zygote._retire_spare()
+    zygote._reap(spare.pid)
+    assert zygote.children == {}
