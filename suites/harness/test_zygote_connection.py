@@ -1496,3 +1496,24 @@ def test_a_spare_whose_serving_raised_leaves_with_the_harness_error_status(
     zygote._retire_spare()
     zygote._reap(spare.pid)
     assert zygote.children == {}
+
+
+def test_without_a_pidfd_a_spare_is_killed_and_reaped_at_once(zygote_here, monkeypatch):
+    # nothing would tell the zygote that a spare died (kernels before 5.3): it keeps none
+    from harness import _zygote
+
+    _ours, zygote, _client, _ = zygote_here
+    asked: list[int] = []
+
+    def no_pidfd(pid: int) -> None:
+        asked.append(pid)
+
+    monkeypatch.setattr(_zygote, "_pidfd", no_pidfd)
+    zygote.applied = b"{}"
+
+    zygote._fork_spare()
+
+    assert zygote.spare is None and zygote.children == {}
+    (pid,) = asked
+    with pytest.raises(ChildProcessError):  # reaped already: no zombie is left
+        os.waitpid(pid, os.WNOHANG)
