@@ -1517,3 +1517,36 @@ def test_without_a_pidfd_a_spare_is_killed_and_reaped_at_once(zygote_here, monke
     (pid,) = asked
     with pytest.raises(ChildProcessError):  # reaped already: no zombie is left
         os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.parametrize("setting", [b"{}", b'{"invalidate_caches": true}'], ids=["its", "another"])
+def test_a_request_forked_for_beside_a_spare_keeps_it_only_if_it_has_the_spare_s_setting(
+    zygote_here, setting
+):
+    # a request without a page in the guard table is never handed to the spare; the zygote
+    # forks for it, and sends the spare away only if it applied another setting for it
+    from harness._child import SEAL_BYTES
+
+    _ours, zygote, client, _ = zygote_here
+    zygote.applied = b"{}"
+    zygote._fork_spare()
+    spare = zygote.spare
+    request = os.memfd_create("request")
+    os.write(request, _REQUEST.replace(b"\n{}", b"\n" + setting))
+    fds, read_ends = _four_pipes()
+    os.close(fds[0])
+    fds[0] = request
+
+    zygote._run(client, 7, fds, 2 * SEAL_BYTES)  # past the table's end
+
+    (pid,) = set(zygote.children) - {spare.pid}
+    if setting == b"{}":
+        assert zygote.spare is spare and spare.pid not in zygote.children
+        zygote._retire_spare()
+    else:
+        assert zygote.spare is None and zygote.children[spare.pid].client is None
+    for ended in (pid, spare.pid):
+        os.waitid(os.P_PID, ended, os.WEXITED | os.WNOWAIT)
+        zygote._reap(ended)
+    for fd in read_ends:
+        os.close(fd)
