@@ -1550,3 +1550,16 @@ def test_a_request_forked_for_beside_a_spare_keeps_it_only_if_it_has_the_spare_s
         zygote._reap(ended)
     for fd in read_ends:
         os.close(fd)
+
+
+def test_the_zygote_kills_a_process_without_a_group_of_its_own_by_its_pid():
+    # a child killed before it took its own group (setpgid) leads none: killpg finds no group
+    from harness import _zygote
+
+    sleeper = subprocess.Popen(["sleep", "60"])  # in this process's group, not a leader
+    try:
+        _zygote._kill_group(sleeper.pid)
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
