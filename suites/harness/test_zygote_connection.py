@@ -1563,3 +1563,35 @@ def test_the_zygote_kills_a_process_without_a_group_of_its_own_by_its_pid():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.parametrize("given", [3, 5])
+def test_a_run_without_its_four_descriptors_is_refused_with_them_closed(zygote_here, given):
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    pipes = [os.pipe() for _ in range(given)]
+
+    zygote._run(client, 7, [w for _, w in pipes], SEAL_BYTES)
+
+    assert _replies(ours) == [
+        {"event": "error", "id": 7, "message": f"expected 4 descriptors, got {given}"}
+    ]
+    assert _closed([r for r, _ in pipes]) == [True] * given
+    assert zygote.children == {}
+
+
+def test_a_request_file_the_zygote_cannot_read_is_a_bad_request(zygote_here, tmp_path):
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    fds, read_ends = _four_pipes()
+    os.close(fds[0])
+    fds[0] = os.open(tmp_path / "request", os.O_WRONLY | os.O_CREAT)  # not readable
+
+    zygote._run(client, 7, fds, SEAL_BYTES)
+
+    message = "bad request: OSError: [Errno 9] Bad file descriptor"
+    assert _replies(ours) == [{"event": "error", "id": 7, "message": message}]
+    assert _closed(read_ends[1:]) == [True] * 3
+    os.close(read_ends[0])
