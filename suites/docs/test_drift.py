@@ -65,6 +65,39 @@ def test_the_mutation_docs_list_every_mutated_module():
     assert listed == _configured_paths()
 
 
+UNSELECTED = {
+    "suites/harness/test_plugin.py": "pytester runs of the plugin: subprocesses the map cannot see",
+}
+"""Harness test files that import a mutated harness module but are left out of mutmut's
+selection, with the reason."""
+
+
+def test_a_harness_test_of_a_mutated_module_is_in_mutmut_s_selection():
+    # a test file left out is never run against a mutant: test_child_state_helpers.py was,
+    # and the mutation run of harness._child went on without it
+    config = _mutmut()
+    mutated = {p[: -len(".py")].replace("/", ".") for p in config["only_mutate"]}
+    mutated = {name for name in mutated if name.startswith("harness.")}
+    selected = set(config["pytest_add_cli_args_test_selection"])
+    left_out = []
+    for path in sorted((ROOT / "suites" / "harness").glob("test_*.py")):
+        text = path.read_text()
+        imported = {
+            f"harness.{name}"
+            for name in re.findall(r"(?m)^\s*from harness(?:\.|\s+import\s+)(_\w+)", text)
+        }
+        imported |= {
+            f"harness.{name}"
+            for names in re.findall(r"(?m)^\s*from harness import ([\w, ]+)$", text)
+            for name in re.split(r",\s*", names)
+        }
+        relative = str(path.relative_to(ROOT))
+        if imported & mutated and relative not in selected and relative not in UNSELECTED:
+            left_out.append(relative)
+    assert mutated, "no harness module is mutated?"
+    assert left_out == []
+
+
 def test_check_sh_help_names_the_mutated_modules_all_or_none():
     help_text = subprocess.run(
         ["bash", str(ROOT / "ci" / "check.sh"), "-h"], capture_output=True, text=True, check=True
