@@ -169,3 +169,16 @@ def take_state(taken: dict, filters: bool) -> dict:
         "env": [os.environ.get("DEVMEM_TAKE_SET"), os.environ.get("DEVMEM_TAKE_UNSET")],
         "nofile_before": before,
     }
+
+
+def restart_coverage_with(config: str) -> object:
+    """In a fork-style child: ``harness._child``'s coverage restart with ``config`` (coverage.py's
+    serialized configuration), saved at exit; what the child measures with, by its data file
+    (None if it measures nothing)."""
+    import coverage
+
+    from harness import _child
+
+    _child._restart_coverage({"config": config, "restart": True, "save": True})
+    current = coverage.Coverage.current()
+    return None if _child._coverage is None else current.config.data_file

@@ -78,6 +78,25 @@ def test_a_category_of_main_is_looked_up_in_the_parent_s_script_loaded_as_mp_mai
     assert _child._warning_category("__main__.ScriptWarning") is None  # pytest's __main__
     monkeypatch.setitem(sys.modules, _child.MP_MAIN, script)
     assert _child._warning_category("__main__.ScriptWarning") is script.ScriptWarning
+    # without a script loaded as __mp_main__: the process's own __main__ (a fork child's)
+    own = types.ModuleType("__main__")
+    own.MainWarning = type("MainWarning", (UserWarning,), {})
+    monkeypatch.delitem(sys.modules, _child.MP_MAIN)
+    monkeypatch.setitem(sys.modules, "__main__", own)
+    assert _child._warning_category("__main__.MainWarning") is own.MainWarning
+
+
+def test_a_category_of_a_module_nobody_imported_yet_is_imported_for_it(package):
+    (package / "devmem_cat_pkg").mkdir()
+    (package / "devmem_cat_pkg" / "__init__.py").write_text("")
+    (package / "devmem_cat_pkg" / "kinds.py").write_text(
+        "class KindWarning(UserWarning):\n    pass\n"
+    )
+    importlib.invalidate_caches()
+
+    found = _child._warning_category("devmem_cat_pkg.kinds.KindWarning")
+
+    assert found is sys.modules["devmem_cat_pkg.kinds"].KindWarning
 
 
 def _filters() -> list[tuple]:
@@ -138,7 +157,10 @@ def package(tmp_path, monkeypatch):
     root = tmp_path / "devmem_main_pkg"
     root.mkdir()
     (root / "__init__.py").write_text("")
-    (root / "tool.py").write_text("NAME = __name__\n")
+    (root / "helper.py").write_text("")
+    (root / "tool.py").write_text(  # a relative import: it needs its package
+        "import sys\nfrom . import helper\nNAME = __name__\nARGV0 = sys.argv[0]\n"
+    )
     (tmp_path / "loose.py").write_text("NAME = __name__\n")
     (tmp_path / "not-a-name").mkdir()
     (tmp_path / "not-a-name" / "tool.py").write_text("NAME = __name__\n")
@@ -158,8 +180,27 @@ def test_the_name_a_script_was_run_by_with_python_m(package, monkeypatch):
     assert _child._main_module_name(str(package / "loose.py")) is None  # its folder is on the path
     assert _child._main_module_name(str(package / "not-a-name" / "tool.py")) is None
     assert _child._main_module_name("/nowhere/devmem_main_pkg/tool.py") is None  # another file
+    ghost = str(package / "devmem_main_pkg" / "ghost.py")
+    assert _child._main_module_name(ghost) is None  # no such module: imports as nothing
+    elsewhere = package / "elsewhere"
+    (elsewhere / "devmem_main_pkg").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(elsewhere / "devmem_main_pkg"), *sys.path])
+    assert _child._main_module_name(tool) == "devmem_main_pkg.tool"  # the entry it is under
     monkeypatch.setattr(sys, "path", [str(package / "devmem_main_pkg"), *sys.path])
     assert _child._main_module_name(tool) is None  # run by its path: its folder comes first
+
+
+def test_a_script_whose_dotted_name_imports_another_file_was_not_run_by_it(package, monkeypatch):
+    # devmem_twin.tool is found first under another entry: that file, not this one
+    for side in ("first", "second"):
+        (package / side / "devmem_twin").mkdir(parents=True)
+        (package / side / "devmem_twin" / "__init__.py").write_text("")
+        (package / side / "devmem_twin" / "tool.py").write_text("")
+    monkeypatch.setattr(sys, "path", [str(package / "first"), str(package / "second")])
+    assert _child._main_module_name(str(package / "second" / "devmem_twin" / "tool.py")) is None
+    assert _child._main_module_name(str(package / "first" / "devmem_twin" / "tool.py")) == (
+        "devmem_twin.tool"
+    )
 
 
 @pytest.mark.parametrize("by", ["path", "name"])
@@ -171,6 +212,10 @@ def test_the_parent_s_script_is_loaded_as_mp_main_and_is_main(package, by):
     assert module.NAME == _child.MP_MAIN
     assert sys.modules[_child.MP_MAIN] is module and sys.modules["__main__"] is module
     assert module.__name__ == _child.MP_MAIN
+    if by == "name":  # run as python -m runs it: in its package, argv[0] its file
+        assert module.__package__ == "devmem_main_pkg"
+        argv0 = module.ARGV0
+        assert argv0 == str(path)
 
 
 def test_a_parent_s_script_that_cannot_be_loaded_says_from_where(package):
@@ -280,3 +325,13 @@ def test_a_limit_the_child_cannot_take_is_a_note_naming_what_it_runs_with(wanted
         f"devmem-harness: the child could not take the test process's RLIMIT_NOFILE {wanted_text} ("
     )
     assert note.endswith(f"); it runs with ({hard}, {hard})")
+
+
+def test_a_coverage_restart_that_fails_leaves_the_child_unmeasured_and_clean():
+    # a configuration coverage.py cannot read: the child runs on, unmeasured, and leaves clean
+    pytest.importorskip("coverage")
+    outcome = harness.run_child(
+        "suites.harness._state_targets:restart_coverage_with", "not a configuration", style="fork"
+    )
+
+    assert outcome.assert_clean().returned is None
