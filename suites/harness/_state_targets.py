@@ -154,15 +154,37 @@ def restart_coverage(data_file: str, restart: bool, save: bool) -> dict:
     }
 
 
-def take_state(taken: dict, filters: bool) -> dict:
+def take_state(
+    taken: dict, filters: bool, lower_nofile: bool = False, refuse_first: bool = False
+) -> dict:
     """In a fork-style child: ``harness._child.apply_state(taken, filters=filters)`` (with
     ``DEVMEM_TAKE_UNSET`` set first, for ``taken`` to unset); what it returned and
-    :func:`state` after it, with the two variables and ``RLIMIT_NOFILE`` before it."""
+    :func:`state` after it, with the two variables and ``RLIMIT_NOFILE`` before it.
+
+    ``lower_nofile`` halves the soft ``RLIMIT_NOFILE`` first; ``refuse_first`` makes the first
+    ``resource.setrlimit`` call fail as an unprivileged process's raise of a hard limit does.
+    """
     from harness import _child
 
     os.environ["DEVMEM_TAKE_UNSET"] = "set before"
+    if lower_nofile:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft // 2, hard))
     before = list(resource.getrlimit(resource.RLIMIT_NOFILE))
-    notes = _child.apply_state(taken, filters=filters)
+    real, calls = resource.setrlimit, []
+
+    def refusing(number: int, limits: tuple) -> None:
+        calls.append(number)
+        if len(calls) == 1:
+            raise ValueError("not allowed to raise maximum limit")
+        real(number, limits)
+
+    if refuse_first:
+        resource.setrlimit = refusing
+    try:
+        notes = _child.apply_state(taken, filters=filters)
+    finally:
+        resource.setrlimit = real
     return {
         "notes": notes,
         "state": state(),

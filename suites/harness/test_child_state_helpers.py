@@ -254,10 +254,15 @@ def test_a_fork_child_measures_coverage_as_its_orders_say(tmp_path, restart, sav
         assert saved == (["child.cov-before"] if save else [])
 
 
-def _taken(taken: dict, filters: bool = True) -> dict:
+def _taken(taken: dict, filters: bool = True, *how: bool) -> dict:
     return (
         harness.run_child(
-            "suites.harness._state_targets:take_state", taken, filters, style="fork", timeout=60
+            "suites.harness._state_targets:take_state",
+            taken,
+            filters,
+            *how,
+            style="fork",
+            timeout=60,
         )
         .assert_clean()
         .returned
@@ -272,8 +277,8 @@ def test_a_child_takes_each_part_of_the_state_it_is_given():
         "environ": {"DEVMEM_TAKE_SET": "taken", "DEVMEM_TAKE_UNSET": None},
         "umask": 0o027,
         "rlimits": {
+            "RLIMIT_NO_SUCH_LIMIT": [1, 1],  # not on this system: skipped, the rest taken
             "RLIMIT_NOFILE": [soft - 1, hard],  # a lower soft limit: always allowed
-            "RLIMIT_NO_SUCH_LIMIT": [1, 1],  # not on this system: skipped
             "RLIMIT_STACK": list(resource.getrlimit(resource.RLIMIT_STACK)),  # the same
         },
         "nice": min(nice + 1, 19),  # a higher nice value: always allowed
@@ -307,24 +312,28 @@ def test_a_child_given_no_state_keeps_its_own_and_filters_false_keeps_its_filter
     assert own["filters"][0] == ["ignore", "ResourceWarning", None]
 
 
-@pytest.mark.parametrize("wanted", ["too-many", "unlimited"])
+@pytest.mark.parametrize("wanted", ["too-many", "unlimited", "hard-too-many"])
 def test_a_limit_the_child_cannot_take_is_a_note_naming_what_it_runs_with(wanted):
     # no process may raise RLIMIT_NOFILE above fs.nr_open, root neither: the child takes as
-    # much as it may (its own hard limit) and says so
+    # much as it may (the soft limit asked for, at most its own hard limit) and says so
     with open("/proc/sys/fs/nr_open") as file:
         too_many = int(file.read()) + 1
-    limit = [too_many, too_many] if wanted == "too-many" else [-1, -1]
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit, got, text = {
+        "too-many": ([too_many, too_many], [hard, hard], f"({too_many}, {too_many})"),
+        "unlimited": ([-1, -1], [hard, hard], "(unlimited, unlimited)"),
+        "hard-too-many": ([hard - 1, too_many], [hard - 1, hard], f"({hard - 1}, {too_many})"),
+    }[wanted]
 
-    seen = _taken({"rlimits": {"RLIMIT_NOFILE": limit}})
+    seen = _taken({"rlimits": {"RLIMIT_NOFILE": limit}}, True, True)  # its soft limit lower
 
-    hard = seen["nofile_before"][1]
-    assert seen["state"]["rlimits"]["RLIMIT_NOFILE"] == [hard, hard]
+    assert seen["nofile_before"][0] < hard - 1
+    assert seen["state"]["rlimits"]["RLIMIT_NOFILE"] == got
     (note,) = seen["notes"]
-    wanted_text = f"({too_many}, {too_many})" if wanted == "too-many" else "(unlimited, unlimited)"
     assert note.startswith(
-        f"devmem-harness: the child could not take the test process's RLIMIT_NOFILE {wanted_text} ("
+        f"devmem-harness: the child could not take the test process's RLIMIT_NOFILE {text} ("
     )
-    assert note.endswith(f"); it runs with ({hard}, {hard})")
+    assert note.endswith(f"); it runs with ({got[0]}, {got[1]})")
 
 
 def test_a_coverage_restart_that_fails_leaves_the_child_unmeasured_and_clean():
@@ -335,3 +344,19 @@ def test_a_coverage_restart_that_fails_leaves_the_child_unmeasured_and_clean():
     )
 
     assert outcome.assert_clean().returned is None
+
+
+def test_a_limit_refused_under_an_unlimited_hard_limit_takes_the_soft_one():
+    # an unprivileged child refused a raise (here the first setrlimit is made to fail, as it
+    # would): under an unlimited hard limit it takes the test process's soft limit as it is
+    data = resource.getrlimit(resource.RLIMIT_DATA)
+    if data[1] != resource.RLIM_INFINITY:
+        pytest.skip(f"RLIMIT_DATA's hard limit here is {data[1]}, not unlimited")
+
+    seen = _taken({"rlimits": {"RLIMIT_DATA": [1 << 40, -1]}}, True, False, True)
+
+    text = "(1099511627776, unlimited)"
+    assert seen["notes"] == [
+        f"devmem-harness: the child could not take the test process's RLIMIT_DATA {text} "
+        f"(not allowed to raise maximum limit); it runs with {text}"
+    ]
