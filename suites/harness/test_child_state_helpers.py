@@ -274,7 +274,11 @@ def test_a_child_takes_each_part_of_the_state_it_is_given():
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     digits = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else None
     taken = {
-        "environ": {"DEVMEM_TAKE_SET": "taken", "DEVMEM_TAKE_UNSET": None},
+        "environ": {
+            "DEVMEM_TAKE_SET": "taken",
+            "DEVMEM_TAKE_UNSET": None,
+            "DEVMEM_TAKE_NEVER_SET": None,  # unset already: nothing to do
+        },
         "umask": 0o027,
         "rlimits": {
             "RLIMIT_NO_SUCH_LIMIT": [1, 1],  # not on this system: skipped, the rest taken
@@ -360,3 +364,34 @@ def test_a_limit_refused_under_an_unlimited_hard_limit_takes_the_soft_one():
         f"devmem-harness: the child could not take the test process's RLIMIT_DATA {text} "
         f"(not allowed to raise maximum limit); it runs with {text}"
     ]
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["taken", "refused"])
+def test_the_nice_value_is_this_process_s_own_and_set_for_it(monkeypatch, refused):
+    # the nice value read and set is this process's (who=0), never another's
+    calls = []
+
+    def getpriority(which: int, who: int) -> int:
+        assert which == os.PRIO_PROCESS
+        return 7 if who == 0 else -3
+
+    def setpriority(which: int, who: int, value: int) -> None:
+        calls.append((which, who, value))
+        if refused:
+            raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "getpriority", getpriority)
+    monkeypatch.setattr(os, "setpriority", setpriority)
+
+    notes = _child.apply_state({"nice": 5})
+
+    assert calls == [(os.PRIO_PROCESS, 0, 5)]
+    assert notes == (
+        [
+            "devmem-harness: the child could not take the test process's nice value 5 "
+            "(Operation not permitted: lowering it takes a privilege); it runs at 7"
+        ]
+        if refused
+        else []
+    )
+    assert _child.apply_state({"nice": 7}) == [] and len(calls) == 1  # its own: nothing to set
