@@ -1595,3 +1595,26 @@ def test_a_request_file_the_zygote_cannot_read_is_a_bad_request(zygote_here, tmp
     assert _replies(ours) == [{"event": "error", "id": 7, "message": message}]
     assert _closed(read_ends[1:]) == [True] * 3
     os.close(read_ends[0])
+
+
+def test_a_client_without_a_guard_table_gets_its_child_unsealed(zygote_here):
+    # its hello came without a table (or the table could not be mapped): no page fits
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, _ = zygote_here
+    client.table_map.close()
+    client.table_map = None
+    fds, read_ends = _four_pipes()
+    os.close(fds[0])
+    fds[0] = os.memfd_create("request")
+    os.write(fds[0], _REQUEST)
+
+    zygote._run(client, 7, fds, SEAL_BYTES)
+
+    (pid,) = zygote.children
+    assert zygote.children[pid].offset is None  # nothing to wipe at its reaping
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    zygote._reap(pid)
+    assert [reply["event"] for reply in _replies(ours)] == ["forked", "reaped"]
+    for fd in read_ends:
+        os.close(fd)
