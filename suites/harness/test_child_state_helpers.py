@@ -395,3 +395,14 @@ def test_the_nice_value_is_this_process_s_own_and_set_for_it(monkeypatch, refuse
         else []
     )
     assert _child.apply_state({"nice": 7}) == [] and len(calls) == 1  # its own: nothing to set
+
+
+def test_apply_state_sets_the_warning_filters_unless_told_not_to():
+    filters = [["error", "", "UserWarning", "", 0]]
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.simplefilter("ignore")
+        assert _child.apply_state({"warnings": filters}, filters=False) == []
+        assert _filters() == [("ignore", None, Warning, None, 0)]
+        assert _child.apply_state({"warnings": filters}) == []  # by default it does
+        assert _filters() == [("error", None, UserWarning, None, 0)]
