@@ -1036,11 +1036,23 @@ def zygote_here(monkeypatch):
             os.close(zygote.root_fd)
 
 
-def _four_pipes() -> tuple[list[int], list[int]]:
+def _four_pipes(request: int | None = None) -> tuple[list[int], list[int]]:
     """A request's four descriptors as the zygote gets them (write ends), and the read ends,
-    which see end of file once the zygote has closed each of them."""
+    which see end of file once the zygote has closed each of them. ``request``: the request
+    file's descriptor to give instead of the first pipe's (whose write end is closed then)."""
     pipes = [os.pipe() for _ in range(4)]
-    return [w for _, w in pipes], [r for r, _ in pipes]
+    fds = [w for _, w in pipes]
+    if request is not None:
+        os.close(fds[0])
+        fds[0] = request
+    return fds, [r for r, _ in pipes]
+
+
+def _request_file(data: bytes = b"") -> int:
+    """A request file holding ``data``: a memfd, read from its start."""
+    fd = os.memfd_create("request")
+    os.write(fd, data)
+    return fd
 
 
 def _closed(read_ends: list[int]) -> list[bool]:
@@ -1256,9 +1268,7 @@ def test_a_child_without_a_pidfd_is_kept_as_such_and_reaped(zygote_here, monkeyp
 
     ours, zygote, client, _ = zygote_here
     monkeypatch.setattr(_zygote, "_pidfd", lambda pid: None)
-    fds, read_ends = _four_pipes()
-    os.close(fds[0])
-    fds[0] = os.open(os.devnull, os.O_RDONLY)
+    fds, read_ends = _four_pipes(os.open(os.devnull, os.O_RDONLY))
 
     zygote._fork_for(client, 7, fds, SEAL_BYTES, _REQUEST)
 
@@ -1288,9 +1298,7 @@ def test_a_zygote_s_child_whose_set_up_raised_leaves_with_the_harness_error_stat
         raise RuntimeError("run_child raised")
 
     monkeypatch.setattr(zygote.child, "run_child", raising)
-    fds, read_ends = _four_pipes()
-    os.close(fds[0])
-    fds[0] = os.open(os.devnull, os.O_RDONLY)
+    fds, read_ends = _four_pipes(os.open(os.devnull, os.O_RDONLY))
     try:
         zygote._fork_for(client, 7, fds, SEAL_BYTES, _REQUEST)
     except BaseException:
@@ -1321,12 +1329,10 @@ def test_a_request_handed_to_the_spare(zygote_here, gone):
     zygote._fork_spare()
     spare = zygote.spare
     assert spare is not None
-    request = os.memfd_create("request")
-    os.write(request, _REQUEST)
     status = os.memfd_create("status")
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
 
-    zygote._run(client, 7, [request, out_w, err_w, os.dup(status)], SEAL_BYTES)
+    zygote._run(client, 7, [_request_file(_REQUEST), out_w, err_w, os.dup(status)], SEAL_BYTES)
 
     assert zygote.spare is None
     ((_fd, handing),) = zygote.handing.items()
@@ -1385,11 +1391,7 @@ def test_a_spare_that_cannot_take_the_request_is_sent_away_and_a_child_forked(zy
         spare.known = frozenset()
     else:
         data = _REQUEST.replace(b"\n{}", b'\n{"invalidate_caches": true}')
-    request = os.memfd_create("request")
-    os.write(request, data)
-    fds, read_ends = _four_pipes()
-    os.close(fds[0])
-    fds[0] = request
+    fds, read_ends = _four_pipes(_request_file(data))
 
     zygote._run(client, 7, fds, SEAL_BYTES)
 
@@ -1430,11 +1432,7 @@ def test_a_spare_that_died_before_it_took_the_request(zygote_here, gone):
     spare = zygote.spare
     os.kill(spare.pid, signal.SIGSTOP)  # it cannot take the request
     os.waitid(os.P_PID, spare.pid, os.WSTOPPED | os.WNOWAIT)
-    request = os.memfd_create("request")
-    os.write(request, _REQUEST)
-    fds, read_ends = _four_pipes()
-    os.close(fds[0])
-    fds[0] = request
+    fds, read_ends = _four_pipes(_request_file(_REQUEST))
 
     zygote._run(client, 7, fds, SEAL_BYTES)
 
@@ -1531,11 +1529,7 @@ def test_a_request_forked_for_beside_a_spare_keeps_it_only_if_it_has_the_spare_s
     zygote.applied = b"{}"
     zygote._fork_spare()
     spare = zygote.spare
-    request = os.memfd_create("request")
-    os.write(request, _REQUEST.replace(b"\n{}", b"\n" + setting))
-    fds, read_ends = _four_pipes()
-    os.close(fds[0])
-    fds[0] = request
+    fds, read_ends = _four_pipes(_request_file(_REQUEST.replace(b"\n{}", b"\n" + setting)))
 
     zygote._run(client, 7, fds, 2 * SEAL_BYTES)  # past the table's end
 
@@ -1585,9 +1579,8 @@ def test_a_request_file_the_zygote_cannot_read_is_a_bad_request(zygote_here, tmp
     from harness._child import SEAL_BYTES
 
     ours, zygote, client, _ = zygote_here
-    fds, read_ends = _four_pipes()
-    os.close(fds[0])
-    fds[0] = os.open(tmp_path / "request", os.O_WRONLY | os.O_CREAT)  # not readable
+    unreadable = os.open(tmp_path / "request", os.O_WRONLY | os.O_CREAT)
+    fds, read_ends = _four_pipes(unreadable)
 
     zygote._run(client, 7, fds, SEAL_BYTES)
 
@@ -1604,10 +1597,7 @@ def test_a_client_without_a_guard_table_gets_its_child_unsealed(zygote_here):
     ours, zygote, client, _ = zygote_here
     client.table_map.close()
     client.table_map = None
-    fds, read_ends = _four_pipes()
-    os.close(fds[0])
-    fds[0] = os.memfd_create("request")
-    os.write(fds[0], _REQUEST)
+    fds, read_ends = _four_pipes(_request_file(_REQUEST))
 
     zygote._run(client, 7, fds, SEAL_BYTES)
 
