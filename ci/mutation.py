@@ -62,8 +62,10 @@ PYCACHE_DIR = MUTANTS_DIR / ".pycache"
 # mutmut's exit codes (mutmut.stats.status_by_exit_code, mutmut 3.8), grouped as this report
 # counts them. A mutant that timed out made a test hang: killed, as mutmut's own score says; one
 # whose test process died of a signal (-6: the mutant made the allocator abort in-process, as
-# its fatal errors do; -9, -11) was caught too.
-KILLED_CODES = {1, 3, 24, -24, 36, 152, 255, -6, -9, -11}
+# its fatal errors do; -9, -11) was caught too, as was one whose test process left with the
+# harness's EXIT_HARNESS_ERROR (121: a mutant of a fork made the test process run the child's
+# side, as a zygote tested in-process does with `if pid != 0`).
+KILLED_CODES = {1, 3, 24, -24, 36, 121, 152, 255, -6, -9, -11}
 SURVIVED_CODES = {0}
 NO_TESTS_CODES = {5, 33}
 SKIPPED_CODES = {34, 37}

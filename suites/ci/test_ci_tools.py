@@ -304,6 +304,15 @@ def test_tally_counts_verdicts_and_applies_the_list():
     assert result.score == pytest.approx(100 * 2 / 5)
 
 
+def test_a_test_process_that_left_as_a_death_test_child_killed_its_mutant():
+    # a mutant of a fork (`if pid != 0`) made the in-process zygote's test run the child's
+    # side, which leaves with the harness's EXIT_HARNESS_ERROR
+    from harness._child import EXIT_HARNESS_ERROR
+
+    result = mutation.tally("m", {"m.x_a__mutmut_1": EXIT_HARNESS_ERROR}, [])
+    assert (result.killed, result.other) == (1, {})
+
+
 def test_stale_equivalent_entries_are_reported():
     listed = [
         mutation.Equivalent("m.x_a__mutmut_1", "r"),
