@@ -1608,3 +1608,41 @@ def test_a_client_without_a_guard_table_gets_its_child_unsealed(zygote_here):
     assert [reply["event"] for reply in _replies(ours)] == ["forked", "reaped"]
     for fd in read_ends:
         os.close(fd)
+
+
+def test_a_request_the_zygote_forks_for_itself_is_sealed_in_its_page(zygote_here):
+    # no spare: the zygote's own fork, through _run, seals the child in the page it was given
+    from harness._child import SEAL_BYTES
+
+    ours, zygote, client, table = zygote_here
+    fds, read_ends = _four_pipes(_request_file(_REQUEST))
+
+    zygote._run(client, 7, fds, SEAL_BYTES)
+
+    (pid,) = zygote.children
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    assert os.pread(table, 32, SEAL_BYTES).startswith(f"{pid}\n".encode())
+    zygote._reap(pid)
+    assert [reply["event"] for reply in _replies(ours)] == ["forked", "reaped"]
+    for fd in read_ends:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("table", ["none", "empty"])
+def test_a_hello_without_a_table_it_can_map_leaves_the_client_without_one(zygote_here, table):
+    # a hello with no descriptor, or with a table of 0 bytes (nothing to map): the client is
+    # ready all the same, and leaves without a trace
+    _ours, zygote, _client, _ = zygote_here
+    theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote._add_client(theirs)
+    client = zygote.clients[theirs.fileno()]
+    fds = [] if table == "none" else [os.memfd_create("empty-table")]
+
+    zygote._handle(client, b'{"op": "hello"}', fds)
+
+    assert json.loads(ours.recv(1 << 16)) == {"event": "ready", "pid": os.getpid()}
+    assert client.table_map is None
+    assert (client.table is None) is (table == "none")
+    zygote._gone(client)
+    assert client.table is None and theirs.fileno() == -1
+    ours.close()
