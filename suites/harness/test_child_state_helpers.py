@@ -254,13 +254,18 @@ def test_a_fork_child_measures_coverage_as_its_orders_say(tmp_path, restart, sav
         assert saved == (["child.cov-before"] if save else [])
 
 
-def _taken(taken: dict, filters: bool = True, *how: bool) -> dict:
+def _taken(
+    taken: dict, filters: bool = True, lower_nofile: bool = False, refuse_first: bool = False
+) -> dict:
+    """:func:`suites.harness._state_targets.take_state` in a fork child (its flags by name
+    here: a target's arguments travel by position)."""
     return (
         harness.run_child(
             "suites.harness._state_targets:take_state",
             taken,
             filters,
-            *how,
+            lower_nofile,
+            refuse_first,
             style="fork",
             timeout=60,
         )
@@ -329,7 +334,7 @@ def test_a_limit_the_child_cannot_take_is_a_note_naming_what_it_runs_with(wanted
         "hard-too-many": ([hard - 1, too_many], [hard - 1, hard], f"({hard - 1}, {too_many})"),
     }[wanted]
 
-    seen = _taken({"rlimits": {"RLIMIT_NOFILE": limit}}, True, True)  # its soft limit lower
+    seen = _taken({"rlimits": {"RLIMIT_NOFILE": limit}}, lower_nofile=True)
 
     assert seen["nofile_before"][0] < hard - 1
     assert seen["state"]["rlimits"]["RLIMIT_NOFILE"] == got
@@ -357,7 +362,7 @@ def test_a_limit_refused_under_an_unlimited_hard_limit_takes_the_soft_one():
     if data[1] != resource.RLIM_INFINITY:
         pytest.skip(f"RLIMIT_DATA's hard limit here is {data[1]}, not unlimited")
 
-    seen = _taken({"rlimits": {"RLIMIT_DATA": [1 << 40, -1]}}, True, False, True)
+    seen = _taken({"rlimits": {"RLIMIT_DATA": [1 << 40, -1]}}, refuse_first=True)
 
     text = "(1099511627776, unlimited)"
     assert seen["notes"] == [
