@@ -204,3 +204,17 @@ def restart_coverage_with(config: str) -> object:
     _child._restart_coverage({"config": config, "restart": True, "save": True})
     current = coverage.Coverage.current()
     return None if _child._coverage is None else current.config.data_file
+
+
+ORDERS_TAKEN: list = []
+"""What :func:`take_orders` records, in this process: the coverage orders handed to it."""
+
+
+def take_orders(orders: dict) -> None:
+    """A stand-in for ``harness._child._restart_coverage``: records ``orders``."""
+    ORDERS_TAKEN.append(orders)
+
+
+def orders_taken() -> list:
+    """In a fork-style child: the coverage orders :func:`take_orders` recorded here."""
+    return ORDERS_TAKEN

@@ -9,7 +9,7 @@ is in ``test_same_state.py``).
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
 import resource
 import sys
@@ -203,6 +203,22 @@ def test_a_script_whose_dotted_name_imports_another_file_was_not_run_by_it(packa
     )
 
 
+def test_an_entry_whose_dotted_name_cannot_be_looked_up_is_passed_over(package, monkeypatch):
+    # under <tmp> the script's name is devmem_shadow.devmem_deep.tool, and devmem_shadow is
+    # the module devmem_shadow.py (no package: the look-up raises); under <tmp>/devmem_shadow
+    # it is devmem_deep.tool, the name it was run by
+    (package / "devmem_shadow.py").write_text("")
+    (package / "devmem_shadow" / "devmem_deep").mkdir(parents=True)
+    (package / "devmem_shadow" / "devmem_deep" / "__init__.py").write_text("")
+    tool = package / "devmem_shadow" / "devmem_deep" / "tool.py"
+    tool.write_text("")
+    monkeypatch.setattr(sys, "path", [str(package), str(package / "devmem_shadow")])
+    with pytest.raises(ImportError):
+        importlib.util.find_spec("devmem_shadow.devmem_deep.tool")
+
+    assert _child._main_module_name(str(tool)) == "devmem_deep.tool"
+
+
 @pytest.mark.parametrize("by", ["path", "name"])
 def test_the_parent_s_script_is_loaded_as_mp_main_and_is_main(package, by):
     path = package / ("loose.py" if by == "path" else "devmem_main_pkg/tool.py")
@@ -252,6 +268,20 @@ def test_a_fork_child_measures_coverage_as_its_orders_say(tmp_path, restart, sav
         assert len(saved) == 1 and saved[0].startswith("child.cov.")  # a name per process
     else:
         assert saved == (["child.cov-before"] if save else [])
+
+
+@pytest.mark.parametrize("orders", [None, {"config": "[run]", "restart": True, "save": False}])
+def test_a_fork_child_takes_the_coverage_orders_the_harness_gives_it(monkeypatch, orders):
+    # harness._fork puts fork_orders() in the request ("coverage") only when there are some;
+    # the child restarts coverage with exactly those, and with nothing when there are none
+    monkeypatch.setattr("harness._fork.fork_orders", lambda: orders)
+    monkeypatch.setattr(_child, "_restart_coverage", _state_targets.take_orders)
+
+    outcome = harness.run_child(
+        "suites.harness._state_targets:orders_taken", style="fork", timeout=60
+    )
+
+    assert outcome.assert_clean().returned == ([] if orders is None else [orders])
 
 
 def _taken(
