@@ -165,9 +165,19 @@ def mutated_files(root: Path = ROOT) -> list[Path]:
     relative to ``root``.
 
     Raises:
-        MutationError: ``pyproject.toml`` has no ``[tool.mutmut]`` with ``source_paths``.
+        MutationError: ``pyproject.toml`` has no ``[tool.mutmut]`` with ``source_paths``, or
+            no TOML reader is installed (Python 3.10 without ``tomli``).
     """
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the test extra installs tomli, its original
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError as exc:
+            raise MutationError(
+                "reading pyproject.toml needs tomllib (Python 3.11+) or, on Python "
+                f"{sys.version_info[0]}.{sys.version_info[1]}, tomli: pip install -e .[test]"
+            ) from exc
 
     try:
         config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]

@@ -145,6 +145,10 @@ def test_mutmut_runs_with_a_bytecode_cache_of_its_own(tmp_path, monkeypatch):
 
 def test_a_missing_mutmut_is_one_clear_line(tmp_path):
     env = _shell_env(PATH=str(tmp_path))  # nothing on PATH
+    if sys.version_info < (3, 11):  # the script reads pyproject.toml first, with tomli
+        import tomli
+
+        env["PYTHONPATH"] = str(Path(tomli.__file__).parents[1])
     python = tmp_path / "bin" / "python"  # an interpreter with no mutmut beside it
     python.parent.mkdir()
     python.symlink_to(os.path.realpath(sys.executable))
@@ -160,6 +164,15 @@ def test_a_missing_mutmut_is_one_clear_line(tmp_path):
         f"mutation: mutmut is neither beside {python} nor on PATH: install the test extra"
         " (pip install -e '.[test]') or name it with --mutmut"
     ]
+
+
+def test_no_toml_reader_is_one_clear_error_naming_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # import raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    with pytest.raises(
+        mutation.MutationError, match=r"needs tomllib \(Python 3\.11\+\) or.* tomli"
+    ):
+        mutation.mutated_files()
 
 
 def test_a_bad_mutmut_option_names_it_and_exits_2(tmp_path):

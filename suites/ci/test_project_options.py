@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from suites.ci import path_without_a_driver
+from suites.ci import path_without_a_driver, read_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = "suites/allocator/test_stats.py"
@@ -90,8 +90,7 @@ def test_notes_are_one_line_unless_verbose():
 def test_installing_us_forces_no_test_plugins_on_a_project():
     # Issue 14: the runtime dependencies used to pull in pytest-xdist and pytest-forked and cap
     # pytest below 9.2 in every user's environment. The cap exists for pytest-forked only.
-    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = read_toml(ROOT / "pyproject.toml")["project"]
     runtime = " ".join(project["dependencies"])
     assert "xdist" not in runtime and "forked" not in runtime and "<" not in runtime
     test_extra = " ".join(project["optional-dependencies"]["test"])
