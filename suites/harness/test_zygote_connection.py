@@ -1646,3 +1646,29 @@ def test_a_hello_without_a_table_it_can_map_leaves_the_client_without_one(zygote
     zygote._gone(client)
     assert client.table is None and theirs.fileno() == -1
     ours.close()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        b'{"op": "frobnicate", "id": 7}',
+        b"not json at all",
+        b'{"op": "x", "pad": "' + b"y" * 300 + b'"}',
+    ],
+    ids=["unknown-op", "not-json", "long"],
+)
+def test_a_message_the_zygote_does_not_know_is_an_error_naming_it_and_its_fds_are_closed(
+    zygote_here, message
+):
+    # a client of another version, or a bug: the reply names the message (its first 200
+    # bytes) and the request's id; descriptors sent with it are not kept
+    ours, zygote, client, _table = zygote_here
+    fds, read_ends = _four_pipes()
+
+    zygote._handle(client, message, fds)
+
+    ident = 7 if b"frobnicate" in message else None
+    said = f"unknown message {message[:200]!r}"
+    assert _replies(ours) == [{"event": "error", "id": ident, "message": said}]
+    assert _closed(read_ends) == [True] * 4
+    assert zygote.clients and not zygote.children  # nothing forked, the client kept
