@@ -959,6 +959,30 @@ def test_a_nested_exception_class_is_named_by_its_qualified_name():
     assert child.records[-1]["type"] == f"{__name__}.Outer.NestedError"
 
 
+def test_warning_filters_that_fail_once_the_target_is_imported_are_a_harness_error(monkeypatch):
+    # a filter's category not found at set-up is looked for again once the target's module is
+    # imported (it may be defined there); that second look failing ends the child as set-up
+    # failures do, named, with its traceback
+    looks = []
+
+    def filters(warnings: list) -> tuple[list[str], bool]:
+        looks.append(warnings)
+        if len(looks) == 1:
+            return [], False  # a category not found yet
+        raise RuntimeError("the filters broke")
+
+    monkeypatch.setattr(_child, "_apply_warning_filters", filters)
+    child = fork_child(request_for(state={"warnings": []}), target=lambda: 1)
+
+    assert child.exit_code == EXIT_HARNESS_ERROR
+    assert child.events == ["started", "harness_error"]
+    message = child.records[-1]["message"]
+    assert message == "could not set up the child: RuntimeError: the filters broke"
+    assert child.records[-1]["traceback"].startswith("Traceback (most recent call last):")
+    assert child.records[-1]["traceback"].endswith("RuntimeError: the filters broke\n")
+    assert child.stderr.startswith(f"devmem-death: harness error in the child: {message}\n")
+
+
 def test_a_set_up_failure_before_the_streams_are_moved_is_echoed_only_onto_the_child_s_own():
     def before():
         os.setsid()  # a session leader cannot make a process group: set-up fails
