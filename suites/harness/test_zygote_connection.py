@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -1672,3 +1673,91 @@ def test_a_message_the_zygote_does_not_know_is_an_error_naming_it_and_its_fds_ar
     assert _replies(ours) == [{"event": "error", "id": ident, "message": said}]
     assert _closed(read_ends) == [True] * 4
     assert zygote.clients and not zygote.children  # nothing forked, the client kept
+
+
+def test_a_client_whose_socket_cannot_be_read_is_gone(zygote_here, monkeypatch):
+    # an error reading its socket (ECONNRESET, say) ends the client as its end of file does:
+    # no reply, its socket closed, the client forgotten
+    ours, zygote, client, _table = zygote_here
+
+    def reset(*args):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(socket, "recv_fds", reset)
+    zygote._read(client)
+
+    assert not zygote.clients
+    assert client.sock.fileno() == -1
+    assert ours.recv(1 << 16) == b""  # the zygote's end is closed: nothing was sent
+
+
+# -- the rehearsals: a zygote's and a spare's steps run ahead on made-up data -------------------
+
+
+def _open_fds() -> list[int]:
+    """This process's open descriptors (the listing's own included: the same every time)."""
+    return sorted(int(name) for name in os.listdir("/proc/self/fd"))
+
+
+def _in_a_fork(call) -> dict:
+    """``call()`` in a fork of this process: ``{"returned": <its JSON value>}``, or
+    ``{"raised": "<type>: <message>"}``."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            result = {"returned": call()}
+        except BaseException as exc:
+            result = {"raised": f"{type(exc).__name__}: {exc}"}
+        try:
+            os.write(write_end, json.dumps(result).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 1 << 16):
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks))
+
+
+def test_passing_descriptors_to_itself_returns_the_message_and_leaves_nothing_open():
+    from harness import _zygote
+
+    before = _open_fds()
+    received = _zygote._pass_descriptors({"op": "run", "id": 3, "seal_offset": 64}, 4)
+    assert json.loads(received) == {"op": "run", "id": 3, "seal_offset": 64}
+    assert _open_fds() == before
+
+
+@pytest.mark.parametrize("spare", [False, True], ids=["no-spare", "spare"])
+def test_the_zygote_s_rehearsal_of_a_hand_over_completes_and_leaves_nothing_behind(spare):
+    # a rehearsal that fails is swallowed where it runs (it costs the next request its page
+    # copies, no more), so here it is called alone: it must run to its end and leave no
+    # descriptor open and no variable changed
+    from harness import _child, _zygote
+
+    setting = b'{"environ": {"DEVMEM_REHEARSED": "1"}}'
+    made_up = _zygote._Spare(-1, -1, None, setting, json.loads(setting), frozenset())
+    zygote = types.SimpleNamespace(spare=made_up if spare else None, child=_child)
+    before, environ = _open_fds(), dict(os.environ)
+
+    assert _zygote.Zygote._rehearse_forward(zygote) is None
+
+    assert (_open_fds(), dict(os.environ)) == (before, environ)
+
+
+def test_the_spare_s_rehearsal_completes_and_leaves_nothing_behind():
+    # in a fork, as in the spare (whose environment has the child's flag set already): what a
+    # request's run sees (descriptors, environment, working directory, sys.path) is unchanged
+    from harness import _child, _zygote
+
+    def rehearse() -> dict:
+        os.environ[_child.ENV_FLAG] = "1"
+        seen = lambda: [_open_fds(), dict(os.environ), os.getcwd(), list(sys.path)]  # noqa: E731
+        before = seen()
+        returned = _zygote.Zygote._rehearse(types.SimpleNamespace(child=_child))
+        return {"returned": returned, "unchanged": seen() == before}
+
+    assert _in_a_fork(rehearse) == {"returned": {"returned": None, "unchanged": True}}
