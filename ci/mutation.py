@@ -278,14 +278,16 @@ def read_exit_codes(path: Path, mutants_dir: Path | None = None) -> dict[str, in
 
 def pending(exit_codes: dict[str, int | None], equivalents: Iterable[Equivalent] = ()) -> list[str]:
     """The mutants of ``exit_codes`` (mutant name -> mutmut's exit code) that ``--resume``
-    runs, sorted: those with no result yet, and the survivors and mutants no test reached
-    not listed in ``equivalents`` (a test added since may kill or reach them)."""
+    runs, sorted: those with no result yet; the survivors and mutants no test reached not
+    listed in ``equivalents`` (a test added since may kill or reach them); and those listed
+    that were killed (a test added since kills them, and the listing goes; or a test failed
+    for another reason, a load's timeout, and the mutant survives again)."""
     listed = {entry.name for entry in equivalents}
     again = SURVIVED_CODES | NO_TESTS_CODES
     return sorted(
         name
         for name, code in exit_codes.items()
-        if code is None or (code in again and name not in listed)
+        if code is None or (code in again) != (name in listed)
     )
 
 

@@ -226,7 +226,7 @@ def test_every_option_reaches_the_run_and_the_report(tmp_path, monkeypatch, caps
     assert log.read_text().count("run ") == 2  # --no-run ran nothing
 
 
-def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_survivors(
+def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_verdicts(
     tmp_path, monkeypatch, capsys
 ):
     # mutmut runs every mutant a pattern names again; --resume names the ones left
@@ -237,7 +237,9 @@ def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_surv
     fake.chmod(0o755)
     equivalents = tmp_path / "equivalent-mutants"
     equivalents.mkdir()
-    (equivalents / "allocator._locks.txt").write_text("allocator._locks.x_a__mutmut_4  # same\n")
+    (equivalents / "allocator._locks.txt").write_text(
+        "allocator._locks.x_a__mutmut_4  # same\nallocator._locks.x_a__mutmut_7  # same\n"
+    )
     monkeypatch.setattr(mutation, "MUTANTS_DIR", mutants)
     monkeypatch.setattr(mutation, "PYCACHE_DIR", mutants / ".pycache")
     monkeypatch.setattr(mutation, "EQUIVALENT_DIR", equivalents)
@@ -257,20 +259,26 @@ def test_resume_runs_only_the_mutants_without_a_verdict_and_the_unexplained_surv
         "equivalent": 0,
         "pending": None,
         "unreached": 33,  # no test reached it: one added since may
+        "listed_killed": 1,  # listed as equivalent, yet killed: a flaky kill, or a new test
     }
     names = {key: f"allocator._locks.x_a__mutmut_{n}" for n, key in enumerate(codes, 1)}
     meta.write_text(json.dumps({"exit_code_by_key": {names[k]: c for k, c in codes.items()}}))
     log.unlink()
-    assert mutation.main([*argv, "--gate", "harness"]) == 0
+    # (this mutmut gives no new verdicts: the listed one killed is still a stale entry)
+    assert mutation.main([*argv, "--gate", "harness"]) == 1
+    said = capsys.readouterr()
+    assert f"stale equivalent entry {names['listed_killed']} (killed now)" in said.err
     assert log.read_text().splitlines() == [
-        f"run {names['survived']} {names['pending']} {names['unreached']} --max-children 2",
+        f"run {names['survived']} {names['pending']} {names['unreached']}"
+        f" {names['listed_killed']} --max-children 2",
         f"run {names['pending']} --max-children 2",  # still without a verdict: once more
     ]
-    assert capsys.readouterr().out.startswith(f"+ {fake} run <3 mutants> --max-children 2\n")
+    assert said.out.startswith(f"+ {fake} run <4 mutants> --max-children 2\n")
 
     # nothing left: one mutant runs, so that mutmut makes the mutants again (and drops the
     # verdicts of functions changed since, which a second pass would run)
-    meta.write_text(json.dumps({"exit_code_by_key": {names["killed"]: 1, names["equivalent"]: 0}}))
+    survived = {names["equivalent"]: 0, names["listed_killed"]: 0}  # listed, and surviving
+    meta.write_text(json.dumps({"exit_code_by_key": {names["killed"]: 1, **survived}}))
     log.unlink()
     assert mutation.main([*argv, "--gate", "harness"]) == 0
     assert log.read_text() == f"run {names['killed']} --max-children 2\n"
