@@ -950,6 +950,23 @@ class Outer:
         """Named by its qualified name."""
 
 
+def test_a_class_of_mp_main_is_named_as_main_only_where_main_is_that_module(monkeypatch):
+    # a forkserver or exec child loads the parent's script as __mp_main__ and makes it
+    # __main__ too: its classes are named as the parent names them; anywhere else the module's
+    # own name stands
+    script = types.ModuleType(_child.MP_MAIN)
+    of_script = type("MyError", (Exception,), {"__module__": _child.MP_MAIN})
+    of_package = type("MyError", (Exception,), {"__module__": "pkg.mod"})
+    monkeypatch.delitem(sys.modules, _child.MP_MAIN, raising=False)
+    assert _child.type_name(of_script) == "__mp_main__.MyError"  # no __mp_main__ loaded
+    monkeypatch.setitem(sys.modules, _child.MP_MAIN, script)
+    assert _child.type_name(of_script) == "__mp_main__.MyError"  # __main__ is another module
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert _child.type_name(of_script) == "__main__.MyError"
+    assert _child.type_name(of_package) == "pkg.mod.MyError"
+    assert _child.type_name(ValueError) == "ValueError"
+
+
 def test_a_nested_exception_class_is_named_by_its_qualified_name():
     def target():
         raise Outer.NestedError("inner")
