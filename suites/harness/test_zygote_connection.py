@@ -1761,3 +1761,129 @@ def test_the_spare_s_rehearsal_completes_and_leaves_nothing_behind():
         return {"returned": returned, "unchanged": seen() == before}
 
     assert _in_a_fork(rehearse) == {"returned": {"returned": None, "unchanged": True}}
+
+
+# -- a spare, served a request directly -----------------------------------------------------
+
+
+def _spare_served(zygote, message: bytes | None, request: bytes | None, fail_recv=False) -> dict:
+    """Fork a spare of ``zygote`` (``Zygote._serve_as_spare``) and send it ``message`` with a
+    request's four descriptors (a request file holding ``request``; None: ``message`` alone,
+    no descriptors; None: nothing, then end of file); ``fail_recv``: its receive raises. What
+    the zygote's end got (``said``: b"" once the spare closed its end, None if it did not),
+    the spare's exit status and its status records."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    files = [os.memfd_create(name) for name in ("stdout", "stderr", "status")]
+    here = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        if os.getpid() == here:  # never: a fork returns 0 in the child only
+            os._exit(98)
+        ours.close()
+        if fail_recv:
+
+            def fail(*args):
+                raise ConnectionResetError(104, "Connection reset by peer")
+
+            socket.recv_fds = fail
+        try:
+            zygote._serve_as_spare(theirs.detach())
+        finally:
+            os._exit(99)  # it returned, or raised: it must leave by itself
+    theirs.close()
+    if message is None:
+        ours.shutdown(socket.SHUT_WR)  # its end of file
+    else:
+        fds = [] if request is None else [_request_file(request), *files]
+        socket.send_fds(ours, [message], fds)
+        if request is not None:
+            os.close(fds[0])
+    _, status = os.waitpid(pid, 0)
+    try:
+        said = ours.recv(64, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        said = None
+    except ConnectionResetError:  # it closed its end with our message unread
+        said = b""
+    ours.close()
+    records = [json.loads(line) for line in os.pread(files[2], 1 << 16, 0).splitlines()]
+    for fd in files:
+        os.close(fd)
+    return {"said": said, "exit": os.waitstatus_to_exitcode(status), "records": records}
+
+
+def _orders(client, serial=None, seal_offset=None) -> bytes:
+    from harness._child import SEAL_BYTES
+
+    return json.dumps(
+        {
+            "client": client.sock.fileno(),
+            "serial": client.serial if serial is None else serial,
+            "seal_offset": SEAL_BYTES if seal_offset is None else seal_offset,
+            "environ": {},
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize("how", ["no-fds", "recv-fails", "end-of-file"])
+def test_a_spare_sent_away_runs_nothing_and_leaves_quietly(zygote_here, how):
+    # the zygote sends a spare away with a message and no descriptors, or by closing its end;
+    # a receive that fails is the same: nothing is taken, nothing run, exit status 0
+    _ours, zygote, _client, _table = zygote_here
+    message = None if how == "end-of-file" else b"away"
+
+    served = _spare_served(zygote, message, None, fail_recv=how == "recv-fails")
+
+    assert served == {"said": b"", "exit": 0, "records": []}  # its end closed, unsaid
+
+
+@pytest.mark.parametrize("whose", ["its-client", "a-serial-gone", "unknown", "not-json"])
+def test_a_spare_seals_the_page_only_of_the_client_it_mapped(zygote_here, whose):
+    # the orders name the client by its socket's number and serial: a number reused by a
+    # later client (another serial), one unknown or orders unreadable give the child no seal
+    from harness._child import SEAL_BYTES
+
+    _ours, zygote, client, table = zygote_here
+    message = {
+        "its-client": _orders(client),
+        "a-serial-gone": _orders(client, serial=client.serial + 1),
+        "unknown": _orders(client).replace(b'"client": ', b'"client": 1000'),
+        "not-json": b"orders?",
+    }[whose]
+
+    served = _spare_served(zygote, message, b'{"target": "os:getpid", "args": []}\n{}')
+
+    assert served["said"] == b"taken"
+    assert served["exit"] == 0
+    pid = served["records"][0]["pid"]
+    assert [r["event"] for r in served["records"]] == ["started", "returned"]
+    assert served["records"][1]["value"] == pid
+    sealed = os.pread(table, 32, SEAL_BYTES)
+    assert sealed.startswith(f"{pid}\n".encode()) if whose == "its-client" else sealed == bytes(32)
+
+
+@pytest.mark.parametrize(
+    "request_bytes, said",
+    [
+        (b"[1]\n{}", "ValueError: the request is not a JSON object"),
+        (b"not json\n{}", "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"),
+    ],
+    ids=["a-list", "not-json"],
+)
+def test_a_request_a_spare_cannot_read_is_a_harness_error_on_its_channel(
+    zygote_here, request_bytes, said
+):
+    from harness._child import EXIT_HARNESS_ERROR
+
+    _ours, zygote, client, _table = zygote_here
+
+    served = _spare_served(zygote, _orders(client), request_bytes)
+
+    assert (served["said"], served["exit"]) == (b"taken", EXIT_HARNESS_ERROR)
+    assert served["records"] == [
+        {
+            "event": "harness_error",
+            "message": f"could not set up the child: {said}",
+            "traceback": "",
+        }
+    ]
