@@ -1887,3 +1887,25 @@ def test_a_request_a_spare_cannot_read_is_a_harness_error_on_its_channel(
             "traceback": "",
         }
     ]
+
+
+def test_a_spare_runs_its_child_in_the_group_it_was_given(zygote_here):
+    # the zygote forks a spare into a group of its own, which its child keeps (its death with
+    # the zygote goes by it): the run makes no new group. This spare, forked here, is in ours.
+    _ours, zygote, client, _table = zygote_here
+
+    served = _spare_served(zygote, _orders(client), b'{"target": "os:getpgid", "args": [0]}\n{}')
+
+    assert served["records"][-1] == {"event": "returned", "value": os.getpgrp()}
+
+
+def test_a_request_a_spare_cannot_read_is_its_seal_s_verdict_too(zygote_here):
+    from harness._child import SEAL_BYTES, SEAL_FINAL_AT
+
+    _ours, zygote, client, table = zygote_here
+
+    served = _spare_served(zygote, _orders(client), b"[1]\n{}")
+
+    assert served["records"][0]["event"] == "harness_error"
+    verdict = os.pread(table, 128, SEAL_BYTES + SEAL_FINAL_AT).rstrip(b"\0")
+    assert json.loads(verdict) == {"event": "harness_error", "delivered": True, "error": None}
