@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -325,3 +326,29 @@ def test_every_child_sees_its_own_request_whatever_came_before(steps, tmp_path_f
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@pytest.mark.parametrize(
+    "spare_setting, setting",
+    [
+        ({"environ": {}}, {"environ": {}, "cwd": "/"}),  # a key the spare's setting lacks
+        ({"environ": {}, "cwd": "/"}, {"environ": {}}),  # one the request's lacks
+        ({"environ": None}, {"environ": {}}),  # either environ not a dict
+        ({"environ": {}}, {"environ": ["A"]}),
+        ({"environ": {}}, ["not", "a", "dict"]),
+    ],
+    ids=["key-added", "key-left-out", "spare-environ-null", "environ-a-list", "not-a-dict"],
+)
+def test_a_setting_that_differs_in_more_than_its_variables_does_not_fit(spare_setting, setting):
+    encoded = json.dumps(spare_setting).encode()
+    spare = _Spare(0, -1, None, encoded, spare_setting, frozenset())
+
+    assert _environ_change(spare, b'{"target": "m:f"}\n' + json.dumps(setting).encode()) is None
+
+
+def test_a_child_s_page_offset_is_kept_only_when_it_is_an_int():
+    from harness._zygote import _Child
+
+    assert _Child(-1, None, 4096, ()).offset == 4096
+    assert _Child(-1, None, "4096", ()).offset is None  # the client's orders, unchecked
+    assert _Child(-1, None, None, ()).offset is None
