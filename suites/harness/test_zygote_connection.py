@@ -1909,3 +1909,18 @@ def test_a_request_a_spare_cannot_read_is_its_seal_s_verdict_too(zygote_here):
     assert served["records"][0]["event"] == "harness_error"
     verdict = os.pread(table, 128, SEAL_BYTES + SEAL_FINAL_AT).rstrip(b"\0")
     assert json.loads(verdict) == {"event": "harness_error", "delivered": True, "error": None}
+
+
+def test_without_a_pidfd_for_its_root_the_zygote_wakes_to_look_for_it(zygote_here):
+    # a kernel without pidfd_open: no descriptor says the root ended, so the loop wakes every
+    # 50 ms to look (the root's start time) instead of waiting for events that never come
+    _ours, zygote, _client, _table = zygote_here
+
+    def step() -> list:
+        signal.alarm(10)  # a loop that waits for an event that never comes: killed by it
+        zygote.root_fd = None
+        started = time.monotonic()
+        zygote._step()
+        return [time.monotonic() - started < 5, zygote.root_gone]
+
+    assert _in_a_fork(step) == {"returned": [True, False]}  # the root lives: this process
