@@ -1924,3 +1924,28 @@ def test_without_a_pidfd_for_its_root_the_zygote_wakes_to_look_for_it(zygote_her
         return [time.monotonic() - started < 5, zygote.root_gone]
 
     assert _in_a_fork(step) == {"returned": [True, False]}  # the root lives: this process
+
+
+def test_a_zygote_s_child_closes_every_descriptor_above_2_but_those_kept():
+    from harness._zygote import Zygote
+
+    pid = os.fork()
+    if pid == 0:  # the verdict by exit status: every descriptor that could carry it is closed
+        try:
+            kept, next_one, also_kept = (os.open(os.devnull, os.O_RDONLY) for _ in range(3))
+            os.dup2(kept, 40)  # far above: a range between
+            Zygote._close_all_but((also_kept, kept, 40))  # in any order
+
+            def is_open(fd: int) -> bool:
+                try:
+                    os.fstat(fd)
+                    return True
+                except OSError:
+                    return False
+
+            seen = [is_open(fd) for fd in (0, 1, 2, kept, also_kept, 40, next_one)]
+            os._exit(0 if seen == [True] * 6 + [False] else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
