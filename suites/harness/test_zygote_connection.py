@@ -1771,15 +1771,19 @@ def _spare_served(zygote, message: bytes | None, request: bytes | None, fail_rec
     request's four descriptors (a request file holding ``request``; None: ``message`` alone,
     no descriptors; None: nothing, then end of file); ``fail_recv``: its receive raises. What
     the zygote's end got (``said``: b"" once the spare closed its end, None if it did not),
-    the spare's exit status and its status records."""
+    the spare's exit status, its status records and what it wrote on its own stderr
+    (``echoed``)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     files = [os.memfd_create(name) for name in ("stdout", "stderr", "status")]
+    own_stderr = os.memfd_create("spare-stderr")  # the zygote's, in a real spare
     here = os.getpid()
     pid = os.fork()
     if pid == 0:
         if os.getpid() == here:  # never: a fork returns 0 in the child only
             os._exit(98)
         ours.close()
+        os.dup2(own_stderr, 2)
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (not pytest's capture)
         if fail_recv:
 
             def fail(*args):
@@ -1807,9 +1811,11 @@ def _spare_served(zygote, message: bytes | None, request: bytes | None, fail_rec
         said = b""
     ours.close()
     records = [json.loads(line) for line in os.pread(files[2], 1 << 16, 0).splitlines()]
-    for fd in files:
+    echoed = os.pread(own_stderr, 1 << 16, 0)
+    for fd in (*files, own_stderr):
         os.close(fd)
-    return {"said": said, "exit": os.waitstatus_to_exitcode(status), "records": records}
+    exit_code = os.waitstatus_to_exitcode(status)
+    return {"said": said, "exit": exit_code, "records": records, "echoed": echoed}
 
 
 def _orders(client, serial=None, seal_offset=None) -> bytes:
@@ -1834,7 +1840,7 @@ def test_a_spare_sent_away_runs_nothing_and_leaves_quietly(zygote_here, how):
 
     served = _spare_served(zygote, message, None, fail_recv=how == "recv-fails")
 
-    assert served == {"said": b"", "exit": 0, "records": []}  # its end closed, unsaid
+    assert served == {"said": b"", "exit": 0, "records": [], "echoed": b""}  # unsaid
 
 
 @pytest.mark.parametrize("whose", ["its-client", "a-serial-gone", "unknown", "not-json"])
@@ -1887,6 +1893,7 @@ def test_a_request_a_spare_cannot_read_is_a_harness_error_on_its_channel(
             "traceback": "",
         }
     ]
+    assert served["echoed"] == b""  # the channel's alone: the spare's stderr is the zygote's
 
 
 def test_a_spare_runs_its_child_in_the_group_it_was_given(zygote_here):
