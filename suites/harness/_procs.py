@@ -84,3 +84,9 @@ def children_of(pid: int) -> list[int]:
     except FileNotFoundError:
         return []
     return [child for child in found if (_stat(child) or ("X",))[0] not in ("Z", "X")]
+
+
+def open_fds() -> list[int]:
+    """This process's open descriptors, sorted (the listing's own included: the same one each
+    time, so two listings compare equal when nothing else was opened or closed)."""
+    return sorted(int(name) for name in os.listdir("/proc/self/fd"))

@@ -3,23 +3,18 @@
 
 from __future__ import annotations
 
-import os
 import resource
 
 import pytest
 
 import harness
-from suites.harness import _targets
-
-
-def _open_descriptors() -> list[int]:
-    return sorted(int(name) for name in os.listdir("/proc/self/fd"))
+from suites.harness import _procs, _targets
 
 
 def _limit_with_room_for(free: int) -> int:
     """The RLIMIT_NOFILE under which exactly ``free`` more descriptors can be opened (a new
     descriptor takes the lowest free number, which must be below the limit)."""
-    used, limit = set(_open_descriptors()), 0
+    used, limit = set(_procs.open_fds()), 0
     while free or limit in used:
         free -= limit not in used
         limit += 1
@@ -30,7 +25,7 @@ def _limit_with_room_for(free: int) -> int:
 @pytest.mark.parametrize("child_style", ["fork", "forkserver", "exec"])
 def test_no_descriptor_left_is_a_harness_error_that_says_so(child_style):
     harness.run_child(_targets.give_back, style=child_style).assert_clean()  # zygote and table
-    before = _open_descriptors()
+    before = _procs.open_fds()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (_limit_with_room_for(2), hard))  # one pipe
 
@@ -38,4 +33,4 @@ def test_no_descriptor_left_is_a_harness_error_that_says_so(child_style):
         harness.run_child(_targets.give_back, style=child_style)
 
     assert "RLIMIT_NOFILE" in str(excinfo.value)
-    assert _open_descriptors() == before  # the pipe it did open is closed again
+    assert _procs.open_fds() == before  # the pipe it did open is closed again

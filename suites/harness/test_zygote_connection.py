@@ -1694,11 +1694,6 @@ def test_a_client_whose_socket_cannot_be_read_is_gone(zygote_here, monkeypatch):
 # -- the rehearsals: a zygote's and a spare's steps run ahead on made-up data -------------------
 
 
-def _open_fds() -> list[int]:
-    """This process's open descriptors (the listing's own included: the same every time)."""
-    return sorted(int(name) for name in os.listdir("/proc/self/fd"))
-
-
 def _in_a_fork(call) -> dict:
     """``call()`` in a fork of this process: ``{"returned": <its JSON value>}``, or
     ``{"raised": "<type>: <message>"}``."""
@@ -1725,10 +1720,10 @@ def _in_a_fork(call) -> dict:
 def test_passing_descriptors_to_itself_returns_the_message_and_leaves_nothing_open():
     from harness import _zygote
 
-    before = _open_fds()
+    before = _procs.open_fds()
     received = _zygote._pass_descriptors({"op": "run", "id": 3, "seal_offset": 64}, 4)
     assert json.loads(received) == {"op": "run", "id": 3, "seal_offset": 64}
-    assert _open_fds() == before
+    assert _procs.open_fds() == before
 
 
 @pytest.mark.parametrize("spare", [False, True], ids=["no-spare", "spare"])
@@ -1741,11 +1736,11 @@ def test_the_zygote_s_rehearsal_of_a_hand_over_completes_and_leaves_nothing_behi
     setting = b'{"environ": {"DEVMEM_REHEARSED": "1"}}'
     made_up = _zygote._Spare(-1, -1, None, setting, json.loads(setting), frozenset())
     zygote = types.SimpleNamespace(spare=made_up if spare else None, child=_child)
-    before, environ = _open_fds(), dict(os.environ)
+    before, environ = _procs.open_fds(), dict(os.environ)
 
     assert _zygote.Zygote._rehearse_forward(zygote) is None
 
-    assert (_open_fds(), dict(os.environ)) == (before, environ)
+    assert (_procs.open_fds(), dict(os.environ)) == (before, environ)
 
 
 def test_the_spare_s_rehearsal_completes_and_leaves_nothing_behind():
@@ -1755,7 +1750,7 @@ def test_the_spare_s_rehearsal_completes_and_leaves_nothing_behind():
 
     def rehearse() -> dict:
         os.environ[_child.ENV_FLAG] = "1"
-        seen = lambda: [_open_fds(), dict(os.environ), os.getcwd(), list(sys.path)]  # noqa: E731
+        seen = lambda: [_procs.open_fds(), dict(os.environ), os.getcwd(), list(sys.path)]  # noqa: E731
         before = seen()
         returned = _zygote.Zygote._rehearse(types.SimpleNamespace(child=_child))
         return {"returned": returned, "unchanged": seen() == before}
@@ -1776,11 +1771,8 @@ def _spare_served(zygote, message: bytes | None, request: bytes | None, fail_rec
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     files = [os.memfd_create(name) for name in ("stdout", "stderr", "status")]
     own_stderr = os.memfd_create("spare-stderr")  # the zygote's, in a real spare
-    here = os.getpid()
     pid = os.fork()
     if pid == 0:
-        if os.getpid() == here:  # never: a fork returns 0 in the child only
-            os._exit(98)
         ours.close()
         os.dup2(own_stderr, 2)
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (not pytest's capture)
