@@ -1276,8 +1276,9 @@ def test_a_child_without_a_pidfd_is_kept_as_such_and_reaped(zygote_here, monkeyp
     (pid,) = zygote.children
     assert zygote.children[pid].pidfd == -1
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-    assert zygote._ended(pid)
-    zygote._reap(pid)
+    zygote._step()  # no pidfd: the poll times out at 50 ms, and waitid sees the end
+
+    assert zygote.children == {}
     replies = _replies(ours)
     assert [reply["event"] for reply in replies] == ["forked", "reaped"]
     assert _closed(read_ends[1:3]) == [True, True]  # the zygote's copies of its pipes, closed
@@ -1923,6 +1924,75 @@ def test_without_a_pidfd_for_its_root_the_zygote_wakes_to_look_for_it(zygote_her
         return [time.monotonic() - started < 5, zygote.root_gone]
 
     assert _in_a_fork(step) == {"returned": [True, False]}  # the root lives: this process
+
+
+def test_the_root_s_end_is_seen_once_and_for_good(zygote_here):
+    # the root's pidfd, readable for good once the root ended, leaves the poll set once seen
+    # (else every poll would return at once: a busy loop); and a root seen gone stays gone,
+    # though its pid names a live process again (this process, here) where no pidfd tells
+    _ours, zygote, _client, _table = zygote_here
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    root_fd = os.pidfd_open(pid)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    zygote._unwatch(zygote.root_fd)
+    if zygote.root_fd is not None:
+        os.close(zygote.root_fd)
+    zygote.root_fd = root_fd  # the fixture closes it
+    zygote._watch(root_fd)
+
+    def steps() -> list:
+        signal.alarm(10)  # a loop that waits for an event that never comes: killed by it
+        zygote._step()
+        seen = [zygote.root_gone, [fd for fd, _ in zygote.poller.poll(0) if fd == root_fd]]
+        zygote.root_fd = None  # no pidfd: the loop looks for the root's pid every 50 ms
+        zygote._step()
+        return [*seen, zygote.root_gone]
+
+    assert _in_a_fork(steps) == {"returned": [True, [], True]}
+    os.waitpid(pid, 0)
+
+
+def _step_once_woken(zygote) -> None:
+    """One pass of the zygote's loop, once something is there to wake it (else it would wait
+    for good: its root, this process, does not end)."""
+    assert zygote.poller.poll(30_000), "nothing wakes the zygote"
+    zygote._step()
+
+
+def test_a_spare_is_kept_while_it_lives_and_has_clients_and_replaced_once_it_died(zygote_here):
+    # a wake that is not the spare's leaves it be; a spare that died (someone killed it) is
+    # sent away and reaped, and another forked once no child runs; once the last client left,
+    # the spare is sent away (it reads the end of its socket and leaves) and reaped
+    ours, zygote, _client, _ = zygote_here
+    zygote.applied, zygote.set_up = b"{}", True  # a setting applied, the set-up done ahead
+    zygote._fork_spare()
+    spare = zygote.spare
+    assert spare is not None
+
+    ours.send(b'{"op": "hello"}')
+    _step_once_woken(zygote)
+    assert zygote.spare is spare and spare.pid not in zygote.children
+    assert json.loads(ours.recv(1 << 16))["event"] == "ready"
+
+    os.kill(spare.pid, signal.SIGKILL)
+    os.waitid(os.P_PID, spare.pid, os.WEXITED | os.WNOWAIT)
+    _step_once_woken(zygote)
+    assert zygote.spare is None and zygote.children[spare.pid].client is None
+    _step_once_woken(zygote)
+    assert spare.pid not in zygote.children  # reaped: no zombie is left
+    with pytest.raises(ChildProcessError):
+        os.waitpid(spare.pid, os.WNOHANG)
+    another = zygote.spare
+    assert another is not None and another.pid != spare.pid
+
+    ours.close()  # the last client leaves
+    _step_once_woken(zygote)
+    assert zygote.clients == {} and zygote.spare is None
+    assert zygote.children[another.pid].client is None
+    _step_once_woken(zygote)
+    assert zygote.children == {}
 
 
 def test_a_zygote_s_child_closes_every_descriptor_above_2_but_those_kept():
