@@ -1915,15 +1915,22 @@ def test_without_a_pidfd_for_its_root_the_zygote_wakes_to_look_for_it(zygote_her
     # a kernel without pidfd_open: no descriptor says the root ended, so the loop wakes every
     # 50 ms to look (the root's start time) instead of waiting for events that never come
     _ours, zygote, _client, _table = zygote_here
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # a root that ended: its pid names no process
 
     def step() -> list:
         signal.alarm(10)  # a loop that waits for an event that never comes: killed by it
         zygote.root_fd = None
         started = time.monotonic()
         zygote._step()
-        return [time.monotonic() - started < 5, zygote.root_gone]
+        seen = [time.monotonic() - started < 5, zygote.root_gone]  # the root lives: this process
+        zygote.root_pid = pid
+        zygote._step()
+        return [*seen, zygote.root_gone]
 
-    assert _in_a_fork(step) == {"returned": [True, False]}  # the root lives: this process
+    assert _in_a_fork(step) == {"returned": [True, False, True]}
 
 
 def test_the_root_s_end_is_seen_once_and_for_good(zygote_here):
@@ -2001,9 +2008,6 @@ def test_a_zygote_s_child_closes_every_descriptor_above_2_but_those_kept():
     pid = os.fork()
     if pid == 0:  # the verdict by exit status: every descriptor that could carry it is closed
         try:
-            kept, next_one, also_kept = (os.open(os.devnull, os.O_RDONLY) for _ in range(3))
-            os.dup2(kept, 40)  # far above: a range between
-            Zygote._close_all_but((also_kept, kept, 40))  # in any order
 
             def is_open(fd: int) -> bool:
                 try:
@@ -2012,8 +2016,16 @@ def test_a_zygote_s_child_closes_every_descriptor_above_2_but_those_kept():
                 except OSError:
                     return False
 
-            seen = [is_open(fd) for fd in (0, 1, 2, kept, also_kept, 40, next_one)]
-            os._exit(0 if seen == [True] * 6 + [False] else 1)
+            # the lowest free descriptors: the one after `kept` is open, this one or another
+            kept, _next_one, also_kept = (os.open(os.devnull, os.O_RDONLY) for _ in range(3))
+            far = max(kept, also_kept) + 100  # far above: a range between
+            os.dup2(kept, far)
+            standard = [is_open(fd) for fd in (0, 1, 2)]
+            Zygote._close_all_but((also_kept, far, kept))  # in any order
+
+            seen = [fd for fd in range(3, far + 100) if is_open(fd)]
+            same = [is_open(fd) for fd in (0, 1, 2)] == standard  # never closed
+            os._exit(0 if same and seen == sorted((kept, also_kept, far)) else 1)
         finally:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
