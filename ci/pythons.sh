@@ -5,13 +5,14 @@
 #
 # For each of python3.10 .. python3.13 found (on PATH, or installed by pyenv) other than the one
 # .venv was built with: a venv of its own (.venv-3.X), the project installed there with its test
-# and plot extras, and the allocator and harness suites on cpu and sim (pytest -n auto).
+# and plot extras, and the suites of every package it installs (allocator, harness, runtime) on
+# cpu and sim (pytest -n auto).
 # ci/check.sh runs every suite on .venv's Python; .ci/run runs both. A version that is not
 # installed is named in a line and skipped; one that is installed and fails fails the script.
 set -euo pipefail
 
 if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 if [ "$#" != 0 ]; then
@@ -29,7 +30,7 @@ esac
 
 cd "$(dirname "$0")/.."
 root=$(pwd)
-suites=(suites/allocator suites/harness)
+suites=(suites/allocator suites/harness suites/runtime) # pyproject.toml's packages
 built=$("$root/.venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
 
 find_python() { # the interpreter of version $1 that runs, or nothing (a pyenv shim may not)
@@ -77,7 +78,7 @@ for version in 3.10 3.11 3.12 3.13; do
         continue
     fi
     echo
-    echo "==> Python $version ($python): the allocator and harness suites on cpu and sim"
+    echo "==> Python $version ($python): the allocator, harness and runtime suites on cpu and sim"
     start=$(date +%s)
     venv="$root/.venv-$version"
     if [ ! -x "$venv/bin/python" ]; then

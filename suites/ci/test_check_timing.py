@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from suites.ci import read_toml
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # a stand-in .venv/bin/python: pip takes 1.6 s, silently; the editable install fails when
@@ -96,19 +98,22 @@ def test_a_bad_progress_interval_is_refused_by_name(tmp_path, script, every):
 
 
 # a stand-in Python 3.10 for ci/pythons.sh: says its version, makes a venv of itself, pip takes
-# 1.6 s, pytest passes
+# 1.6 s, pytest passes (its arguments written to $PYTEST_CALLS)
 FAKE_PYTHON_310 = """\
 #!/bin/sh
 case "$*" in
     *version_info*) echo 3.10 ;;
     *"-m venv"*) mkdir -p "$3/bin" && cp "$0" "$3/bin/python" ;;
     *"-m pip install"*) sleep 1.6 ;;
+    *"-m pytest"*) echo "$*" >> "$PYTEST_CALLS" ;;
 esac
 exit 0
 """
 
 
-def test_pythons_sh_says_how_long_each_python_took_and_that_pip_still_runs(tmp_path):
+def _pythons_sh(tmp_path) -> subprocess.CompletedProcess:
+    """ci/pythons.sh run in a copy of ``ci/`` where the only other Python is the stand-in 3.10,
+    which writes each pytest call's arguments to ``tmp_path / "pytest-calls"``."""
     repo = tmp_path / "repo"
     (repo / "ci").mkdir(parents=True)
     shutil.copy2(ROOT / "ci" / "pythons.sh", repo / "ci" / "pythons.sh")
@@ -122,7 +127,7 @@ def test_pythons_sh_says_how_long_each_python_took_and_that_pip_still_runs(tmp_p
         for name in os.listdir(directory) if os.path.isdir(directory) else ():
             if not name.startswith("python") and not (tools / name).exists():
                 (tools / name).symlink_to(os.path.join(directory, name))
-    done = subprocess.run(
+    return subprocess.run(
         ["bash", "ci/pythons.sh"],
         cwd=repo,
         env={
@@ -130,12 +135,32 @@ def test_pythons_sh_says_how_long_each_python_took_and_that_pip_still_runs(tmp_p
             "HOME": str(tmp_path),
             "PYENV_ROOT": str(tmp_path / "pyenv"),
             "CHECK_PROGRESS_S": "1",
+            "PYTEST_CALLS": str(tmp_path / "pytest-calls"),
         },
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_pythons_sh_says_how_long_each_python_took_and_that_pip_still_runs(tmp_path):
+    done = _pythons_sh(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"\n    \.\.\. still running, [12]s so far\n", done.stdout), done.stdout
     assert re.search(r"\n<== Python 3\.10: passed after [3-9]s\n", done.stdout), done.stdout
     assert done.stdout.endswith("ci/pythons.sh: passed on Python 3.10\n"), done.stdout
+
+
+def test_pythons_sh_runs_the_suites_of_every_package_the_project_installs(tmp_path):
+    # each promised Python runs what a user imports: a package without its suites there would
+    # be checked on one Python only
+    packages = read_toml(ROOT / "pyproject.toml")["tool"]["setuptools"]["packages"]["find"]
+    suites = {f"suites/{pattern.rstrip('*')}" for pattern in packages["include"]}
+    assert suites == {"suites/allocator", "suites/harness", "suites/runtime"}
+
+    done = _pythons_sh(tmp_path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    (call,) = (tmp_path / "pytest-calls").read_text().splitlines()
+    assert {word for word in call.split() if word.startswith("suites/")} == suites, call
+    assert "--backend cpu,sim" in call
