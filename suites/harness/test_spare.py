@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import harness
 from harness import _child, _forkserver
 from harness._fd import anonymous_fd
-from harness._zygote import Zygote, _environ_change, _Spare
+from harness._zygote import Zygote, _Child, _environ_change, _Spare
 from suites.harness import _procs, _targets
 
 run = harness.DeathRunner(style="forkserver", timeout=30.0).run
@@ -347,8 +347,6 @@ def test_a_setting_that_differs_in_more_than_its_variables_does_not_fit(spare_se
 
 
 def test_a_child_s_page_offset_is_kept_only_when_it_is_an_int():
-    from harness._zygote import _Child
-
     assert _Child(-1, None, 4096, ()).offset == 4096
     assert _Child(-1, None, "4096", ()).offset is None  # the client's orders, unchecked
     assert _Child(-1, None, None, ()).offset is None

@@ -1764,11 +1764,11 @@ def test_the_spare_s_rehearsal_completes_and_leaves_nothing_behind():
 
 def _spare_served(zygote, message: bytes | None, request: bytes | None, fail_recv=False) -> dict:
     """Fork a spare of ``zygote`` (``Zygote._serve_as_spare``) and send it ``message`` with a
-    request's four descriptors (a request file holding ``request``; None: ``message`` alone,
-    no descriptors; None: nothing, then end of file); ``fail_recv``: its receive raises. What
-    the zygote's end got (``said``: b"" once the spare closed its end, None if it did not),
-    the spare's exit status, its status records and what it wrote on its own stderr
-    (``echoed``)."""
+    request's four descriptors: a request file holding ``request``, then stdout, stderr and
+    status files (``request`` None: ``message`` alone, no descriptors; ``message`` None:
+    nothing, then end of file); ``fail_recv``: its receive raises. Returns what the zygote's
+    end got (``said``: b"" once the spare closed its end, None if it did not), the spare's
+    exit status, its status records and what it wrote on its own stderr (``echoed``)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     files = [os.memfd_create(name) for name in ("stdout", "stderr", "status")]
     own_stderr = os.memfd_create("spare-stderr")  # the zygote's, in a real spare
@@ -1911,14 +1911,21 @@ def test_a_request_a_spare_cannot_read_is_its_seal_s_verdict_too(zygote_here):
     assert json.loads(verdict) == {"event": "harness_error", "delivered": True, "error": None}
 
 
+def _a_child_that_ended() -> int:
+    """The pid of a child of this process that has exited, not reaped yet (still ours)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    return pid
+
+
 def test_without_a_pidfd_for_its_root_the_zygote_wakes_to_look_for_it(zygote_here):
     # a kernel without pidfd_open: no descriptor says the root ended, so the loop wakes every
     # 50 ms to look (the root's start time) instead of waiting for events that never come
     _ours, zygote, _client, _table = zygote_here
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)  # a root that ended: its pid names no process
+    pid = _a_child_that_ended()
+    os.waitpid(pid, 0)  # a root that ended: reaped, its pid names no process
 
     def step() -> list:
         signal.alarm(10)  # a loop that waits for an event that never comes: killed by it
@@ -1938,11 +1945,8 @@ def test_the_root_s_end_is_seen_once_and_for_good(zygote_here):
     # (else every poll would return at once: a busy loop); and a root seen gone stays gone,
     # though its pid names a live process again (this process, here) where no pidfd tells
     _ours, zygote, _client, _table = zygote_here
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    root_fd = os.pidfd_open(pid)
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    pid = _a_child_that_ended()
+    root_fd = os.pidfd_open(pid)  # readable: its process ended
     zygote._unwatch(zygote.root_fd)
     if zygote.root_fd is not None:
         os.close(zygote.root_fd)
